@@ -1,0 +1,6 @@
+"""`python -m bertforge` (and `torchrun -m bertforge`) runs the command-line interface."""
+
+from bertforge.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
