@@ -1,0 +1,346 @@
+"""The BERT architecture: encoder, pooler, and the pretraining heads (masked LM + next sentence).
+
+Owns the modules, the forward passes and the weight initialisation; nothing here reads files,
+builds optimizers or prints. Parameter names, shapes and initialisation equal Hugging Face's
+`transformers.BertForPreTraining`, so a state dict moves between the two unchanged (Devlin et al.
+2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding").
+
+Two departures from Hugging Face, both for speed and neither visible in the state dict:
+- attention always runs through `torch.nn.functional.scaled_dot_product_attention`;
+- the MLM head can run on the masked positions only (`masked_positions`), as Google's original
+  code, NVIDIA, Cramming and MosaicBERT do: for small models the dense vocabulary projection over
+  every token costs more than the whole encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertforge.config import ModelConfig
+from bertforge.errors import BertforgeError
+
+# Alias -> owner for the tied parameters, as Hugging Face's `_tied_weights_keys`. `state_dict()`
+# reports both names for one tensor; safetensors refuses shared tensors, so savers drop the aliases.
+TIED_KEYS: dict[str, str] = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    # Hugging Face's "gelu_new": the tanh approximation used by the original TF BERT / GPT-2.
+    return F.gelu(x, approximate="tanh")
+
+
+# Hugging Face's "gelu" is the exact erf form, which is also torch's default.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": _gelu_tanh,
+    "relu": F.relu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+def get_activation(name: str) -> Callable[[Tensor], Tensor]:
+    """The activation function called `name` in a Hugging Face `BertConfig`."""
+    if name not in ACTIVATIONS:
+        raise BertforgeError(f"model.hidden_act = {name!r} is not one of: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class BertEmbeddings(nn.Module):
+    """LayerNorm(word + position + token type) then dropout."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # padding_idx: as Hugging Face, the pad row starts at zero and gets no gradient from the input side.
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        T = input_ids.shape[1]
+        max_positions = self.position_embeddings.num_embeddings
+        if max_positions < T:
+            raise BertforgeError(
+                f"a sequence of {T} tokens is longer than model.max_position_embeddings "
+                f"({max_positions}); truncate the input or use a bigger model"
+            )
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        # In-place adds: the embedding lookup's backward needs only the ids, not its output.
+        # Positions are 0..T-1 for every row, so a slice of the table broadcasts without a lookup.
+        x += self.position_embeddings.weight[:T]  # (T, H)
+        if token_type_ids is None:
+            x += self.token_type_embeddings.weight[0]  # (H,): every token in segment 0
+        else:
+            x += self.token_type_embeddings(token_type_ids)  # (B, T, H)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention (projections only; the output is in BertSelfOutput)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise BertforgeError(
+                f"model.hidden_size ({config.hidden_size}) must be divisible by model.num_attention_heads "
+                f"({config.num_attention_heads})"
+            )
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        B, T, H = x.shape
+        q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        # mask: (B, 1, 1, T) boolean, True where the key is a real token; None lets SDPA pick its
+        # fastest kernel. Scale is the default 1/sqrt(hd), as BERT.
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
+        )  # (B, nh, T, hd)
+        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection, dropout, residual and post-LayerNorm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # (B, T, H)
+
+
+class BertAttention(nn.Module):
+    """Self-attention sublayer: `self` (query/key/value) then `output` (dense/LayerNorm)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """First feed-forward projection and activation."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = get_activation(config.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.dense(x))  # (B, T, I)
+
+
+class BertOutput(nn.Module):
+    """Second feed-forward projection, dropout, residual and post-LayerNorm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # (B, T, H)
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer block: attention sublayer then feed-forward sublayer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        x = self.attention(x, mask)  # (B, T, H)
+        return self.output(self.intermediate(x), x)  # (B, T, H)
+
+
+class BertEncoder(nn.Module):
+    """The stack of `num_hidden_layers` transformer blocks, as `encoder.layer[i]`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(h[:, 0])): the [CLS] summary that feeds next sentence prediction."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return torch.tanh(self.dense(h[:, 0]))  # (B, H)
+
+
+class BertModel(nn.Module):
+    """The BERT encoder: embeddings, transformer layers and pooler.
+
+    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns
+    `(sequence_output (B, T, H), pooled_output (B, H))`. `attention_mask` is (B, T), 1/True for
+    real tokens and 0/False for padding (None: all real); `token_type_ids` None means all zeros.
+    Note the argument order differs from Hugging Face's (which puts attention_mask second): pass
+    them by keyword.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        init_weights(self, config)
+
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        # Key-padding mask, built once for all layers; padded queries still attend to the real
+        # keys (as Hugging Face), so no row of the softmax is empty.
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        h = self.encoder(self.embeddings(input_ids, token_type_ids), mask)  # (B, T, H)
+        return h, self.pooler(h)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """LayerNorm(act(dense(h))) before the vocabulary projection."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = get_activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM head: transform, then a decoder tied to the word embeddings with its own bias."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        # Created on the meta device because both its tensors are replaced by tie_weights(): the
+        # weight by the word embeddings, the bias by `self.bias` (the name Hugging Face saves).
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, device="meta")
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.decoder(self.transform(h))  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    """The two pretraining heads: `predictions` (masked LM) and `seq_relationship` (NSP)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with its masked-LM and next-sentence heads; state dict identical to Hugging Face's.
+
+    `forward(input_ids, token_type_ids=None, attention_mask=None, masked_positions=None)` returns
+    `(mlm_logits, nsp_logits)`. With `masked_positions` (LongTensor (M,) of flat indices into the
+    B*T positions) the MLM head runs only on those rows and mlm_logits is (M, V); without it,
+    (B, T, V). nsp_logits is (B, 2) with Hugging Face's labels: 0 = B follows A, 1 = B is random.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)  # initialises itself
+        self.cls = BertPreTrainingHeads(config)
+        init_weights(self.cls, config)  # before tying, so the embeddings are not drawn twice
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Make the MLM decoder share the word embeddings and `cls.predictions.bias`.
+
+        `load_state_dict` (copying in place) and `.to()` keep the ties; call this again after
+        anything that replaces parameters, such as `load_state_dict(..., assign=True)`.
+        """
+        predictions = self.cls.predictions
+        predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        predictions.decoder.bias = predictions.bias
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        masked_positions: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        h, pooled = self.bert(input_ids, token_type_ids, attention_mask)  # (B, T, H), (B, H)
+        if masked_positions is not None:
+            h = h.flatten(0, 1).index_select(0, masked_positions)  # (M, H)
+        mlm_logits = self.cls.predictions(h)  # (M, V) or (B, T, V)
+        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+        return mlm_logits, nsp_logits
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, config: ModelConfig) -> None:
+    """Hugging Face's BERT initialisation, applied to every submodule of `model`.
+
+    Linear and Embedding weights ~ N(0, initializer_range); Linear biases 0; the `pad_token_id`
+    row of embeddings that have one 0; LayerNorm weight 1, bias 0; the MLM output bias 0.
+    A tensor shared by two modules (the tied decoder) is initialised once, by its first owner.
+    """
+    std = config.initializer_range
+    done: set[int] = set()
+
+    def first_time(tensor: Tensor | None) -> bool:
+        if tensor is None or id(tensor) in done:
+            return False
+        done.add(id(tensor))
+        return True
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            if first_time(module.weight):
+                module.weight.normal_(0.0, std)
+            if first_time(module.bias):
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            if first_time(module.weight):
+                module.weight.normal_(0.0, std)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            if first_time(module.weight):
+                module.weight.fill_(1.0)
+            if first_time(module.bias):
+                module.bias.zero_()
+        elif isinstance(module, BertLMPredictionHead) and first_time(module.bias):
+            module.bias.zero_()
