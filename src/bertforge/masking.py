@@ -1,0 +1,175 @@
+"""Batches for pretraining: padding and dynamic masked-language-model masking.
+
+Owns `pad_batch` (right padding to the batch's longest example, with the attention mask) and
+`MaskingCollator`, which masks each batch afresh (dynamic masking, as RoBERTa does, instead of
+Google's masking once at data preparation and copying the data `dupe_factor` times).
+
+The masking rule is BERT's (Devlin et al. 2019, section 3.1 and appendix A.1; Google's
+`create_masked_lm_predictions` in `create_pretraining_data.py`): per sequence, k =
+min(max_predictions, max(1, round(mlm_probability * n))) of its n candidate tokens (not special,
+not padding; Google also counts [CLS] and [SEP] in n) are chosen uniformly; of those, 80% become
+[MASK], 10% a random non-special token and 10% stay unchanged. Google's whole-word variant
+takes words (a head token and its `##` continuations) in random order and skips any word that
+would take the count past k.
+
+The masked positions are returned as flat indices into the (B, T) batch so the model projects
+only those through the vocabulary (sparse MLM head). Every random draw comes from the
+`torch.Generator` passed in, so a batch is reproducible from the generator's seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from bertforge.errors import BertforgeError
+
+
+def pad_batch(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad examples to the longest one.
+
+    Each example has `input_ids`, optionally `token_type_ids` (default 0) and `nsp_label`
+    (default -1). Returns `input_ids`, `token_type_ids`, `attention_mask` (1 real, 0 padding), all
+    (B, T) long, and `nsp_labels` (B,) long.
+    """
+    if not examples:
+        raise ValueError("pad_batch needs at least one example")
+    lengths = [len(example["input_ids"]) for example in examples]
+    batch_size, width = len(examples), max(lengths)
+    input_ids = np.full((batch_size, width), pad_id, dtype=np.int64)  # (B, T)
+    token_type_ids = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
+    attention_mask = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
+    nsp_labels = np.empty(batch_size, dtype=np.int64)  # (B,)
+    for row, (example, length) in enumerate(zip(examples, lengths, strict=True)):
+        input_ids[row, :length] = example["input_ids"]
+        if example.get("token_type_ids") is not None:
+            token_type_ids[row, :length] = example["token_type_ids"]
+        attention_mask[row, :length] = 1
+        nsp_labels[row] = int(example.get("nsp_label", -1))
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(token_type_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "nsp_labels": torch.from_numpy(nsp_labels),
+    }
+
+
+class MaskingCollator:
+    """Pads a list of examples and masks them for MLM; use as a DataLoader `collate_fn`.
+
+    Returns `pad_batch`'s tensors, with masked ids in `input_ids`, plus `masked_positions` (M,):
+    sorted flat indices into the (B, T) batch, and `masked_labels` (M,): the original ids there.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int,
+        mask_id: int,
+        special_ids: Sequence[int],
+        mlm_probability: float = 0.15,
+        max_predictions: int = 20,
+        whole_word_mask: bool = False,
+        continuation_mask: np.ndarray | None = None,
+    ):
+        if not 0.0 < mlm_probability < 1.0:
+            raise BertforgeError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
+        if max_predictions < 1:
+            raise BertforgeError(f"data.max_predictions_per_seq must be at least 1, got {max_predictions}")
+        special = np.zeros(vocab_size, dtype=bool)  # (V,)
+        special[np.asarray(list(special_ids), dtype=np.int64)] = True
+        special[[pad_id, mask_id]] = True
+        if special.all():
+            raise BertforgeError("the vocabulary has no ordinary tokens to mask; train a larger vocabulary")
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
+        self.mask_id = mask_id
+        self.mlm_probability = mlm_probability
+        self.max_predictions = max_predictions
+        self.whole_word_mask = whole_word_mask
+        self._special = torch.from_numpy(special)  # (V,)
+        self._replacements = torch.from_numpy(np.flatnonzero(~special))  # (V',) random-token pool
+        self._continuation = None
+        if whole_word_mask:
+            if continuation_mask is None:
+                raise BertforgeError(
+                    "whole-word masking needs the tokenizer's continuation mask (True for '##' pieces); "
+                    "pass continuation_mask or set data.whole_word_masking = false"
+                )
+            continuation = np.asarray(continuation_mask, dtype=bool)
+            if continuation.shape != (vocab_size,):
+                raise BertforgeError(
+                    f"continuation_mask has shape {continuation.shape}, expected ({vocab_size},): one flag "
+                    "per vocabulary id; it must come from the same tokenizer"
+                )
+            self._continuation = torch.from_numpy(continuation & ~special)  # (V,)
+
+    def __call__(
+        self, examples: list[dict], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        batch = pad_batch(examples, self.pad_id)
+        input_ids = batch["input_ids"]  # (B, T)
+        candidates = batch["attention_mask"].bool() & ~self._special[input_ids]  # (B, T)
+        count = candidates.sum(1)  # (B,)
+        # k = min(max_predictions, max(1, round(p * n))), and never more than there are candidates.
+        k = torch.round(count.double() * self.mlm_probability).long().clamp(min=1, max=self.max_predictions)
+        k = torch.minimum(k, count)  # (B,)
+
+        if self._continuation is not None:
+            # A word starts at a candidate that is not a '##' piece, or that follows a non-candidate
+            # (a '##' piece right after [SEP] or a truncation has no head to join).
+            previous = torch.zeros_like(candidates)
+            previous[:, 1:] = candidates[:, :-1]
+            heads = candidates & (~self._continuation[input_ids] | ~previous)  # (B, T)
+        else:
+            heads = candidates
+        selected = _choose_words(candidates, heads, k, generator)  # (B, T)
+
+        flat = input_ids.view(-1)  # (B*T,)
+        masked_positions = selected.view(-1).nonzero().squeeze(1)  # (M,) sorted
+        masked_labels = flat[masked_positions]  # (M,)
+        action = torch.rand(masked_positions.numel(), generator=generator)  # (M,)
+        pick = torch.randint(self._replacements.numel(), (masked_positions.numel(),), generator=generator)
+        random_ids = self._replacements[pick]  # (M,)
+        replaced = torch.where(action < 0.8, torch.full_like(masked_labels, self.mask_id), masked_labels)
+        replaced = torch.where((action >= 0.8) & (action < 0.9), random_ids, replaced)  # (M,)
+        flat[masked_positions] = replaced
+
+        batch["masked_positions"] = masked_positions
+        batch["masked_labels"] = masked_labels
+        return batch
+
+
+def _choose_words(
+    candidates: torch.Tensor, heads: torch.Tensor, k: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Token positions of words chosen in random order, skipping any that would pass k per row.
+
+    A word is a head and the candidates after it up to the next head. Google walks a shuffled word
+    list and skips words that no longer fit; here each round takes, in every row, the longest
+    prefix of the remaining shuffled words that fits, then drops the words larger than what is
+    left. The first remaining word always fits, so the rounds are at most k (one when every word
+    is a single token) and the result is exactly Google's walk. Returns a (B, T) bool mask.
+    """
+    batch_size, width = candidates.shape
+    word = (heads.cumsum(1) - 1).clamp(min=0)  # (B, T) word slot of each token
+    num_words = heads.sum(1)  # (B,)
+    sizes = torch.zeros(batch_size, width, dtype=torch.long)  # (B, T) tokens in each word slot
+    sizes.scatter_add_(1, word, candidates.long())
+    scores = torch.rand(batch_size, width, generator=generator, dtype=torch.float64)  # (B, T)
+    scores.masked_fill_(torch.arange(width) >= num_words[:, None], 2.0)  # unused slots sort last
+    order = scores.argsort(1)  # (B, T) a random order of each row's words
+    sorted_sizes = sizes.gather(1, order)  # (B, T)
+    budget = k.clone()  # (B,)
+    eligible = (sorted_sizes > 0) & (sorted_sizes <= budget[:, None])  # (B, T)
+    taken = torch.zeros_like(eligible)
+    while eligible.any():
+        total = (sorted_sizes * eligible).cumsum(1)  # (B, T)
+        take = eligible & (total <= budget[:, None])  # (B, T) the prefix that fits
+        taken |= take
+        budget -= (sorted_sizes * take).sum(1)
+        eligible &= ~take & (sorted_sizes <= budget[:, None])
+    chosen = torch.zeros_like(taken).scatter_(1, order, taken)  # (B, T) by word slot
+    return candidates & chosen.gather(1, word)

@@ -1,0 +1,251 @@
+"""Training pairs: which token ranges of the shards make up each sequence of an epoch.
+
+Owns the per-epoch pair table, an (N, 5) int64 array of `(a_start, a_end, b_start, b_end,
+nsp_label)` token ranges into `shards.tokens`, and `PairDataset`, which turns one row into
+`[CLS] A [SEP] B [SEP]` ids with segment ids. Masking is not done here (see `masking`): pairs hold
+no token copies, so a new epoch is a new table of ranges, built in well under a second.
+
+With next sentence prediction (Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional
+Transformers for Language Understanding", section 3.1) the table follows
+`create_instances_from_document` in Google's `create_pretraining_data.py`
+(github.com/google-research/bert) in distribution: whole sentences fill a chunk up to a target
+length (usually `max_seq_length - 3`, with probability `short_seq_prob` a shorter random one,
+drawn once per document as Google does); A is a random prefix of the chunk's sentences; half the
+time B is a span from a *different* document and the unused sentences are put back, otherwise B
+is the rest of the chunk; then the longer side is trimmed one token at a time from a random end.
+Three departures, all deliberate: the random document is always another document (Google gives up
+after ten tries); a one-sentence chunk that draws "IsNext" takes a neighbouring sentence so that B
+really is the continuation half the time (Google makes such chunks always random, which skews the
+labels); and labels follow Hugging Face (0 = B is the true continuation, 1 = B is random) rather
+than Google's `is_random_next` flag.
+
+Without NSP (RoBERTa-style MLM only), each document is cut into contiguous windows of
+`max_seq_length - 2` tokens whose boundaries shift every epoch; the label is -1.
+
+The shards are any object with `tokens`, `sentence_offsets` and `document_offsets` arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.errors import BertforgeError
+
+IS_NEXT = 0  # Hugging Face `next_sentence_label`: 0 = B continues A
+RANDOM_NEXT = 1  # 1 = B was drawn from another document
+NO_NSP = -1  # MLM-only sequence: no next-sentence label
+
+_EMPTY_CORPUS = (
+    "the corpus is empty: no document has any tokens; check the input files (and data.format) "
+    "and that the tokenizer produces tokens for them"
+)
+_ONE_DOCUMENT = (
+    "the corpus has only one document; next sentence prediction needs documents to draw random "
+    "sentences from: separate documents by blank lines (text), use one JSON object per document "
+    "(jsonl), or set data.nsp = false"
+)
+
+
+def build_pairs(
+    shards: Any, max_seq_length: int, short_seq_prob: float, nsp: bool, seed: int, epoch: int
+) -> np.ndarray:
+    """The shuffled pair table of one epoch: (N, 5) int64 rows `(a_start, a_end, b_start, b_end, label)`.
+
+    Deterministic in `(seed, epoch)`; a different epoch gives different targets, splits, random
+    partners, truncations and window boundaries.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    if nsp:
+        if max_seq_length < 5:
+            raise BertforgeError(
+                f"data.max_seq_length must be at least 5 with next sentence prediction "
+                f"([CLS] A [SEP] B [SEP]), got {max_seq_length}"
+            )
+        rows, _targets, _sizes = _nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)
+        _truncate_pairs(rows, max_seq_length - 3, rng)
+    else:
+        if max_seq_length < 3:
+            raise BertforgeError(
+                f"data.max_seq_length must be at least 3 ([CLS] A [SEP]), got {max_seq_length}"
+            )
+        rows = _mlm_windows(shards, max_seq_length - 2, rng)
+    return rows[rng.permutation(len(rows))]
+
+
+def _sentence_table(shards: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Token starts and ends of the non-empty sentences, and each document's range over them.
+
+    Empty sentences are dropped (they would make empty segments) and so are documents left with
+    no sentence; the remaining sentences of a document still form one contiguous token range.
+    Returns starts (S,), ends (S,), and each document's first sentence (D,) and stop (D,).
+    """
+    sentence_offsets = np.asarray(shards.sentence_offsets, dtype=np.int64)
+    document_offsets = np.asarray(shards.document_offsets, dtype=np.int64)
+    assert sentence_offsets.ndim == 1 and document_offsets.ndim == 1, "offsets must be 1-D"
+    if sentence_offsets.size < 2 or document_offsets.size < 2:
+        raise BertforgeError(_EMPTY_CORPUS)
+    lengths = np.diff(sentence_offsets)  # (S,)
+    assert (lengths >= 0).all(), "sentence_offsets must be non-decreasing"
+    keep = lengths > 0  # (S,)
+    starts = sentence_offsets[:-1][keep]  # (S',)
+    ends = sentence_offsets[1:][keep]  # (S',)
+    # Non-empty sentences before each document boundary; documents that lost them all are dropped.
+    kept_before = np.concatenate([[0], np.cumsum(keep)])[document_offsets]  # (D+1,)
+    nonempty = np.diff(kept_before) > 0  # (D,)
+    if starts.size == 0 or not nonempty.any():
+        raise BertforgeError(_EMPTY_CORPUS)
+    return starts, ends, kept_before[:-1][nonempty], kept_before[1:][nonempty]
+
+
+def _nsp_chunks(
+    shards: Any, max_num_tokens: int, short_seq_prob: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Untruncated NSP rows in Google's chunking, with each row's target length and chunk size.
+
+    All documents advance in lockstep, one chunk per document per iteration, so the Python loop
+    runs as many times as the longest document has chunks and every step is vectorized.
+    Returns rows (N, 5), targets (N,) and sentences in the chunk (N,).
+    """
+    starts, ends, doc_first, doc_stop = _sentence_table(shards)  # (S,) tokens, (D,) sentences
+    num_docs = doc_first.size
+    if num_docs < 2:
+        raise BertforgeError(_ONE_DOCUMENT)
+    doc_sentences = doc_stop - doc_first  # (D,)
+
+    # Google draws the target once per document: usually the full length, sometimes shorter.
+    short = rng.random(num_docs) < short_seq_prob  # (D,)
+    target = np.where(short, rng.integers(2, max_num_tokens + 1, size=num_docs), max_num_tokens)  # (D,)
+
+    cursor = doc_first.copy()  # (D,) next sentence of each document
+    active = np.arange(num_docs)  # documents with sentences left
+    last_sentence = starts.size - 1
+    pieces: list[np.ndarray] = []
+    while active.size:
+        k = active.size
+        s, stop, t = cursor[active], doc_stop[active], target[active]  # (k,)
+        # The chunk ends at the first sentence that brings it to the target, or the document's end.
+        j = np.clip(np.searchsorted(ends, starts[s] + t), s, stop - 1)  # (k,) last sentence
+        wants_next = rng.random(k) >= 0.5  # (k,) the fair coin: B is the true continuation
+        # Google gives a one-sentence chunk a random B whatever the coin says, which leaves IsNext
+        # near 46% on WikiText. Give it its continuation instead: the document's next sentence,
+        # or, at the document's end, the sentence before it as A. Only one-sentence documents
+        # have neither.
+        lone = wants_next & (j == s)  # (k,)
+        forward = lone & (s + 1 < stop)  # (k,)
+        backward = lone & ~forward & (s > doc_first[active])  # (k,)
+        j = np.where(forward, s + 1, j)
+        s = np.where(backward, s - 1, s)
+        n = j - s + 1  # (k,) sentences in the chunk
+        a = rng.integers(1, np.maximum(n, 2))  # (k,) sentences in A: U[1, n-1], or 1
+        a_start, a_end = starts[s], ends[s + a - 1]  # (k,)
+        random_next = (n == 1) | ~wants_next  # (k,)
+
+        # A random B: a random document other than this one (shift the draw past it), a random
+        # first sentence, whole sentences until the remaining target is reached or the document ends.
+        other = rng.integers(0, num_docs - 1, size=k)  # (k,)
+        other += other >= active
+        r_first = doc_first[other] + rng.integers(0, doc_sentences[other])  # (k,)
+        b_target = t - (a_end - a_start)  # (k,) may be <= 0: B still takes one sentence
+        r_last = np.clip(np.searchsorted(ends, starts[r_first] + b_target), r_first, doc_stop[other] - 1)
+
+        next_first = np.minimum(s + a, last_sentence)  # (k,) only used where B is the true next
+        b_start = np.where(random_next, starts[r_first], starts[next_first])  # (k,)
+        b_end = np.where(random_next, ends[r_last], ends[j])  # (k,)
+        label = np.where(random_next, RANDOM_NEXT, IS_NEXT)  # (k,)
+        pieces.append(np.stack([a_start, a_end, b_start, b_end, label, t, n], axis=1))  # (k, 7)
+
+        # Random B leaves the chunk's unused sentences for the next chunk ("put them back").
+        cursor[active] = np.where(random_next, s + a, j + 1)
+        active = active[cursor[active] < stop]
+    table = np.concatenate(pieces).astype(np.int64)  # (N, 7)
+    return np.ascontiguousarray(table[:, :5]), table[:, 5].copy(), table[:, 6].copy()
+
+
+def _truncation_cuts(
+    len_a: np.ndarray, len_b: np.ndarray, max_num_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens Google's `truncate_seq_pair` removes from A and from B, in closed form.
+
+    Google trims the longer side one token at a time (A on ties, as `max(a, b, key=len)` picks
+    the first); the result is that the longer side loses everything if that keeps it at least as
+    long as the other, otherwise both end at half the budget (B gets the odd token).
+    """
+    excess = np.maximum(len_a + len_b - max_num_tokens, 0)  # (N,)
+    half_a = max_num_tokens // 2  # A's length when both sides are trimmed
+    cut_a = np.where(len_a - excess >= len_b, excess, np.where(len_b - excess >= len_a, 0, len_a - half_a))
+    cut_b = excess - cut_a
+    return cut_a, cut_b
+
+
+def _truncate_pairs(rows: np.ndarray, max_num_tokens: int, rng: np.random.Generator) -> None:
+    """Truncate every pair in place so that len(A) + len(B) <= max_num_tokens.
+
+    Each removed token comes off the front or the back with probability 1/2, so the number taken
+    from the front of a side is Binomial(cut, 1/2).
+    """
+    cut_a, cut_b = _truncation_cuts(rows[:, 1] - rows[:, 0], rows[:, 3] - rows[:, 2], max_num_tokens)
+    front_a = rng.binomial(cut_a, 0.5)  # (N,)
+    front_b = rng.binomial(cut_b, 0.5)  # (N,)
+    rows[:, 0] += front_a
+    rows[:, 1] -= cut_a - front_a
+    rows[:, 2] += front_b
+    rows[:, 3] -= cut_b - front_b
+
+
+def _mlm_windows(shards: Any, window: int, rng: np.random.Generator) -> np.ndarray:
+    """MLM-only rows: each document cut into consecutive windows of `window` tokens.
+
+    A document longer than one window gets a random first piece of 1..window tokens, so the
+    boundaries move between epochs; the first and last pieces are shorter than a window.
+    """
+    starts, ends, doc_first, doc_stop = _sentence_table(shards)
+    doc_start = starts[doc_first]  # (D,)
+    doc_end = ends[doc_stop - 1]  # (D,)
+    length = doc_end - doc_start  # (D,)
+    first = np.where(length <= window, length, rng.integers(1, window + 1, size=length.size))  # (D,)
+    count = 1 + -(-(length - first) // window)  # (D,) 1 + ceil(rest / window)
+    doc = np.repeat(np.arange(length.size), count)  # (N,)
+    piece = np.arange(doc.size) - np.repeat(np.cumsum(count) - count, count)  # (N,) index in document
+    a_start = doc_start[doc] + np.where(piece == 0, 0, first[doc] + (piece - 1) * window)  # (N,)
+    a_end = np.minimum(doc_start[doc] + first[doc] + piece * window, doc_end[doc])  # (N,)
+    zeros = np.zeros_like(a_start)
+    return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)  # (N, 5)
+
+
+class PairDataset(torch.utils.data.Dataset):
+    """Rows of a pair table as `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`) examples.
+
+    Items are dicts of numpy arrays for `masking.MaskingCollator`: `input_ids` and
+    `token_type_ids` (int64, 0 up to and including the first [SEP], 1 after), and `nsp_label`.
+    """
+
+    def __init__(self, shards: Any, pairs: np.ndarray, cls_id: int, sep_id: int):
+        pairs = np.asarray(pairs, dtype=np.int64)
+        assert pairs.ndim == 2 and pairs.shape[1] == 5, f"pairs must be (N, 5), got {pairs.shape}"
+        self.tokens = shards.tokens
+        self.pairs = pairs
+        self.cls_id = int(cls_id)
+        self.sep_id = int(sep_id)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict:
+        a_start, a_end, b_start, b_end, label = (int(v) for v in self.pairs[index])
+        len_a = a_end - a_start
+        len_b = b_end - b_start if label != NO_NSP else 0
+        first_sep = len_a + 1
+        length = first_sep + 1 + (len_b + 1 if label != NO_NSP else 0)
+        input_ids = np.empty(length, dtype=np.int64)  # (T,)
+        input_ids[0] = self.cls_id
+        input_ids[1:first_sep] = self.tokens[a_start:a_end]
+        input_ids[first_sep] = self.sep_id
+        token_type_ids = np.zeros(length, dtype=np.int64)  # (T,)
+        if label != NO_NSP:
+            input_ids[first_sep + 1 : length - 1] = self.tokens[b_start:b_end]
+            input_ids[length - 1] = self.sep_id
+            token_type_ids[first_sep + 1 :] = 1
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "nsp_label": label}
