@@ -1,0 +1,319 @@
+"""The vocabulary: train a WordPiece or word-level tokenizer on a corpus, save it, load it.
+
+Owns `BertTokenizer`, a thin wrapper over a `tokenizers.Tokenizer` with BERT's special tokens
+`[PAD] [UNK] [CLS] [SEP] [MASK]` at ids 0-4, and the folder layout: `tokenizer.json` (loadable
+by `transformers.BertTokenizerFast(tokenizer_file=...)`), `vocab.txt` (one token per line in id
+order) and `bertforge_tokenizer.json` (the settings and a fingerprint of `tokenizer.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from bertforge.config import TokenizerConfig
+from bertforge.corpus import read_documents
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_directory, atomic_write_bytes
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+KINDS = ("wordpiece", "wordlevel")
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILE = "vocab.txt"
+SETTINGS_FILE = "bertforge_tokenizer.json"
+_TRAIN_BATCH = 1000  # sentences per batch handed to the Rust trainer
+_MODEL_KINDS = {"WordPiece": "wordpiece", "WordLevel": "wordlevel"}
+
+
+class BertTokenizer:
+    """A `tokenizers.Tokenizer` (`backend`) with BERT's special ids fixed at 0-4."""
+
+    def __init__(
+        self,
+        backend: Tokenizer,
+        kind: str,
+        lowercase: bool,
+        min_frequency: int | None = None,
+        source: str = "the tokenizer",
+    ):
+        _check_special_ids(backend, source)
+        self.backend = backend
+        self.kind = kind
+        self.lowercase = lowercase
+        self.min_frequency = min_frequency
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(len(SPECIAL_TOKENS))
+        self.special_ids = tuple(range(len(SPECIAL_TOKENS)))
+        self.fingerprint = _fingerprint(self._json_bytes())
+        self._continuation: np.ndarray | None = None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens (encoded in parallel in Rust)."""
+        # encode_batch_fast (tokenizers >= 0.20) skips computing character offsets.
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
+
+    def encode_pair(
+        self, a: str, b: str | None = None, max_length: int | None = None
+    ) -> tuple[list[int], list[int]]:
+        """`[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]` as (input_ids, token_type_ids).
+
+        With `max_length`, the longer side is truncated first (as BERT does for sentence pairs).
+        """
+        first, second = self.encode_batch([a, b or ""])
+        specials = 2 if b is None else 3
+        if max_length is not None:
+            if max_length < specials:
+                raise BertforgeError(f"max_length must be at least {specials} to hold the special tokens")
+            first, second = _truncate_longest_first(first, second, max_length - specials)
+        input_ids = [self.cls_id, *first, self.sep_id]
+        token_type_ids = [0] * len(input_ids)
+        if b is not None:
+            input_ids += [*second, self.sep_id]
+            token_type_ids += [1] * (len(second) + 1)
+        return input_ids, token_type_ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(_int_list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.backend.id_to_token(i) for i in _int_list(ids)]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def continuation_mask(self) -> np.ndarray:
+        """(vocab_size,) bool: True for `##` word pieces (used by whole-word masking)."""
+        if self._continuation is None:
+            self._continuation = np.array([token.startswith("##") for token in self._tokens()], dtype=bool)
+        return self._continuation
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write `tokenizer.json`, `vocab.txt` and `bertforge_tokenizer.json` into `out_dir`.
+
+        A new folder appears complete or not at all; in an existing folder (a model folder being
+        assembled, say) each file is replaced atomically and other files are left alone.
+        """
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise BertforgeError(f"{out_dir} is a file; give a folder to save the tokenizer into")
+        settings = {
+            "kind": self.kind,
+            "lowercase": self.lowercase,
+            "vocab_size": self.vocab_size,
+            "min_frequency": self.min_frequency,
+            "fingerprint": self.fingerprint,
+        }
+        files = {  # tokenizer.json last: its presence marks a complete folder
+            VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens()).encode("utf-8"),
+            SETTINGS_FILE: (json.dumps(settings, indent=2) + "\n").encode("utf-8"),
+            TOKENIZER_FILE: self._json_bytes(),
+        }
+        if out_dir.is_dir():
+            for name, data in files.items():
+                atomic_write_bytes(out_dir / name, data)
+            return out_dir
+        with atomic_directory(out_dir) as tmp:
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
+        return out_dir
+
+    def _json_bytes(self) -> bytes:
+        return self.backend.to_str(pretty=True).encode("utf-8")
+
+    def _tokens(self) -> list[str]:
+        """Every token in id order."""
+        by_id = {i: token for token, i in self.backend.get_vocab(with_added_tokens=True).items()}
+        assert sorted(by_id) == list(range(len(by_id))), "token ids are not contiguous"
+        return [by_id[i] for i in range(len(by_id))]
+
+
+def train_tokenizer(
+    corpus_files: Sequence[str | Path],
+    config: TokenizerConfig,
+    out_dir: str | Path,
+    format: str = "auto",
+    show_progress: bool = True,
+) -> BertTokenizer:
+    """Learn a vocabulary from the sentences of `corpus_files` and save it into `out_dir`."""
+    if config.kind not in KINDS:
+        raise BertforgeError(f"tokenizer.kind = {config.kind!r} is not one of: {', '.join(KINDS)}")
+    if not corpus_files:
+        raise BertforgeError("no corpus files given to train the tokenizer on; pass at least one text file")
+    streams = [read_documents(path, format) for path in corpus_files]  # checks every file before training
+    backend = _new_backend(config.kind, config.lowercase)
+    backend.train_from_iterator(_sentence_batches(streams), trainer=_trainer(config, show_progress))
+    if config.kind == "wordlevel":
+        _close_id_gaps(backend)
+    if backend.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):
+        raise BertforgeError(
+            f"the corpus gave no words seen at least tokenizer.min_frequency = {config.min_frequency} "
+            "times; use a larger corpus or lower min_frequency"
+        )
+    tokenizer = BertTokenizer(backend, config.kind, config.lowercase, config.min_frequency)
+    tokenizer.save(out_dir)
+    return tokenizer
+
+
+def _new_backend(kind: str, lowercase: bool, vocab: dict[str, int] | None = None) -> Tokenizer:
+    if kind == "wordpiece":
+        backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
+        backend.decoder = decoders.WordPiece(prefix="##")
+    else:
+        backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # Added before training so that "[UNK]" in the text (WikiText's <unk>) is not counted as a word.
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", SPECIAL_TOKENS.index("[CLS]")), ("[SEP]", SPECIAL_TOKENS.index("[SEP]"))],
+    )
+    return backend
+
+
+def _trainer(config: TokenizerConfig, show_progress: bool):
+    options = dict(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=show_progress,
+    )
+    if config.kind == "wordpiece":
+        return trainers.WordPieceTrainer(**options, continuing_subword_prefix="##")
+    return trainers.WordLevelTrainer(**options)
+
+
+def _close_id_gaps(backend: Tokenizer) -> None:
+    """Renumber a word-level vocabulary densely, keeping its order.
+
+    `WordLevelTrainer` leaves a hole in the ids where a special token also occurred as a word
+    (WikiText's `[UNK]`), which would make `vocab_size` smaller than the largest id.
+    """
+    vocab = backend.get_vocab(with_added_tokens=True)
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        ordered = sorted(vocab, key=vocab.__getitem__)
+        backend.model = models.WordLevel({token: i for i, token in enumerate(ordered)}, unk_token="[UNK]")
+
+
+def _sentence_batches(streams: Iterable[Iterator[list[str]]]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for documents in streams:
+        for document in documents:
+            batch.extend(document)
+            if len(batch) >= _TRAIN_BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def load_tokenizer(path: str | Path) -> BertTokenizer:
+    """Load a tokenizer folder: `tokenizer.json` (+ settings), or just a BERT `vocab.txt`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise BertforgeError(
+            f"tokenizer folder {path} does not exist; train a tokenizer first or give the folder that "
+            f"holds {TOKENIZER_FILE} or {VOCAB_FILE}"
+        )
+    settings = _read_settings(path / SETTINGS_FILE)
+    if (path / TOKENIZER_FILE).is_file():
+        backend = _read_tokenizer_json(path / TOKENIZER_FILE)
+        source = path / TOKENIZER_FILE
+        described = json.loads(backend.to_str())
+        kind = settings.get("kind") or _model_kind(described, source)
+        lowercase = settings.get("lowercase", _normalizer_lowercase(described))
+    elif (path / VOCAB_FILE).is_file():
+        source = path / VOCAB_FILE
+        kind, lowercase = "wordpiece", settings.get("lowercase", True)
+        backend = _new_backend(kind, lowercase, _read_vocab(source))
+    else:
+        raise BertforgeError(
+            f"tokenizer folder {path} holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}; "
+            "train a tokenizer into it or point to another folder"
+        )
+    return BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
+
+
+def _read_settings(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BertforgeError(f"{path} is damaged ({error}); delete it or retrain the tokenizer") from None
+    if not isinstance(settings, dict) or settings.get("kind", "wordpiece") not in KINDS:
+        raise BertforgeError(f"{path} does not hold bertforge tokenizer settings; delete it or retrain")
+    return settings
+
+
+def _read_tokenizer_json(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the Rust side raises a bare Exception for any parse problem
+        raise BertforgeError(
+            f"{path} is not a valid tokenizer file ({error}); retrain the tokenizer"
+        ) from None
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    try:
+        tokens = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise BertforgeError(
+            f"{path} is not UTF-8 text; give a BERT vocab.txt (one token per line)"
+        ) from None
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if len(vocab) != len(tokens) or "" in vocab:
+        raise BertforgeError(
+            f"{path} has blank or repeated lines; a vocab.txt holds one distinct token per line"
+        )
+    return vocab
+
+
+def _model_kind(described: dict, source: Path) -> str:
+    model_type = described.get("model", {}).get("type")
+    if model_type not in _MODEL_KINDS:
+        raise BertforgeError(
+            f"{source} holds a {model_type} model; bertforge supports WordPiece and WordLevel tokenizers"
+        )
+    return _MODEL_KINDS[model_type]
+
+
+def _normalizer_lowercase(described: dict) -> bool:
+    normalizer = described.get("normalizer") or {}
+    return bool(normalizer.get("lowercase", True))
+
+
+def _check_special_ids(backend: Tokenizer, source: str) -> None:
+    found = {token: backend.token_to_id(token) for token in SPECIAL_TOKENS}
+    if list(found.values()) != list(range(len(SPECIAL_TOKENS))):
+        wrong = ", ".join(f"{token}={i}" for token, i in found.items())
+        raise BertforgeError(
+            f"{source} has special tokens at {wrong}; bertforge needs [PAD] [UNK] [CLS] [SEP] [MASK] at "
+            "ids 0-4: train a tokenizer with bertforge or reorder the vocabulary"
+        )
+
+
+def _fingerprint(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _truncate_longest_first(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Cut tokens from the end of the longer list until both fit in `budget` together."""
+    if len(a) + len(b) <= budget:
+        return a, b
+    keep_a = min(len(a), max(budget - len(b), (budget + 1) // 2))
+    return a[:keep_a], b[: budget - keep_a]
+
+
+def _int_list(ids: Iterable[int]) -> list[int]:
+    return np.asarray(ids, dtype=np.int64).ravel().tolist()

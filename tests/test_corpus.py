@@ -1,0 +1,151 @@
+"""Corpus readers, format detection, sentence splitting and input errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bertforge.corpus import detect_format, read_documents, split_sentences
+from bertforge.errors import BertforgeError
+
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("name", "documents"), [("wiki.train.tokens", 629), ("wiki.valid.tokens", 60)])
+def test_wikitext2_document_counts(name, documents):
+    assert detect_format(WIKITEXT / name) == "wikitext"
+    assert sum(1 for _ in read_documents(WIKITEXT / name)) == documents
+
+
+def test_wikitext_headings_dropped_and_artifacts_undone():
+    documents = list(read_documents(WIKITEXT / "wiki.valid.tokens"))
+    sentences = [sentence for document in documents for sentence in document]
+    assert documents[0][0].startswith("Homarus gammarus , known as the European lobster")
+    assert all(document for document in documents)
+    assert not any(sentence.startswith("=") for sentence in sentences)
+    for artifact in ("@-@", "@,@", "@.@", "<unk>"):
+        assert not any(artifact in sentence for sentence in sentences), artifact
+    assert any("[UNK]" in sentence for sentence in sentences)
+    assert any("0.7" in sentence for sentence in sentences)  # "0 @.@ 7 kg" in the lobster article
+
+
+def test_wikitext_reader_on_a_small_file(tmp_path):
+    path = write(
+        tmp_path / "tiny.tokens",
+        " \n = First = \n \n It cost 1 @,@ 000 well @-@ known <unk> . It was 3 @.@ 5 m long .\n \n"
+        " = = Section = = \n \n = = = Deeper = = = \n More text here .\n \n = Second = \n \n Only one .\n",
+    )
+    assert detect_format(path) == "wikitext"
+    assert list(read_documents(path)) == [
+        ["It cost 1,000 well-known [UNK] .", "It was 3.5 m long .", "More text here ."],
+        ["Only one ."],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Hello world. This is it! Is it? Yes.", ["Hello world.", "This is it!", "Is it?", "Yes."]),
+        (
+            "Mr. Smith met Dr. Jones at St. Paul's. They left.",
+            ["Mr. Smith met Dr. Jones at St. Paul's.", "They left."],
+        ),
+        ("J. K. Rowling wrote it. It sold.", ["J. K. Rowling wrote it.", "It sold."]),
+        ("The U.S. Army came. Then more.", ["The U.S. Army came.", "Then more."]),
+        ("Fruit, e.g. Apples, i.e. Pears. No. 5 won.", ["Fruit, e.g. Apples, i.e. Pears.", "No. 5 won."]),
+        ("It is 3.5 m long. 42 is a number.", ["It is 3.5 m long.", "42 is a number."]),
+        ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+        ('She asked "Why?" Nobody knew.', ['She asked "Why?"', "Nobody knew."]),
+        ('It ended. "Go," he said.', ["It ended.", '"Go," he said.']),
+        ("It was big (really big.) Next one.", ["It was big (really big.)", "Next one."]),
+        ("a lower. case start stays.", ["a lower. case start stays."]),
+        (
+            "the end . The next ! And ( see this . ) Last",
+            ["the end .", "The next !", "And ( see this . )", "Last"],
+        ),
+        ('called " Golden Age . " Meridian grew .', ['called " Golden Age . "', "Meridian grew ."]),
+        ('it ends . " Quoted " start .', ["it ends .", '" Quoted " start .']),
+        ("", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+def test_text_reader_joins_lines_and_splits_on_blank_lines(tmp_path):
+    path = write(
+        tmp_path / "plain.txt", "First line\ncontinues. Second sentence.\n\n\n\nNext doc.\r\n   \nLast doc"
+    )
+    assert detect_format(path) == "text"
+    assert list(read_documents(path)) == [
+        ["First line continues.", "Second sentence."],
+        ["Next doc."],
+        ["Last doc"],
+    ]
+    assert list(read_documents(path, format="text")) == list(read_documents(path))
+
+
+def test_jsonl_reader(tmp_path):
+    records = [{"text": "One. Two.\nA new paragraph", "id": 1}, {"text": "   "}, {"text": "Third doc."}]
+    path = write(
+        tmp_path / "docs.jsonl",
+        "\n".join(json.dumps(r) for r in records[:2]) + "\n\n" + json.dumps(records[2]),
+    )
+    assert detect_format(path) == "jsonl"
+    assert list(read_documents(path)) == [["One.", "Two.", "A new paragraph"], ["Third doc."]]
+
+
+def test_byte_order_mark_and_progress(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffHello there.\n\nBye.\n".encode())
+    seen = []
+    assert list(read_documents(path, on_progress=seen.append)) == [["Hello there."], ["Bye."]]
+    assert sum(seen) == path.stat().st_size
+
+
+def error_message(path, format="auto") -> str:
+    with pytest.raises(BertforgeError) as raised:
+        list(read_documents(path, format))
+    return str(raised.value)
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert "does not exist" in error_message(tmp_path / "nope.txt")
+    assert "is a folder" in error_message(tmp_path)
+    with pytest.raises(BertforgeError, match="does not exist"):
+        detect_format(tmp_path / "nope.txt")
+
+
+def test_empty_and_blank_files(tmp_path):
+    assert "is empty" in error_message(write(tmp_path / "empty.txt", ""))
+    assert "no text" in error_message(write(tmp_path / "blank.txt", "\n  \n\t\n"))
+    assert "no text" in error_message(write(tmp_path / "headings.tokens", " = Title = \n = = Sub = = \n"))
+
+
+def test_undecodable_bytes_name_the_line_and_offset(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"fine line\nanother\ncaf\xe9 au lait\n")
+    message = error_message(path, "text")
+    assert "line 3" in message and "byte offset 21" in message and "UTF-8" in message
+    assert str(path) in message
+
+
+def test_bad_jsonl_lines_name_the_line(tmp_path):
+    good = json.dumps({"text": "Fine."})
+    assert "line 3: not valid JSON" in error_message(write(tmp_path / "a.jsonl", f"{good}\n{good}\n{{oops\n"))
+    assert 'line 2: no string "text"' in error_message(
+        write(tmp_path / "b.jsonl", f'{good}\n{{"body": "x"}}\n')
+    )
+    assert 'line 1: no string "text"' in error_message(write(tmp_path / "c.jsonl", '{"text": 5}\n'), "jsonl")
+    assert "line 1: not valid JSON" in error_message(write(tmp_path / "d.txt", "plain words\n"), "jsonl")
+
+
+def test_unknown_format(tmp_path):
+    path = write(tmp_path / "x.txt", "Hello.\n")
+    message = error_message(path, "csv")
+    assert "unknown corpus format 'csv'" in message and "wikitext" in message

@@ -1,0 +1,141 @@
+"""Token shard preparation, reopening, and the checks that catch damaged folders."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.config import TokenizerConfig
+from bertforge.corpus import read_documents
+from bertforge.errors import BertforgeError
+from bertforge.shards import TokenShards, file_sha256, prepare_shards, token_dtype
+from bertforge.tokenizer import BertTokenizer, train_tokenizer
+
+VALID = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.valid.tokens"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> BertTokenizer:
+    config = TokenizerConfig(kind="wordpiece", vocab_size=3000, min_frequency=2)
+    return train_tokenizer([VALID], config, tmp_path_factory.mktemp("tok") / "tokenizer", show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def prepared(tokenizer, tmp_path_factory) -> tuple[dict, Path]:
+    out_dir = tmp_path_factory.mktemp("shards") / "valid"
+    return prepare_shards(VALID, tokenizer, out_dir, show_progress=False), out_dir
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[list[str]]:
+    return list(read_documents(VALID))
+
+
+def test_meta_counts_match_the_corpus(prepared, tokenizer, documents):
+    meta, out_dir = prepared
+    lengths = [len(ids) for document in documents for ids in tokenizer.encode_batch(document)]
+    assert meta["num_documents"] == len(documents) == 60
+    assert meta["num_sentences"] == sum(1 for n in lengths if n) == sum(map(len, documents))
+    assert meta["num_tokens"] == sum(lengths)
+    assert meta["format_version"] == 1 and meta["corpus_format"] == "wikitext"
+    assert meta["token_dtype"] == "uint16" and meta["vocab_size"] == tokenizer.vocab_size
+    assert meta["tokenizer_fingerprint"] == tokenizer.fingerprint
+    assert meta["source"]["sha256"] == hashlib.sha256(VALID.read_bytes()).hexdigest() == file_sha256(VALID)
+    assert meta["source"]["bytes"] == VALID.stat().st_size
+    assert json.loads((out_dir / "meta.json").read_text()) == meta
+
+
+def test_documents_hold_their_tokenized_sentences(prepared, tokenizer, documents):
+    shards = TokenShards.open(prepared[1])
+    assert shards.tokens.dtype == np.uint16 and not shards.tokens.flags.writeable
+    for d in (0, 17, 59):
+        sentences = shards.document(d)
+        assert [ids.tolist() for ids in sentences] == tokenizer.encode_batch(documents[d])
+    assert shards.document(0)[0].tolist() == tokenizer.encode_batch([documents[0][0]])[0]
+
+
+def test_offsets_are_monotone_and_consistent(prepared):
+    shards = TokenShards.open(prepared[1])
+    assert (shards.num_tokens, shards.num_sentences, shards.num_documents) == (
+        prepared[0]["num_tokens"],
+        prepared[0]["num_sentences"],
+        60,
+    )
+    for offsets, end in (
+        (shards.sentence_offsets, shards.num_tokens),
+        (shards.document_offsets, shards.num_sentences),
+    ):
+        assert offsets.dtype == np.int64 and offsets[0] == 0 and offsets[-1] == end
+        assert (np.diff(offsets) > 0).all()  # empty sentences and documents are skipped
+    assert shards.vocab_size == 3000 and int(shards.tokens.max()) < shards.vocab_size
+
+
+def test_token_dtype_widens_for_large_vocabularies():
+    assert token_dtype(65535) == np.uint16 and token_dtype(65536) == np.uint32
+
+
+def test_empty_sentences_and_documents_are_skipped_and_reprepare_replaces(tokenizer, tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    texts = ["The lobster is blue.\n\u200b", "\u200b", "It turns red. \u00ad"]  # zero-width: no tokens
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    out_dir = tmp_path / "shards"
+    prepare_shards(corpus, tokenizer, out_dir)
+    assert "tokenizing corpus.jsonl" in capsys.readouterr().err  # the progress bar
+    shards = TokenShards.open(out_dir)
+    assert (shards.num_documents, shards.num_sentences) == (2, 2)
+    assert tokenizer.decode(shards.document(1)[0]) == "it turns red."
+    corpus.write_text("One more.\n", encoding="utf-8")
+    meta = prepare_shards(corpus, tokenizer, out_dir, format="text", show_progress=False)
+    assert TokenShards.open(out_dir).num_documents == meta["num_documents"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "shards"]
+
+
+@pytest.fixture
+def copy(prepared, tmp_path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(prepared[1], target)
+    return target
+
+
+def test_truncated_tokens_file(copy):
+    tokens = copy / "tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:-2])
+    with pytest.raises(BertforgeError, match=r"tokens.bin has .* bytes.*delete it and re-run prepare"):
+        TokenShards.open(copy)
+
+
+def test_missing_files(copy, tmp_path):
+    with pytest.raises(BertforgeError, match="does not exist; run prepare"):
+        TokenShards.open(tmp_path / "missing")
+    (copy / "sentence_offsets.bin").unlink()
+    with pytest.raises(BertforgeError, match="sentence_offsets.bin is missing"):
+        TokenShards.open(copy)
+    (copy / "meta.json").unlink()
+    with pytest.raises(BertforgeError, match="meta.json is missing.*delete it and re-run prepare"):
+        TokenShards.open(copy)
+
+
+def test_bad_meta(copy):
+    meta = json.loads((copy / "meta.json").read_text())
+    (copy / "meta.json").write_text(json.dumps({**meta, "format_version": 99}))
+    with pytest.raises(BertforgeError, match="format_version 99.*delete the folder and re-run prepare"):
+        TokenShards.open(copy)
+    (copy / "meta.json").write_text(json.dumps({**meta, "num_sentences": meta["num_sentences"] - 1}))
+    with pytest.raises(BertforgeError, match="sentence_offsets.bin has"):
+        TokenShards.open(copy)
+    (copy / "meta.json").write_text("{broken")
+    with pytest.raises(BertforgeError, match="not valid JSON"):
+        TokenShards.open(copy)
+
+
+def test_failed_preparation_leaves_nothing_behind(tokenizer, tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"text": "Fine text."}) + "\n" * 2 + "not json\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match="line 3: not valid JSON"):
+        prepare_shards(corpus, tokenizer, tmp_path / "shards", show_progress=False)
+    with pytest.raises(BertforgeError, match="does not exist"):
+        prepare_shards(tmp_path / "missing.txt", tokenizer, tmp_path / "shards", show_progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["docs.jsonl"]

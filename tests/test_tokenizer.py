@@ -1,0 +1,204 @@
+"""Tokenizer training, encoding, saving/loading and parity with transformers.BertTokenizerFast."""
+
+import hashlib
+import itertools
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.config import TokenizerConfig
+from bertforge.corpus import read_documents
+from bertforge.errors import BertforgeError
+from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer, train_tokenizer
+
+VALID = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.valid.tokens"
+PAIR = ("The lobster is blue.", "It turns red on cooking!")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[BertTokenizer, Path]:
+    out_dir = tmp_path_factory.mktemp("tok") / "wordpiece"
+    config = TokenizerConfig(kind="wordpiece", vocab_size=3000, min_frequency=2)
+    return train_tokenizer([VALID], config, out_dir, show_progress=False), out_dir
+
+
+@pytest.fixture(scope="module")
+def valid_sentences() -> list[str]:
+    documents = itertools.islice(read_documents(VALID), 3)
+    return [sentence for document in documents for sentence in document[:3]]
+
+
+def test_special_ids_and_files(trained):
+    tokenizer, out_dir = trained
+    assert [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert tokenizer.special_ids == (0, 1, 2, 3, 4)
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id) == (
+        0,
+        1,
+        2,
+        3,
+        4,
+    )
+    vocab = (out_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == list(SPECIAL_TOKENS) and len(vocab) == tokenizer.vocab_size == 3000
+    assert tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size)) == vocab
+    assert tokenizer.fingerprint == hashlib.sha256((out_dir / "tokenizer.json").read_bytes()).hexdigest()[:16]
+    assert (tokenizer.kind, tokenizer.lowercase) == ("wordpiece", True)
+
+
+def test_round_trip_and_wordpieces(trained, valid_sentences):
+    tokenizer, _ = trained
+    text = "The Lobsters were Caught near the British Isles, in 1990."
+    assert tokenizer.decode(tokenizer.encode_batch([text])[0]) == text.lower()
+    ids = tokenizer.encode_batch(["Unbelievably, crustaceans metamorphose."])[0]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert any(token.startswith("##") for token in tokens)
+    mask = tokenizer.continuation_mask()
+    assert mask.dtype == np.bool_ and mask.shape == (tokenizer.vocab_size,)
+    assert mask[ids].tolist() == [token.startswith("##") for token in tokens]
+    assert not mask[list(tokenizer.special_ids)].any()
+
+
+def test_wikitext_unk_becomes_the_unknown_token(trained, valid_sentences):
+    tokenizer, _ = trained
+    sentence = next(s for s in valid_sentences if "[UNK]" in s)
+    ids = tokenizer.encode_batch([sentence])[0]
+    assert ids.count(tokenizer.unk_id) >= sentence.count("[UNK]") > 0
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["a [UNK] b"])[0]) == ["a", "[UNK]", "b"]
+    assert tokenizer.token_to_id("unk") is None  # "[UNK]" was not learned as a word during training
+
+
+def test_encode_pair_layout_and_truncation(trained):
+    tokenizer, _ = trained
+    first, second = tokenizer.encode_batch(list(PAIR))
+    ids, types = tokenizer.encode_pair(*PAIR)
+    assert ids == [2, *first, 3, *second, 3]
+    assert types == [0] * (len(first) + 2) + [1] * (len(second) + 1)
+    assert ids == tokenizer.backend.encode(*PAIR).ids  # the saved post-processor agrees
+    assert tokenizer.encode_pair(PAIR[0]) == ([2, *first, 3], [0] * (len(first) + 2))
+    ids, types = tokenizer.encode_pair("a " * 20, "b c d", max_length=12)
+    assert ids == [2, *[tokenizer.token_to_id("a")] * 6, 3, *tokenizer.encode_batch(["b c d"])[0], 3]
+    assert len(types) == 12 and types.count(1) == 4
+    with pytest.raises(BertforgeError, match="max_length"):
+        tokenizer.encode_pair("a", "b", max_length=2)
+
+
+def test_save_and_load_give_the_same_tokenizer(trained, valid_sentences, tmp_path):
+    tokenizer, out_dir = trained
+    loaded = load_tokenizer(out_dir)
+    assert loaded.fingerprint == tokenizer.fingerprint
+    assert (loaded.kind, loaded.lowercase, loaded.min_frequency) == ("wordpiece", True, 2)
+    expected = tokenizer.encode_batch(valid_sentences)
+    assert loaded.encode_batch(valid_sentences) == expected
+    for name in ("tokenizer.json", "vocab.txt"):  # a folder with only one of the files also loads
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(out_dir / name, folder / name)
+        alone = load_tokenizer(folder)
+        assert alone.encode_batch(valid_sentences) == expected
+        assert alone.encode_pair(*PAIR) == tokenizer.encode_pair(*PAIR)
+    resaved = load_tokenizer(loaded.save(tmp_path / "again"))
+    assert resaved.fingerprint == tokenizer.fingerprint
+
+
+def test_save_into_an_existing_folder_keeps_other_files(trained, tmp_path):
+    tokenizer, _ = trained
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    tokenizer.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bertforge_tokenizer.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "vocab.txt",
+    ]
+    assert load_tokenizer(tmp_path).fingerprint == tokenizer.fingerprint
+    with pytest.raises(BertforgeError, match="is a file"):
+        tokenizer.save(tmp_path / "model.safetensors")
+
+
+def test_hugging_face_bert_tokenizer_fast_agrees(trained, valid_sentences):
+    transformers = pytest.importorskip("transformers")
+    tokenizer, out_dir = trained
+    hf = transformers.BertTokenizerFast(tokenizer_file=str(out_dir / "tokenizer.json"))
+    for a, b in itertools.pairwise(valid_sentences):
+        ours = tokenizer.encode_pair(a, b)
+        theirs = hf(a, b)
+        assert (theirs["input_ids"], theirs["token_type_ids"]) == ours
+        assert hf(a, add_special_tokens=False)["input_ids"] == tokenizer.encode_batch([a])[0]
+    assert (hf.pad_token_id, hf.unk_token_id, hf.cls_token_id, hf.sep_token_id, hf.mask_token_id) == (
+        0,
+        1,
+        2,
+        3,
+        4,
+    )
+
+
+def test_wordlevel_min_frequency(tmp_path):
+    corpus = tmp_path / "words.txt"
+    corpus.write_text("Apple pear apple. [UNK] pear.\n\nApple kiwi pear.\n", encoding="utf-8")
+    config = TokenizerConfig(kind="wordlevel", vocab_size=100, min_frequency=2, lowercase=True)
+    tokenizer = train_tokenizer([corpus], config, tmp_path / "wl", show_progress=False)
+    assert tokenizer.kind == "wordlevel"
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["APPLE kiwi pear"])[0]) == [
+        "apple",
+        "[UNK]",
+        "pear",
+    ]
+    assert tokenizer.token_to_id("kiwi") is None  # seen once, below min_frequency
+    vocab = tokenizer.backend.get_vocab()
+    assert sorted(vocab.values()) == list(
+        range(tokenizer.vocab_size)
+    )  # dense ids despite "[UNK]" in the text
+    assert not tokenizer.continuation_mask().any()
+    assert load_tokenizer(tmp_path / "wl").encode_batch(["apple pear"]) == tokenizer.encode_batch(
+        ["apple pear"]
+    )
+
+
+def test_cased_tokenizer_keeps_case(tmp_path):
+    corpus = tmp_path / "cased.txt"
+    corpus.write_text("Paris is big. Paris is old.\n\nParis Paris Paris.\n", encoding="utf-8")
+    config = TokenizerConfig(kind="wordlevel", vocab_size=50, min_frequency=1, lowercase=False)
+    tokenizer = train_tokenizer([corpus], config, tmp_path / "cased", show_progress=False)
+    assert tokenizer.token_to_id("Paris") is not None and tokenizer.token_to_id("paris") is None
+    assert load_tokenizer(tmp_path / "cased").lowercase is False
+
+
+def test_bad_training_inputs(tmp_path):
+    config = TokenizerConfig()
+    with pytest.raises(BertforgeError, match="tokenizer.kind"):
+        train_tokenizer([VALID], TokenizerConfig(kind="bpe"), tmp_path / "t")
+    with pytest.raises(BertforgeError, match="no corpus files"):
+        train_tokenizer([], config, tmp_path / "t")
+    with pytest.raises(BertforgeError, match="does not exist"):
+        train_tokenizer([tmp_path / "missing.txt"], config, tmp_path / "t")
+    small = tmp_path / "small.txt"
+    small.write_text("one two three.\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match="min_frequency"):
+        train_tokenizer(
+            [small], TokenizerConfig(kind="wordlevel", min_frequency=5), tmp_path / "t", show_progress=False
+        )
+    assert not (tmp_path / "t").exists()
+
+
+def test_bad_tokenizer_folders(trained, tmp_path):
+    _, out_dir = trained
+    with pytest.raises(BertforgeError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertforgeError, match="neither tokenizer.json nor vocab.txt"):
+        load_tokenizer(tmp_path / "empty")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out_dir, damaged)
+    (damaged / "tokenizer.json").write_text('{"model": ', encoding="utf-8")
+    with pytest.raises(BertforgeError, match="not a valid tokenizer file"):
+        load_tokenizer(damaged)
+    google_style = tmp_path / "google"
+    google_style.mkdir()
+    tokens = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"]
+    (google_style / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match="ids 0-4"):
+        load_tokenizer(google_style)
