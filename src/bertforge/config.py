@@ -57,6 +57,8 @@ class TokenizerConfig:
 class DataConfig:
     """How text becomes training pairs and masked batches."""
 
+    corpus: str = ""  # training text (recorded so that --resume needs no paths)
+    valid: str = ""  # held-out text for evaluation ("" : no evaluation)
     format: str = "auto"  # auto | wikitext | text | jsonl
     max_seq_length: int = 128
     short_seq_prob: float = 0.1
@@ -84,6 +86,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_minutes: float = 0.0  # 0: no time budget; otherwise the schedule ends when time runs out
+    log_every: int = 10  # steps between train-metric lines (each costs one host synchronisation)
     eval_every: int = 200
     checkpoint_every: int = 0  # 0: same as eval_every
     keep_checkpoints: int = 2
@@ -194,8 +197,7 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
     known = {f.name: f for f in fields(section)}
     if key not in known:
         raise BertforgeError(
-            f"{origin}: unknown setting {section_name}.{key}; "
-            f"{section_name} settings are {', '.join(known)}"
+            f"{origin}: unknown setting {section_name}.{key}; {section_name} settings are {', '.join(known)}"
         )
     expected = typing.get_type_hints(type(section))[key]
     setattr(section, key, _coerce(value, expected, f"{section_name}.{key}", origin))
@@ -204,18 +206,10 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
 def _coerce(value, expected, name: str, origin: str):
     if isinstance(expected, types.UnionType):  # e.g. `int | None`
         expected = next(t for t in typing.get_args(expected) if t is not type(None))
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-    elif expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif expected is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif expected is str:
-        if isinstance(value, str):
-            return value
+    accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[expected]
+    # bool is a subclass of int in Python; `true` must not pass as a number.
+    if isinstance(value, accepted) and (expected is bool or not isinstance(value, bool)):
+        return float(value) if expected is float else value
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 
@@ -249,12 +243,15 @@ def validate(config: RunConfig) -> None:
         "train.batch_size": tr.batch_size,
         "train.gradient_accumulation_steps": tr.gradient_accumulation_steps,
         "train.max_steps": tr.max_steps,
+        "train.log_every": tr.log_every,
         "train.eval_every": tr.eval_every,
         "train.keep_checkpoints": tr.keep_checkpoints,
     }
     for name, value in positive.items():
         if value <= 0:
             raise BertforgeError(f"{name} must be positive, got {value}")
+    if t.vocab_size <= 5:
+        raise BertforgeError(f"tokenizer.vocab_size ({t.vocab_size}) must exceed the 5 special tokens")
     if m.hidden_size % m.num_attention_heads:
         raise BertforgeError(
             f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_attention_heads "
@@ -331,10 +328,11 @@ def load_json(path: str | Path) -> RunConfig:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BertforgeError(f"{path} is missing; is this a bertforge run, checkpoint or model folder?") from None
+        raise BertforgeError(
+            f"{path} is missing; is this a bertforge run, checkpoint or model folder?"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
     if not isinstance(raw, dict):
         raise BertforgeError(f"{path} does not hold a bertforge config")
     return RunConfig.from_dict(raw)
-

@@ -1,0 +1,33 @@
+# The two commands: `make demo` (a short real pretraining run) and `make test` (the whole suite).
+# Both create or reuse the virtual environment in $(VENV), installing the CPU build of torch first
+# so that no unpinned requirement pulls CUDA packages.
+
+VENV    ?= .venv
+PYTHON  ?= python3
+CORPUS  ?= ../shared/data/wikitext-2/wiki.train.tokens
+VALID   ?= ../shared/data/wikitext-2/wiki.valid.tokens
+OUT     ?= runs/demo
+CONFIG  ?= configs/demo.toml
+ARGS    ?=
+PY       = $(VENV)/bin/python
+STAMP    = $(VENV)/.bertforge-installed
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(OUT)
+	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,71 @@
+"""Content-addressed cache of trained tokenizers and prepared token shards.
+
+A key is a hash of what determines the result (corpus bytes, tokenizer settings or fingerprint,
+corpus format), so re-running on the same text reuses the work and changed text never hits a stale
+entry. The cache lives in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from bertforge.config import TokenizerConfig
+from bertforge.corpus import detect_format
+from bertforge.errors import BertforgeError
+from bertforge.shards import TokenShards, file_sha256, prepare_shards
+from bertforge.tokenizer import BertTokenizer, load_tokenizer, train_tokenizer
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("BERTFORGE_CACHE") or Path.home() / ".cache" / "bertforge")
+
+
+@functools.lru_cache(maxsize=64)
+def _content_hash(path: str, size: int, mtime_ns: int) -> str:
+    return file_sha256(Path(path))
+
+
+def content_hash(path: Path) -> str:
+    """sha256 of a file's bytes, memoised per (path, size, mtime) within the process."""
+    path = Path(path)
+    if not path.is_file():
+        raise BertforgeError(f"corpus file {path} does not exist; check the path")
+    stat = path.stat()
+    return _content_hash(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def resolved_format(path: Path, format: str) -> str:
+    return detect_format(path) if format == "auto" else format
+
+
+def cached_tokenizer(
+    corpus_files: list[Path], config: TokenizerConfig, format: str, cache_dir: Path
+) -> BertTokenizer:
+    """Train a tokenizer on the corpus unless one with the same inputs is cached."""
+    formats = [resolved_format(f, format) for f in corpus_files]
+    key = _key([content_hash(f) for f in corpus_files], asdict(config), formats)
+    folder = cache_dir / "tokenizers" / key
+    if (folder / "tokenizer.json").is_file():
+        return load_tokenizer(folder)
+    return train_tokenizer(list(corpus_files), config, folder, format=format)
+
+
+def cached_shards(
+    corpus: Path, tokenizer: BertTokenizer, format: str, cache_dir: Path, show_progress: bool = True
+) -> TokenShards:
+    """Tokenize the corpus into shards unless shards of the same text and tokenizer are cached."""
+    fmt = resolved_format(corpus, format)
+    key = _key(content_hash(corpus), tokenizer.fingerprint, fmt)
+    folder = cache_dir / "shards" / key
+    if not (folder / "meta.json").is_file():
+        prepare_shards(corpus, tokenizer, folder, format=fmt, show_progress=show_progress)
+    return TokenShards.open(folder)

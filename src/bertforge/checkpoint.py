@@ -1,0 +1,245 @@
+"""What a model looks like on disk: weights, training checkpoints and model folders.
+
+A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resume exactly:
+
+    model.safetensors   weights; tied aliases (the MLM decoder) are dropped, as Hugging Face does
+    optimizer.pt        optimizer and grad-scaler state: tensors and plain values only, so it loads
+                        with `torch.load(weights_only=True)`
+    state.json          step, data position, elapsed time, RNG states, last metrics
+    config.json         the effective run config
+
+A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files.
+Every folder is written beside its final name and renamed into place, so a crash never leaves a
+half-written checkpoint that `--resume` would pick up.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from bertforge.config import RunConfig, load_json, save_json
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.model import TIED_KEYS, BertForPreTraining
+from bertforge.tokenizer import BertTokenizer, load_tokenizer
+
+WEIGHTS = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+STATE = "state.json"
+CONFIG = "config.json"
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
+
+
+def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without tied aliases, as contiguous CPU tensors (safetensors refuses shared ones)."""
+    return {
+        name: tensor.detach().to("cpu").contiguous()
+        for name, tensor in model.state_dict().items()
+        if name not in TIED_KEYS
+    }
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Write weights to `path` (inside a folder that is itself written atomically)."""
+    save_file(weights_to_save(model), str(path), metadata={"format": "pt"})
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise BertforgeError(f"{path} is missing; the model folder is incomplete")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise BertforgeError(
+            f"{path} is damaged and cannot be read ({error}); use another checkpoint"
+        ) from None
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors weights into `model`, refusing any mismatch with a clear message."""
+    check_and_load_state(model, read_weights(path), source=str(path))
+
+
+def check_and_load_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    expected = {name: t.shape for name, t in model.state_dict().items() if name not in TIED_KEYS}
+    given = {name: t for name, t in weights.items() if name not in TIED_KEYS}
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    if missing or unexpected:
+        raise BertforgeError(
+            f"{source} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+            "was it saved by another architecture?"
+        )
+    for name, shape in expected.items():
+        if given[name].shape != shape:
+            hint = (
+                " (the vocabulary sizes differ: tokenizer and model do not match)"
+                if "word_emb" in name
+                else ""
+            )
+            raise BertforgeError(
+                f"{source}: {name} has shape {tuple(given[name].shape)} but the model expects "
+                f"{tuple(shape)}{hint}"
+            )
+    model.load_state_dict(given, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def encode_rng(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def decode_rng(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def rng_states() -> dict:
+    """Torch's global RNG states (dropout draws from them); data order and masking use their own seeds."""
+    states = {"torch_cpu": encode_rng(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        states["torch_cuda"] = [encode_rng(s) for s in torch.cuda.get_rng_state_all()]
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    torch.set_rng_state(decode_rng(states["torch_cpu"]))
+    if torch.cuda.is_available() and "torch_cuda" in states:
+        torch.cuda.set_rng_state_all([decode_rng(s) for s in states["torch_cuda"]])
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    state: dict,
+    config: RunConfig,
+) -> Path:
+    """Write `checkpoints/step_NNNNNN/` atomically and return its path."""
+    target = checkpoint_dir(run_dir, step)
+    with atomic_directory(target) as tmp:
+        save_weights(model, tmp / WEIGHTS)
+        extra = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None}
+        torch.save(extra, tmp / OPTIMIZER)
+        payload = dict(state, step=step, rng=rng_states())
+        atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
+        save_json(config, tmp / CONFIG)
+    return target
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first (temporary siblings are never matched)."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+) -> dict:
+    """Restore model, optimizer, scaler and RNG from a checkpoint folder; return its state dict."""
+    state = read_state(path)
+    load_weights(model, path / WEIGHTS)
+    try:
+        extra = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(extra["optimizer"])
+    except FileNotFoundError:
+        raise BertforgeError(f"{path / OPTIMIZER} is missing; the checkpoint is incomplete") from None
+    except (RuntimeError, KeyError, ValueError, EOFError) as error:
+        raise BertforgeError(
+            f"{path / OPTIMIZER} is damaged or from another model ({error}); use another checkpoint"
+        ) from None
+    if scaler is not None and extra.get("scaler"):
+        scaler.load_state_dict(extra["scaler"])
+    restore_rng_states(state["rng"])
+    return state
+
+
+def read_state(path: Path) -> dict:
+    try:
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BertforgeError(f"{path / STATE} is missing; the checkpoint is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BertforgeError(f"{path / STATE} is damaged ({error}); use another checkpoint") from None
+    if not isinstance(state, dict) or "step" not in state or "rng" not in state:
+        raise BertforgeError(f"{path / STATE} does not hold a bertforge training state")
+    return state
+
+
+def read_config(folder: Path) -> RunConfig:
+    return load_json(folder / CONFIG)
+
+
+def find_model_folder(path: Path) -> tuple[Path, Path]:
+    """(weights folder, tokenizer folder) for a run folder, its `final/`, a checkpoint or a model folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise BertforgeError(
+            f"model folder {path} does not exist; give a run folder, its final/ or a checkpoint"
+        )
+    if (path / "final" / WEIGHTS).is_file():
+        path = path / "final"
+    elif not (path / WEIGHTS).is_file() and list_checkpoints(path):
+        path = list_checkpoints(path)[-1]
+    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
+        raise BertforgeError(
+            f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); "
+            "give a run folder, its final/ or one of its checkpoints"
+        )
+    tokenizer_dir = path if (path / "tokenizer.json").is_file() else path.parent.parent / "tokenizer"
+    return path, tokenizer_dir
+
+
+def load_pretrained(path: Path) -> tuple[BertForPreTraining, BertTokenizer, RunConfig]:
+    """Model (on CPU, eval mode), tokenizer and config from any folder `find_model_folder` accepts."""
+    folder, tokenizer_dir = find_model_folder(path)
+    config = read_config(folder)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    check_tokenizer_fits(tokenizer, config, folder)
+    model = BertForPreTraining(config.model)
+    load_weights(model, folder / WEIGHTS)
+    return model.eval(), tokenizer, config
+
+
+def check_tokenizer_fits(tokenizer: BertTokenizer, config: RunConfig, source: Path) -> None:
+    if tokenizer.vocab_size != config.model.vocab_size:
+        raise BertforgeError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {source} expects "
+            f"{config.model.vocab_size}: tokenizer and model do not match; "
+            "use the tokenizer saved with the model"
+        )
+
+
+def save_model_folder(
+    folder: Path, model: torch.nn.Module, tokenizer: BertTokenizer, config: RunConfig
+) -> None:
+    """Write weights, config and tokenizer files into `folder`, atomically."""
+    with atomic_directory(folder) as tmp:
+        save_weights(model, tmp / WEIGHTS)
+        save_json(config, tmp / CONFIG)
+        tokenizer.save(tmp)

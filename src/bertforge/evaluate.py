@@ -1,0 +1,83 @@
+"""Held-out pretraining metrics: MLM loss, perplexity, MLM accuracy, NSP loss and NSP accuracy.
+
+Evaluation always masks 15% of the tokens and draws its pairs with fixed seeds, whatever the
+training settings, so two evaluations of one model on one text agree exactly and the numbers of
+different runs compare.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.cache import cached_shards, default_cache_dir
+from bertforge.checkpoint import load_pretrained
+from bertforge.config import DataConfig
+from bertforge.losses import pretraining_sums, summarize
+from bertforge.pairs import PairDataset, build_pairs
+from bertforge.runtime import autocast, resolve_device, to_device
+from bertforge.shards import TokenShards
+from bertforge.tokenizer import BertTokenizer
+
+EVAL_SEED = 20181011  # the date of the BERT paper, for a seed nobody tunes
+EVAL_MASK_RATE = 0.15
+EVAL_BATCH_SIZE = 64
+
+
+def evaluation_batches(shards: TokenShards, tokenizer: BertTokenizer, data: DataConfig) -> list[dict]:
+    """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`)."""
+    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed=EVAL_SEED, epoch=0)
+    if data.eval_max_pairs:
+        pairs = pairs[: data.eval_max_pairs]
+    examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
+    collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
+    batches = MaskedBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
+    return [batches[i] for i in range(len(batches))]
+
+
+@torch.inference_mode()
+def pretraining_metrics(
+    model: torch.nn.Module, batches: list[dict], precision: str = "fp32"
+) -> dict[str, float]:
+    """Token- and pair-weighted metrics over all batches, on the model's device."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    totals: dict[str, torch.Tensor] = {}
+    for batch in batches:
+        batch = to_device(batch, device)
+        with autocast(device, precision):
+            mlm_logits, nsp_logits = model(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                batch["masked_positions"],
+            )
+        sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+        for key, value in sums.items():
+            totals[key] = totals.get(key, 0) + value
+    model.train(was_training)
+    return summarize({key: float(value) for key, value in totals.items()})
+
+
+def evaluate_model(
+    model_path: Path,
+    corpus: Path,
+    format: str = "auto",
+    device: str = "auto",
+    precision: str = "fp32",
+    max_pairs: int | None = None,
+    cache_dir: Path | None = None,
+    show_progress: bool = True,
+) -> dict[str, float]:
+    """Evaluate a saved model (run folder, `final/`, checkpoint) on a corpus with its own tokenizer."""
+    model, tokenizer, config = load_pretrained(model_path)
+    shards = cached_shards(Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress)
+    data = config.data
+    if max_pairs is not None:
+        data.eval_max_pairs = max_pairs
+    batches = evaluation_batches(shards, tokenizer, data)
+    model.to(resolve_device(device))
+    return pretraining_metrics(model, batches, precision)

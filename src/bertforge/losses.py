@@ -1,0 +1,55 @@
+"""The pretraining objective (Devlin et al. 2019, section 3.1): MLM over masked positions plus NSP.
+
+The MLM head already ran only on the masked positions, so its logits are (M, V) and the labels
+(M,). NSP uses Hugging Face's labels (0: B follows A, 1: B is random); pairs without an NSP label
+(-1, the MLM-only setting) are ignored. Sums are returned alongside counts so that evaluation can
+weight every token and pair equally across batches of different sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+NO_LABEL = -1
+
+
+def pretraining_sums(
+    mlm_logits: torch.Tensor, masked_labels: torch.Tensor, nsp_logits: torch.Tensor, nsp_labels: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Summed losses and correct counts, all as 0-d tensors (no host synchronisation)."""
+    mlm_logits = mlm_logits.float()  # (M, V)
+    nsp_logits = nsp_logits.float()  # (B, 2)
+    has_nsp = nsp_labels != NO_LABEL  # (B,)
+    return {
+        "mlm_loss_sum": F.cross_entropy(mlm_logits, masked_labels, reduction="sum"),
+        "mlm_correct": (mlm_logits.argmax(-1) == masked_labels).sum(),
+        "mlm_count": torch.tensor(masked_labels.numel(), device=mlm_logits.device),
+        "nsp_loss_sum": F.cross_entropy(nsp_logits, nsp_labels, ignore_index=NO_LABEL, reduction="sum"),
+        "nsp_correct": ((nsp_logits.argmax(-1) == nsp_labels) & has_nsp).sum(),
+        "nsp_count": has_nsp.sum(),
+    }
+
+
+def pretraining_loss(sums: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean MLM loss over masked tokens plus mean NSP loss over labelled pairs (0 when NSP is off)."""
+    mlm = sums["mlm_loss_sum"] / sums["mlm_count"].clamp(min=1)
+    nsp = sums["nsp_loss_sum"] / sums["nsp_count"].clamp(min=1)
+    return mlm + nsp
+
+
+def summarize(totals: dict[str, float]) -> dict[str, float]:
+    """Turn accumulated sums into the reported metrics (NSP ones only when pairs had NSP labels)."""
+    mlm_count = max(totals["mlm_count"], 1.0)
+    mlm_loss = totals["mlm_loss_sum"] / mlm_count
+    metrics = {
+        "mlm_loss": mlm_loss,
+        "perplexity": math.exp(min(mlm_loss, 50.0)),
+        "mlm_accuracy": totals["mlm_correct"] / mlm_count,
+    }
+    if totals["nsp_count"] > 0:
+        metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]
+        metrics["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
+    return metrics

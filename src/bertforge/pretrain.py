@@ -1,0 +1,155 @@
+"""Pretraining from raw text: the run folder, its tokenizer and shards, the MLM+NSP objective.
+
+Run folder layout (`--out DIR`):
+
+    config.json         the effective config (also inside every checkpoint and final/)
+    tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
+    metrics.jsonl       one line per log window ("train") and per evaluation ("valid")
+    checkpoints/        step_NNNNNN/ folders, the newest `train.keep_checkpoints` kept
+    final/              model.safetensors, config.json and the tokenizer: the trained model
+    loss.png            train and validation curves
+
+Nothing is written into the run folder until the corpus has been read, tokenized and checked.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.cache import cached_shards, cached_tokenizer, default_cache_dir
+from bertforge.checkpoint import CONFIG, list_checkpoints, save_model_folder
+from bertforge.config import RunConfig, save_json, validate
+from bertforge.errors import BertforgeError
+from bertforge.evaluate import evaluation_batches, pretraining_metrics
+from bertforge.losses import pretraining_loss, pretraining_sums, summarize
+from bertforge.model import BertForPreTraining
+from bertforge.pairs import PairDataset, build_pairs
+from bertforge.plots import plot_pretraining
+from bertforge.runtime import apply_threads
+from bertforge.shards import TokenShards
+from bertforge.tokenizer import BertTokenizer, load_tokenizer
+from bertforge.train import Objective, train
+
+
+def pretrain(
+    config: RunConfig,
+    out: Path,
+    tokenizer_dir: Path | None = None,
+    resume: bool = False,
+    cache_dir: Path | None = None,
+    show_progress: bool = True,
+) -> dict:
+    """Train (or resume) a run in `out`; return the final step, time, tokens and validation metrics."""
+    out = Path(out)
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    check_run_folder(out, resume)
+    validate(config)
+    apply_threads(config.runtime)
+    tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir)
+    config.model.vocab_size = tokenizer.vocab_size
+    validate(config)
+    data = config.data
+    train_shards = cached_shards(
+        corpus_path(data.corpus, "corpus"), tokenizer, data.format, cache_dir, show_progress
+    )
+    build_pairs(
+        train_shards, data.max_seq_length, data.short_seq_prob, data.nsp, config.runtime.seed, 0
+    )  # checks
+    valid_batches = []
+    if data.valid:
+        valid_shards = cached_shards(
+            corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress
+        )
+        valid_batches = evaluation_batches(valid_shards, tokenizer, data)
+
+    created = not out.exists()
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(out / "tokenizer")
+        save_json(config, out / CONFIG)
+    try:
+        result = train_and_save(config, out, tokenizer, train_shards, valid_batches, resume, show_progress)
+    except BaseException:
+        if created and not list_checkpoints(out):
+            shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
+        raise
+    return result
+
+
+def train_and_save(
+    config: RunConfig,
+    out: Path,
+    tokenizer: BertTokenizer,
+    train_shards: TokenShards,
+    valid_batches: list[dict],
+    resume: bool,
+    show_progress: bool,
+) -> dict:
+    torch.manual_seed(config.runtime.seed)
+    model = BertForPreTraining(config.model)
+    objective = Objective(
+        model=model,
+        batches=epoch_batches(train_shards, tokenizer, config),
+        loss=masked_lm_and_nsp_loss,
+        evaluate=lambda m: (
+            pretraining_metrics(m, valid_batches, config.runtime.precision) if valid_batches else {}
+        ),
+        summarize=summarize,
+    )
+    result = train(objective, config, out, resume=resume, show_progress=show_progress)
+    save_model_folder(out / "final", model.cpu(), tokenizer, config)
+    plot_pretraining(out / "metrics.jsonl", out / "loss.png")
+    return result
+
+
+def check_run_folder(out: Path, resume: bool) -> None:
+    if resume:
+        if not (out / CONFIG).is_file():
+            raise BertforgeError(f"{out} holds no bertforge run to resume; start one without --resume")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
+        raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+
+
+def corpus_path(path: str, name: str) -> Path:
+    if not path:
+        raise BertforgeError(f"no {name} file given; pass --{name} FILE")
+    return Path(path)
+
+
+def run_tokenizer(
+    config: RunConfig, out: Path, tokenizer_dir: Path | None, resume: bool, cache_dir: Path
+) -> BertTokenizer:
+    """The run's own tokenizer when resuming, a given one, or one trained (and cached) on the corpus."""
+    if resume:
+        return load_tokenizer(out / "tokenizer")
+    if tokenizer_dir:
+        return load_tokenizer(Path(tokenizer_dir))
+    corpus = corpus_path(config.data.corpus, "corpus")
+    return cached_tokenizer([corpus], config.tokenizer, config.data.format, cache_dir)
+
+
+def epoch_batches(shards: TokenShards, tokenizer: BertTokenizer, config: RunConfig):
+    """epoch -> micro-batches of freshly drawn pairs (Google's algorithm) with dynamic masking."""
+    data, seed = config.data, config.runtime.seed
+    micro_batch = config.train.batch_size // config.train.gradient_accumulation_steps
+    collate = pretraining_collator(tokenizer, data)
+
+    def batches(epoch: int) -> MaskedBatches:
+        pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, epoch)
+        examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
+        return MaskedBatches(examples, micro_batch, collate, seed, epoch)
+
+    return batches
+
+
+def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+    mlm_logits, nsp_logits = model(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"]
+    )  # (M, V), (B, 2)
+    sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+    return pretraining_loss(sums), sums

@@ -1,0 +1,67 @@
+"""Shared fixtures: paths to the shared data, a small WikiText slice, a tiny config, a private cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertforge.config import RunConfig, TokenizerConfig
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+WIKI_TRAIN = SHARED_DATA / "wikitext-2" / "wiki.train.tokens"
+WIKI_VALID = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Keep the tokenizer and shard cache out of the user's home during tests (shared per session)."""
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="session")
+def wiki_slice(tmp_path_factory) -> Path:
+    """The first ~40 WikiText-2 training articles (about 0.6 MB) as a corpus file."""
+    lines = WIKI_TRAIN.read_text(encoding="utf-8").splitlines(keepends=True)[:2400]
+    path = tmp_path_factory.mktemp("corpus") / "wiki.slice.tokens"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def wiki_valid_slice(tmp_path_factory) -> Path:
+    lines = WIKI_VALID.read_text(encoding="utf-8").splitlines(keepends=True)[:800]
+    path = tmp_path_factory.mktemp("corpus") / "wiki.valid.slice.tokens"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer_dir(tmp_path_factory, wiki_slice) -> Path:
+    """A 2,000-token WordPiece vocabulary trained on the slice."""
+    from bertforge.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer") / "tok"
+    train_tokenizer([wiki_slice], TokenizerConfig(vocab_size=2000), out)
+    return out
+
+
+def tiny_config(corpus: Path | None = None, valid: Path | None = None, **train) -> RunConfig:
+    """A model small enough for a CPU test to train in seconds."""
+    config = RunConfig()
+    model = config.model
+    model.num_hidden_layers, model.hidden_size, model.num_attention_heads = 2, 32, 2
+    model.intermediate_size, model.max_position_embeddings = 64, 64
+    config.tokenizer.vocab_size = 2000
+    config.data.max_seq_length = 64
+    config.data.eval_max_pairs = 64
+    config.data.corpus = str(corpus) if corpus else ""
+    config.data.valid = str(valid) if valid else ""
+    config.train.batch_size = 8
+    config.train.max_steps = 8
+    config.train.eval_every = 4
+    config.train.log_every = 1
+    config.train.learning_rate = 1e-3
+    for key, value in train.items():
+        setattr(config.train, key, value)
+    return config

@@ -1,0 +1,104 @@
+"""Config: presets, TOML files, --set overrides, validation messages, JSON round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from bertforge.config import (
+    PRESETS,
+    RunConfig,
+    apply_mapping,
+    apply_overrides,
+    apply_preset,
+    load_json,
+    load_toml,
+    save_json,
+    validate,
+)
+from bertforge.errors import BertforgeError
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_follow_turc_et_al(name):
+    config = RunConfig()
+    apply_preset(config, name)
+    layers, hidden, heads = PRESETS[name]
+    assert (config.model.num_hidden_layers, config.model.hidden_size, config.model.num_attention_heads) == (
+        layers,
+        hidden,
+        heads,
+    )
+    assert config.model.intermediate_size == 4 * hidden
+    validate(config)
+
+
+def test_preset_table():
+    assert (
+        PRESETS["mini"] == (4, 256, 4) and PRESETS["base"] == (12, 768, 12) and PRESETS["tiny"] == (2, 128, 2)
+    )
+
+
+def test_toml_file_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "small"\n[train]\nlearning_rate = 3e-4\n[data]\nnsp = false\n')
+    config = RunConfig()
+    apply_mapping(config, load_toml(path), origin=str(path))
+    apply_overrides(config, ["train.max_steps=77", "runtime.precision=bf16", "model.hidden_act=relu"])
+    assert config.model.hidden_size == 512 and config.train.learning_rate == 3e-4
+    assert config.data.nsp is False and config.train.max_steps == 77
+    assert config.runtime.precision == "bf16" and config.model.hidden_act == "relu"
+
+
+def test_json_round_trip(tmp_path):
+    config = RunConfig()
+    apply_overrides(config, ["train.batch_size=64", "tokenizer.kind=wordlevel"])
+    save_json(config, tmp_path / "config.json")
+    assert load_json(tmp_path / "config.json") == config
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.hidden_size=100", "model.num_attention_heads=3"], "divisible"),
+        (["data.max_seq_length=1024"], "max_position_embeddings"),
+        (["data.mlm_probability=1.5"], "mlm_probability"),
+        (["data.mlm_probability=0"], "mlm_probability"),
+        (["train.learning_rate=-1"], "learning_rate"),
+        (["train.batch_size=0"], "batch_size"),
+        (["train.batch_size=10", "train.gradient_accumulation_steps=3"], "divisible"),
+        (["runtime.precision=fp8"], "runtime.precision"),
+        (["data.format=xml"], "data.format"),
+        (["tokenizer.vocab_size=3"], "special tokens"),
+    ],
+)
+def test_impossible_values_are_named(overrides, message):
+    config = RunConfig()
+    apply_overrides(config, overrides)
+    with pytest.raises(BertforgeError, match=message):
+        validate(config)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.nope=1", "unknown setting train.nope"),
+        ("bogus.key=1", "unknown section"),
+        ("train.max_steps=many", "must be int"),
+        ("data.nsp=1", "must be bool"),
+        ("no_dot=1", "section.key=value"),
+    ],
+)
+def test_bad_overrides(override, message):
+    with pytest.raises(BertforgeError, match=message):
+        apply_overrides(RunConfig(), [override])
+
+
+def test_missing_and_invalid_toml(tmp_path):
+    with pytest.raises(BertforgeError, match="does not exist"):
+        load_toml(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nx=")
+    with pytest.raises(BertforgeError, match="not valid TOML"):
+        load_toml(bad)
+    with pytest.raises(BertforgeError, match="unknown preset"):
+        apply_preset(RunConfig(), "huge")

@@ -1,0 +1,114 @@
+"""The training loop: schedule, a falling validation loss, exact resume, save and reload."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from bertforge.checkpoint import list_checkpoints, load_pretrained, read_weights
+from bertforge.config import TrainConfig
+from bertforge.pretrain import pretrain
+from bertforge.train import Schedule, build_optimizer
+
+
+def read_lines(run, split):
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["split"] == split]
+
+
+def test_schedule_warms_up_then_decays_linearly():
+    schedule = Schedule(TrainConfig(learning_rate=1.0, max_steps=100, warmup_steps=10))
+    assert schedule.learning_rate(schedule.progress(5, 0)) == pytest.approx(0.5)
+    assert schedule.learning_rate(schedule.progress(10, 0)) == pytest.approx(1.0)
+    assert schedule.learning_rate(schedule.progress(55, 0)) == pytest.approx(0.5)
+    assert schedule.learning_rate(schedule.progress(100, 0)) == pytest.approx(0.0)
+
+
+def test_time_budget_drives_progress():
+    schedule = Schedule(TrainConfig(max_steps=1_000_000, max_minutes=2.0, warmup_ratio=0.0))
+    assert schedule.progress(10, 60.0) == pytest.approx(0.5)
+    assert schedule.progress(10, 150.0) == 1.0
+
+
+def test_no_weight_decay_on_biases_and_layernorm():
+    from bertforge.model import BertForPreTraining
+
+    model = BertForPreTraining(tiny_config().model)
+    decay, no_decay = build_optimizer(model, TrainConfig(weight_decay=0.01), torch.device("cpu")).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(not names[id(p)].endswith("bias") and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.01
+
+
+def test_validation_loss_falls_on_wikitext(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=80, eval_every=40, batch_size=16)
+    config.train.learning_rate = 3e-3
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    valid = read_lines(tmp_path / "run", "valid")
+    assert [v["step"] for v in valid] == [0, 40, 80]
+    assert valid[-1]["mlm_loss"] < valid[0]["mlm_loss"] - 1.0
+    assert valid[-1]["mlm_accuracy"] > valid[0]["mlm_accuracy"]
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 10_000
+    assert read_lines(tmp_path / "run", "train")[-1]["tokens_per_s"] > 0
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=8, eval_every=4, keep_checkpoints=3)
+    full = tmp_path / "full"
+    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert [p.name for p in list_checkpoints(full)] == ["step_000004", "step_000008"]
+
+    # Simulate a run stopped after its step-4 checkpoint: drop everything it wrote later.
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000008")
+    shutil.rmtree(cut / "final")
+    from bertforge.checkpoint import read_config
+
+    pretrain(read_config(cut), cut, resume=True, show_progress=False)
+
+    full_train, cut_train = read_lines(full, "train"), read_lines(cut, "train")
+    assert [x["step"] for x in cut_train] == list(range(1, 9))
+    for a, b in zip(full_train, cut_train, strict=True):
+        assert a["loss"] == b["loss"] and a["mlm_loss"] == b["mlm_loss"] and a["nsp_loss"] == b["nsp_loss"]
+    assert read_lines(full, "valid")[-1] == read_lines(cut, "valid")[-1]
+    full_weights = read_weights(full / "final" / "model.safetensors")
+    cut_weights = read_weights(cut / "final" / "model.safetensors")
+    assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
+
+
+def test_saved_model_reloads_with_identical_outputs(tmp_path, wiki_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, max_steps=4, eval_every=4)
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    final_model, tokenizer, _ = load_pretrained(tmp_path / "run")
+    checkpoint_model, _, _ = load_pretrained(tmp_path / "run" / "checkpoints" / "step_000004")
+    for (name, a), (_, b) in zip(
+        final_model.state_dict().items(), checkpoint_model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    ids, types = tokenizer.encode_pair("the game was released in japan .", "it sold well .")
+    ids, types = torch.tensor([ids]), torch.tensor([types])
+    with torch.inference_mode():
+        first = final_model(ids, types)
+        second = checkpoint_model(ids, types)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert final_model.cls.predictions.decoder.weight is final_model.bert.embeddings.word_embeddings.weight
+
+
+def test_mlm_only_run_without_nsp(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=4, eval_every=4)
+    config.data.nsp = False
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    valid = read_lines(tmp_path / "run", "valid")[-1]
+    assert "mlm_loss" in valid and "nsp_loss" not in valid
+
+
+def test_gradient_accumulation_runs_and_logs_every_step(tmp_path, wiki_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, max_steps=3, eval_every=3, gradient_accumulation_steps=2)
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert [x["step"] for x in read_lines(tmp_path / "run", "train")] == [1, 2, 3]
