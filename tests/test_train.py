@@ -112,3 +112,13 @@ def test_gradient_accumulation_runs_and_logs_every_step(tmp_path, wiki_slice, sm
     config = tiny_config(wiki_slice, max_steps=3, eval_every=3, gradient_accumulation_steps=2)
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert [x["step"] for x in read_lines(tmp_path / "run", "train")] == [1, 2, 3]
+
+
+def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
+    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.02)
+    result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert 0 < result["step"] < 1_000_000
+    assert result["elapsed_s"] < 30
+    lrs = [x["lr"] for x in read_lines(tmp_path / "run", "train")]
+    assert lrs[-1] < max(lrs)  # the schedule decayed within the budget
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

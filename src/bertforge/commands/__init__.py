@@ -1,0 +1,1 @@
+"""Command groups of the `bertforge` CLI; each module has `register(subparsers)`."""

@@ -1,0 +1,226 @@
+"""Commands for pretraining: `tokenizer train`, `prepare`, `pretrain` and `evaluate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertforge.config import (
+    PRESETS,
+    RunConfig,
+    TokenizerConfig,
+    apply_mapping,
+    apply_overrides,
+    apply_preset,
+    load_toml,
+    validate,
+)
+from bertforge.errors import BertforgeError
+
+FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
+
+
+def register(commands) -> None:
+    add_tokenizer_command(commands)
+    add_prepare_command(commands)
+    add_pretrain_command(commands)
+    add_evaluate_command(commands)
+
+
+def add_tokenizer_command(commands) -> None:
+    tokenizer = commands.add_parser("tokenizer", help="train a vocabulary on a corpus")
+    actions = tokenizer.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser(
+        "train",
+        help="learn a WordPiece or word-level vocabulary",
+        description="Learn a vocabulary; specials [PAD] [UNK] [CLS] [SEP] [MASK] get ids 0-4.",
+    )
+    p.add_argument("--corpus", type=Path, nargs="+", required=True, help="text files to learn from")
+    p.add_argument("--kind", choices=("wordpiece", "wordlevel"), default="wordpiece")
+    p.add_argument("--vocab-size", type=int, default=TokenizerConfig.vocab_size)
+    p.add_argument(
+        "--min-freq", type=int, default=TokenizerConfig.min_frequency, help="minimum word frequency"
+    )
+    p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
+    p.set_defaults(handler=run_tokenizer_train)
+
+
+def add_prepare_command(commands) -> None:
+    p = commands.add_parser(
+        "prepare",
+        help="tokenize a corpus into memory-mapped shards",
+        description="Tokenize once into flat token shards with sentence and document offsets.",
+    )
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(handler=run_prepare)
+
+
+def add_pretrain_command(commands) -> None:
+    p = commands.add_parser(
+        "pretrain",
+        help="pretrain a BERT with MLM + NSP from raw text",
+        description="Train the tokenizer and shards when missing (cached by content), then pretrain. "
+        "Settings apply in order: defaults, --preset, --config, flags, --set.",
+    )
+    p.add_argument("--corpus", type=Path, help="training text (WikiText, plain text or JSON lines)")
+    p.add_argument("--valid", type=Path, help="held-out text for evaluation")
+    p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="model size after Turc et al. 2019")
+    p.add_argument(
+        "--config", type=Path, help="a TOML file with [model] [tokenizer] [data] [train] [runtime]"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a setting"
+    )
+    p.add_argument("--tokenizer", type=Path, help="use this tokenizer instead of training one")
+    p.add_argument("--format", choices=FORMAT_CHOICES)
+    p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
+    p.add_argument("--max-minutes", type=float, help="time budget; the LR schedule ends when it runs out")
+    p.add_argument("--batch-size", type=int, help="sequences per optimizer step (train.batch_size)")
+    p.add_argument("--lr", type=float, help="peak learning rate (train.learning_rate)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-nsp", action="store_true", help="MLM only: contiguous text fills whole sequences")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(handler=run_pretrain)
+
+
+def add_evaluate_command(commands) -> None:
+    p = commands.add_parser(
+        "evaluate",
+        help="held-out MLM and NSP metrics of a saved model",
+        description="Evaluate at a fixed 15%% mask with fixed seeds: MLM loss, perplexity, MLM accuracy, "
+        "NSP loss and NSP accuracy.",
+    )
+    p.add_argument("--model", type=Path, required=True, help="a run folder, its final/ or a checkpoint")
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--max-pairs", type=int, help="evaluate at most this many pairs (default: the model's)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cache-dir", type=Path)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(handler=run_evaluate)
+
+
+def run_tokenizer_train(args) -> int:
+    from bertforge.tokenizer import train_tokenizer
+
+    config = TokenizerConfig(
+        kind=args.kind, vocab_size=args.vocab_size, min_frequency=args.min_freq, lowercase=not args.cased
+    )
+    validate(RunConfig(tokenizer=config))
+    if args.out.exists() and any(args.out.iterdir()):
+        raise BertforgeError(f"{args.out} is not empty; choose a new --out")
+    tokenizer = train_tokenizer(args.corpus, config, args.out, format=args.format)
+    print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
+    return 0
+
+
+def run_prepare(args) -> int:
+    from bertforge.shards import prepare_shards
+    from bertforge.tokenizer import load_tokenizer
+
+    if args.out.exists() and any(args.out.iterdir()):
+        raise BertforgeError(f"{args.out} is not empty; choose a new --out")
+    meta = prepare_shards(args.corpus, load_tokenizer(args.tokenizer), args.out, format=args.format)
+    print(
+        f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
+        f"{meta['num_tokens']} tokens written to {args.out}"
+    )
+    return 0
+
+
+def pretrain_config(args) -> RunConfig:
+    """The run's config: saved one when resuming, else defaults, preset, file, flags, --set."""
+    from bertforge.checkpoint import read_config
+    from bertforge.pretrain import check_run_folder
+
+    if args.resume:
+        check_run_folder(args.out, resume=True)
+        config = read_config(args.out)
+    else:
+        config = RunConfig()
+        if args.preset:
+            apply_preset(config, args.preset)
+        if args.config:
+            apply_mapping(config, load_toml(args.config), origin=str(args.config))
+    flags = {
+        "data.corpus": str(args.corpus) if args.corpus else None,
+        "data.valid": str(args.valid) if args.valid else None,
+        "data.format": args.format,
+        "data.nsp": False if args.no_nsp else None,
+        "train.max_steps": args.max_steps,
+        "train.max_minutes": args.max_minutes,
+        "train.batch_size": args.batch_size,
+        "train.learning_rate": args.lr,
+        "runtime.precision": args.precision,
+        "runtime.device": args.device,
+        "runtime.seed": args.seed,
+    }
+    apply_mapping(config, nest({k: v for k, v in flags.items() if v is not None}), origin="command line")
+    apply_overrides(config, args.set)
+    validate(config)
+    return config
+
+
+def nest(flat: dict) -> dict:
+    nested: dict = {}
+    for name, value in flat.items():
+        section, key = name.split(".")
+        nested.setdefault(section, {})[key] = value
+    return nested
+
+
+def run_pretrain(args) -> int:
+    from bertforge.pretrain import pretrain
+
+    config = pretrain_config(args)
+    result = pretrain(
+        config,
+        args.out,
+        tokenizer_dir=args.tokenizer,
+        resume=args.resume,
+        cache_dir=args.cache_dir,
+        show_progress=not args.quiet,
+    )
+    minutes, rate = result["elapsed_s"] / 60, result["tokens"] / max(result["elapsed_s"], 1e-9)
+    print(f"\ntrained {result['step']} steps, {result['tokens']:,} tokens in {minutes:.1f} min", end=" ")
+    print(f"({rate:,.0f} real tokens/s)")
+    metrics = {k: v for k, v in result.items() if k not in ("step", "elapsed_s", "tokens")}
+    if metrics:
+        print("held-out: " + format_metrics(metrics))
+    print(f"model:    {args.out / 'final'}")
+    print(f"plots:    {args.out / 'loss.png'}")
+    print(f"metrics:  {args.out / 'metrics.jsonl'}")
+    return 0
+
+
+def run_evaluate(args) -> int:
+    from bertforge.evaluate import evaluate_model
+
+    metrics = evaluate_model(
+        args.model,
+        args.corpus,
+        format=args.format,
+        device=args.device,
+        precision=args.precision,
+        max_pairs=args.max_pairs,
+        cache_dir=args.cache_dir,
+        show_progress=not args.quiet,
+    )
+    print(json.dumps(metrics) if args.json else format_metrics(metrics))
+    return 0
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
