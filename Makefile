@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
 
 clean:
