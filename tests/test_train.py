@@ -115,7 +115,7 @@ def test_gradient_accumulation_runs_and_logs_every_step(tmp_path, wiki_slice, sm
 
 
 def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
-    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.02)
+    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.1)
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert 0 < result["step"] < 1_000_000
     assert result["elapsed_s"] < 30
