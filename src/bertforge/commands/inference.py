@@ -1,0 +1,295 @@
+"""Commands for using a model: `fill-mask`, `nsp`, `embed`, `showcase`, `export` and `import-hf`.
+
+Each handler reads its inputs, loads the model with `bertforge.export.load_model` and calls one
+function of `bertforge.infer` or `bertforge.export`; printing is the only thing done here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import warnings
+from itertools import islice
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+
+FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
+MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
+PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
+SHOWCASE_DOCUMENTS = 5000  # documents read from the corpus, at most
+
+
+def register(commands) -> None:
+    add_fill_mask_command(commands)
+    add_nsp_command(commands)
+    add_embed_command(commands)
+    add_showcase_command(commands)
+    add_export_command(commands)
+    add_import_command(commands)
+
+
+def add_model_arguments(p) -> None:
+    p.add_argument("--model", type=Path, required=True, help=MODEL_HELP)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+
+
+def add_fill_mask_command(commands) -> None:
+    p = commands.add_parser(
+        "fill-mask",
+        help="predict the tokens hidden behind [MASK]",
+        description="The most likely tokens for every [MASK] of a text (each mask predicted from the same "
+        "input), whole words shown with their ## pieces joined. Texts longer than the model's maximum "
+        "length are refused.",
+    )
+    p.add_argument("text", nargs="?", help='a text with one or more [MASK], e.g. "the [MASK] sat on the mat"')
+    p.add_argument("--input", type=Path, help="a file with one text per line, instead of TEXT")
+    p.add_argument("--top-k", type=int, default=5, help="predictions per mask")
+    p.add_argument("--json", action="store_true", help="one JSON object per text")
+    add_model_arguments(p)
+    p.set_defaults(handler=run_fill_mask)
+
+
+def add_nsp_command(commands) -> None:
+    p = commands.add_parser(
+        "nsp",
+        help="probability that sentence B follows sentence A",
+        description="Next sentence prediction: the probability that B follows A. Pairs longer than the "
+        "model's maximum length are refused.",
+    )
+    p.add_argument("a", nargs="?", help="sentence A")
+    p.add_argument("b", nargs="?", help="sentence B")
+    p.add_argument("--input", type=Path, help="a TSV file: one pair per line, A<TAB>B, instead of A B")
+    p.add_argument("--json", action="store_true", help="one JSON object per pair")
+    add_model_arguments(p)
+    p.set_defaults(handler=run_nsp)
+
+
+def add_embed_command(commands) -> None:
+    p = commands.add_parser(
+        "embed",
+        help="one vector per line of a file, saved as .npy",
+        description="Embed each line of --input (one text per line) and save a float32 (lines, hidden) "
+        "array. Texts longer than the model's maximum length are truncated, with a warning.",
+    )
+    p.add_argument("--input", type=Path, required=True, help="one text per line")
+    p.add_argument("--out", type=Path, required=True, help="FILE.npy")
+    p.add_argument(
+        "--pooling",
+        choices=("cls", "mean"),
+        default="cls",
+        help="the [CLS] state, or the mean over real tokens",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_arguments(p)
+    p.set_defaults(handler=run_embed)
+
+
+def add_showcase_command(commands) -> None:
+    p = commands.add_parser(
+        "showcase",
+        help="show what a model learned on a few sentences of a text",
+        description="For a few sentences of a corpus (a seeded choice): one content word masked and the "
+        "top-5 predictions beside the true word, and the NSP probability of the true next sentence and "
+        "of a random one.",
+    )
+    p.add_argument("--corpus", type=Path, required=True, help="text to draw sentences from (held-out text)")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--sentences", type=int, default=5, help="how many sentences")
+    p.add_argument("--seed", type=int, default=0)
+    add_model_arguments(p)
+    p.set_defaults(handler=run_showcase)
+
+
+def add_export_command(commands) -> None:
+    p = commands.add_parser(
+        "export",
+        help="write a model as a Hugging Face folder",
+        description="Write a folder that transformers loads with no custom code: config.json, "
+        "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json.",
+    )
+    p.add_argument(
+        "--model", type=Path, required=True, help="a run folder, its final/, a checkpoint or a classifier"
+    )
+    p.add_argument("--out", type=Path, required=True, help="a new folder")
+    p.set_defaults(handler=run_export)
+
+
+def add_import_command(commands) -> None:
+    p = commands.add_parser(
+        "import-hf",
+        help="turn a local Hugging Face BERT folder into a bertforge model",
+        description="Read a local Hugging Face BERT folder (config.json; model.safetensors or "
+        "pytorch_model.bin; tokenizer.json or vocab.txt) and write a bertforge model folder, to continue "
+        "pretraining from it with `bertforge pretrain --init`.",
+    )
+    p.add_argument("--from", dest="source", type=Path, required=True, help="the Hugging Face folder")
+    p.add_argument("--out", type=Path, required=True, help="a new folder")
+    p.set_defaults(handler=run_import)
+
+
+def load_on_device(args):
+    """(model, tokenizer, config) from --model, moved to --device."""
+    from bertforge.export import load_model
+    from bertforge.runtime import resolve_device
+
+    device = resolve_device(args.device)
+    model, tokenizer, config = load_model(args.model)
+    return model.to(device), tokenizer, config
+
+
+def read_lines(path: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 file, refusing a missing or empty file and blank lines (naming the line)."""
+    if not path.is_file():
+        raise BertforgeError(f"{path} does not exist; give a file with {what}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise BertforgeError(f"{path} is not UTF-8 text") from None
+    if not lines:
+        raise BertforgeError(f"{path} is empty; give a file with {what}")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise BertforgeError(f"line {number} of {path} is blank; give {what}, no blank lines")
+    return lines
+
+
+def texts_from(args, what: str) -> list[str]:
+    if (args.input is None) == (args.text is None):
+        raise BertforgeError(f"give either a text or --input FILE ({what})")
+    return [args.text] if args.input is None else read_lines(args.input, what)
+
+
+def run_fill_mask(args) -> int:
+    from bertforge.infer import fill_mask
+
+    texts = texts_from(args, "one text with [MASK] per line")
+    model, tokenizer, _ = load_on_device(args)
+    results = fill_mask(model, tokenizer, texts, top_k=args.top_k, batch_size=args.batch_size)
+    for text, masks in zip(texts, results, strict=True):
+        if args.json:
+            print(json.dumps({"text": text, "masks": masks}))
+            continue
+        print(text)
+        for number, predictions in enumerate(masks, 1):
+            if len(masks) > 1:
+                print(f"  [MASK] {number}:")
+            width = max(len(p["word"]) for p in predictions)
+            for p in predictions:
+                print(f"    {p['score']:.4f}  {p['word']:<{width}}  {p['sequence']}")
+    return 0
+
+
+def run_nsp(args) -> int:
+    from bertforge.infer import next_sentence
+
+    pairs = nsp_pairs(args)
+    model, tokenizer, config = load_on_device(args)
+    if not config.data.nsp:
+        raise BertforgeError(
+            f"{args.model} was pretrained without next sentence prediction (data.nsp = false): its NSP head "
+            "is untrained"
+        )
+    firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+    probabilities = next_sentence(model, tokenizer, firsts, seconds, batch_size=args.batch_size)
+    for (a, b), p in zip(pairs, probabilities, strict=True):
+        if args.json:
+            print(json.dumps({"a": a, "b": b, "is_next": p}))
+        else:
+            print(f"{p:.4f}  P(B follows A)   A: {a}   B: {b}")
+    return 0
+
+
+def nsp_pairs(args) -> list[tuple[str, str]]:
+    if args.input is not None:
+        if args.a is not None:
+            raise BertforgeError("give either two sentences or --input FILE, not both")
+        pairs = []
+        for number, line in enumerate(read_lines(args.input, "one A<TAB>B pair per line"), 1):
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise BertforgeError(
+                    f"line {number} of {args.input} has {len(parts) - 1} tabs; write A<TAB>B with one tab"
+                )
+            pairs.append((parts[0], parts[1]))
+        return pairs
+    if args.a is None or args.b is None:
+        raise BertforgeError('give two sentences, "A" "B", or --input FILE with A<TAB>B lines')
+    return [(args.a, args.b)]
+
+
+def run_embed(args) -> int:
+    import numpy as np
+
+    from bertforge.infer import embed
+    from bertforge.io import atomic_write_bytes
+
+    if args.out.suffix != ".npy":
+        raise BertforgeError(f"--out {args.out} must end in .npy (a NumPy array file)")
+    texts = read_lines(args.input, "one text per line")
+    model, tokenizer, _ = load_on_device(args)
+    show_progress = not args.quiet and len(texts) >= PROGRESS_FROM
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vectors = embed(model, tokenizer, texts, args.pooling, args.batch_size, show_progress=show_progress)
+    for warning in caught:
+        print(f"bertforge: warning: {warning.message}", file=sys.stderr)
+    buffer = io.BytesIO()
+    np.save(buffer, vectors)
+    atomic_write_bytes(args.out, buffer.getvalue())
+    print(
+        f"embeddings: {vectors.shape[0]} x {vectors.shape[1]} ({args.pooling} pooling) written to {args.out}"
+    )
+    return 0
+
+
+def run_showcase(args) -> int:
+    from bertforge.corpus import read_documents
+    from bertforge.infer import showcase
+
+    documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
+    model, tokenizer, config = load_on_device(args)
+    examples = showcase(
+        model, tokenizer, documents, count=args.sentences, seed=args.seed, nsp=config.data.nsp
+    )
+    print(
+        f"\nfill-mask: one word of {len(examples)} sentences of {args.corpus.name} masked, top-5 predictions"
+    )
+    hits = 0
+    for example in examples:
+        hits += example["hit"]
+        guesses = ", ".join(f"{p['word']} {p['score']:.2f}" for p in example["predictions"])
+        print(f"  {example['masked']}")
+        print(f"    true: {example['answer']:<14} {'HIT ' if example['hit'] else 'miss'}  top-5: {guesses}")
+    print(f"  the true word is in the top 5 for {hits} of {len(examples)} sentences")
+    if "p_next" in examples[0]:
+        print("\nnext sentence prediction: P(B follows A), for the true next sentence and a random one")
+        for example in examples:
+            p_next, p_random, a = example["p_next"], example["p_random"], example["sentence"]
+            a = a if len(a) <= 70 else a[:67] + "..."
+            print(f"  true next {p_next:.2f}   random {p_random:.2f}   A: {a}")
+    return 0
+
+
+def run_export(args) -> int:
+    from bertforge.export import export_model
+
+    result = export_model(args.model, args.out)
+    print(f"exported {result['architecture']} to {args.out}")
+    print(f"  transformers: {result['architecture']}.from_pretrained({str(args.out)!r})")
+    return 0
+
+
+def run_import(args) -> int:
+    from bertforge.export import import_hf
+
+    result = import_hf(args.source, args.out)
+    print(f"imported {args.source} to {args.out}")
+    if result["initialised"]:
+        print(f"  not in the source, drawn fresh: {', '.join(result['initialised'])}")
+    if result["dropped"]:
+        print(f"  fine-tuning heads left out: {', '.join(result['dropped'])}")
+    print(f"  continue pretraining: bertforge pretrain --init {args.out} --corpus TEXT --out RUN")
+    return 0

@@ -1,0 +1,371 @@
+"""Asking a pretrained model things: fill masks, judge sentence pairs, embed texts, and the demo's showcase.
+
+Owns `fill_mask`, `next_sentence`, `embed` and `showcase`. Each takes a model and its tokenizer
+(from `bertforge.load`), accepts one text or a list, batches its inputs (sorted by length, so a
+batch carries little padding), runs in inference mode on the model's device (CPU or GPU) and
+returns plain Python values or NumPy arrays that the CLI prints or saves.
+
+Inputs longer than the model's `max_position_embeddings` (special tokens included): `fill_mask`
+and `next_sentence` refuse them (cutting a text could drop the mask or change the question),
+`embed` truncates them with a warning (a long document still gets a vector from its beginning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import warnings
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bertforge.errors import BertforgeError
+from bertforge.tokenizer import BertTokenizer
+
+DEFAULT_BATCH_SIZE = 32
+POOLINGS = ("cls", "mean")
+_PREVIEW = 40  # characters of a text quoted in an error message
+
+
+def fill_mask(
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    text: str | Sequence[str],
+    top_k: int = 5,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> list:
+    """The `top_k` most likely tokens for every `[MASK]` in `text`.
+
+    Returns, for one text, a list with one entry per `[MASK]` (left to right); for a list of
+    texts, a list of those. An entry is a list of `top_k` dicts, most likely first:
+    `token` (the vocabulary entry, e.g. `##s`), `token_id`, `score` (softmax probability),
+    `word` (the whole word the token forms with its neighbours, `##` pieces merged) and
+    `sequence` (the text with this token in place). Every mask is predicted from the same input,
+    independently of the others (as Hugging Face's fill-mask pipeline does).
+    """
+    texts, single = _as_list(text)
+    if top_k < 1:
+        raise BertforgeError(f"top_k must be at least 1, got {top_k}")
+    top_k = min(top_k, tokenizer.vocab_size)
+    encoded = _encode_single(tokenizer, texts, _max_length(model), truncate=False)
+    for i, ids in enumerate(encoded):
+        if tokenizer.mask_id not in ids:
+            raise BertforgeError(
+                f"{_describe(texts, i)} has no [MASK]; write [MASK] (upper case) where the word to "
+                'predict goes, e.g. "the [MASK] sat on the mat"'
+            )
+    results: list = [None] * len(texts)
+    with _inference(model) as device:
+        for rows, input_ids, attention_mask in _batches(encoded, batch_size, tokenizer.pad_id, device):
+            is_mask = input_ids == tokenizer.mask_id  # (B, T)
+            positions = is_mask.flatten().nonzero().squeeze(1)  # (M,) flat indices, row-major
+            mlm_logits, _ = model(input_ids, attention_mask=attention_mask, masked_positions=positions)
+            scores, ids = mlm_logits.float().softmax(-1).topk(top_k, dim=-1)  # (M, k), (M, k)
+            masks_per_row = is_mask.sum(1).tolist()
+            scores, ids = scores.cpu().split(masks_per_row), ids.cpu().split(masks_per_row)
+            for row, row_scores, row_ids in zip(rows, scores, ids, strict=True):
+                results[row] = _describe_predictions(tokenizer, encoded[row], row_scores, row_ids)
+    return results[0] if single else results
+
+
+def next_sentence(
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    a: str | Sequence[str],
+    b: str | Sequence[str],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> float | list[float]:
+    """The probability that `b` follows `a` (the NSP head's "IsNext"); lists give one per pair."""
+    firsts, single = _as_list(a, "sentence a")
+    seconds, _ = _as_list(b, "sentence b")
+    if len(firsts) != len(seconds):
+        raise BertforgeError(f"got {len(firsts)} first sentences but {len(seconds)} second ones")
+    max_length = _max_length(model)
+    encoded_a, encoded_b = tokenizer.encode_batch(firsts), tokenizer.encode_batch(seconds)
+    pairs, token_types = [], []
+    for i, (ids_a, ids_b) in enumerate(zip(encoded_a, encoded_b, strict=True)):
+        for texts, ids in ((firsts, ids_a), (seconds, ids_b)):
+            if not ids:
+                raise BertforgeError(f"{_describe(texts, i)} is empty; give two non-empty sentences")
+        length = len(ids_a) + len(ids_b) + 3
+        if length > max_length:
+            raise BertforgeError(
+                f"pair {i + 1} is {length} tokens long with [CLS] and two [SEP], more than the model's "
+                f"maximum of {max_length}; shorten the sentences"
+            )
+        pairs.append([tokenizer.cls_id, *ids_a, tokenizer.sep_id, *ids_b, tokenizer.sep_id])
+        token_types.append([0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1))
+    probabilities = [0.0] * len(pairs)
+    with _inference(model) as device:
+        for rows, input_ids, attention_mask in _batches(pairs, batch_size, tokenizer.pad_id, device):
+            types = _pad([token_types[r] for r in rows], 0, device)  # (B, T)
+            _, nsp_logits = model(input_ids, types, attention_mask, masked_positions=_no_positions(device))
+            is_next = nsp_logits.float().softmax(-1)[:, 0]  # (B,): label 0 = IsNext, as Hugging Face
+            for row, p in zip(rows, is_next.tolist(), strict=True):
+                probabilities[row] = p
+    return probabilities[0] if single else probabilities
+
+
+def embed(
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    texts: str | Sequence[str],
+    pooling: str = "cls",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    show_progress: bool = False,
+) -> np.ndarray:
+    """One float32 vector per text: (N, hidden) for a list, (hidden,) for one text.
+
+    `pooling="cls"` takes the final hidden state of `[CLS]` (before the pooler); `"mean"`
+    averages the final hidden states of the real tokens, `[CLS]` and `[SEP]` included, padding
+    excluded. Texts over the model's maximum length are truncated, with one warning.
+    """
+    if pooling not in POOLINGS:
+        raise BertforgeError(f"pooling must be one of: {', '.join(POOLINGS)}; got {pooling!r}")
+    if batch_size < 1:
+        raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
+    texts, single = _as_list(texts)
+    encoded = _encode_single(tokenizer, texts, _max_length(model), truncate=True)
+    encoder = getattr(model, "bert", model)  # the pretraining model's encoder, or a bare BertModel
+    vectors = np.zeros((len(texts), encoder.config.hidden_size), dtype=np.float32)
+    with _inference(model) as device:
+        batches = _batches(encoded, batch_size, tokenizer.pad_id, device)
+        total = -(-len(encoded) // batch_size)
+        for rows, input_ids, attention_mask in tqdm(
+            batches, total=total, unit="batch", desc="embed", disable=not show_progress
+        ):
+            hidden, _ = encoder(input_ids, attention_mask=attention_mask)  # (B, T, H)
+            if pooling == "cls":
+                pooled = hidden[:, 0]  # (B, H)
+            else:
+                weights = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+                pooled = (hidden * weights).sum(1) / weights.sum(1)  # (B, H)
+            vectors[rows] = pooled.float().cpu().numpy()
+    return vectors[0] if single else vectors
+
+
+# Function words never masked by the showcase: predicting "the" says little about a model.
+_FUNCTION_WORDS = """
+about above after again against also although among another because been before being below
+between both could does doing down during each either every from further have having here
+however into itself just many more most much must neither other over same several should since
+some such than that their them themselves then there these they this those though through under
+until upon very were what when where whether which while whom whose will with within without
+would your"""
+_STOPWORDS = frozenset(_FUNCTION_WORDS.split())
+
+
+def showcase(
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    documents: Sequence[Sequence[str]],
+    count: int = 5,
+    seed: int = 0,
+    top_k: int = 5,
+    nsp: bool = True,
+) -> list[dict]:
+    """What the demo prints: for `count` sentences (a seeded choice among those that have a next
+    sentence in their document), one content word masked and the `top_k` predictions, and the
+    probability that the true next sentence, and a random one from another document, follow it.
+
+    Returns one dict per sentence: `masked` (the sentence with `[MASK]`), `answer`, `predictions`
+    (as `fill_mask`), `hit` (the answer is among them), and with `nsp`: `next`, `random`,
+    `p_next`, `p_random`.
+    """
+    if count < 1:
+        raise BertforgeError(f"the showcase needs at least one sentence, got {count}")
+    examples = _choose_sentences(tokenizer, documents, count, random.Random(seed), _max_length(model), nsp)
+    predictions = fill_mask(model, tokenizer, [e["masked"] for e in examples], top_k=top_k)
+    for example, found in zip(examples, predictions, strict=True):
+        example["predictions"] = found[0]
+        answer_id = tokenizer.encode_batch([example["answer"]])[0][0]
+        example["hit"] = any(p["token_id"] == answer_id for p in found[0])
+    if "random" in examples[0]:
+        firsts = [e["sentence"] for e in examples]
+        p_next = next_sentence(model, tokenizer, firsts, [e["next"] for e in examples])
+        p_random = next_sentence(model, tokenizer, firsts, [e["random"] for e in examples])
+        for example, p, q in zip(examples, p_next, p_random, strict=True):
+            example["p_next"], example["p_random"] = p, q
+    return examples
+
+
+def _choose_sentences(
+    tokenizer: BertTokenizer,
+    documents: Sequence[Sequence[str]],
+    count: int,
+    rng: random.Random,
+    max_length: int,
+    nsp: bool,
+) -> list[dict]:
+    """Up to `count` sentences with a successor, one content word masked, and a random other sentence."""
+    candidates = [(d, s) for d, doc in enumerate(documents) for s in range(len(doc) - 1)]
+    rng.shuffle(candidates)
+    examples = []
+    for d, s in candidates:
+        if len(examples) == count:
+            break
+        sentence, following = documents[d][s], documents[d][s + 1]
+        masked = _mask_content_word(tokenizer, sentence, rng)
+        if masked is None or not _fits(tokenizer, [sentence, following], max_length):
+            continue
+        example = {"masked": masked[0], "answer": masked[1], "sentence": sentence, "next": following}
+        if nsp and len(documents) > 1:
+            other = rng.choice([i for i in range(len(documents)) if i != d])
+            example["random"] = rng.choice(documents[other])
+            if not _fits(tokenizer, [sentence, example["random"]], max_length):
+                continue
+        examples.append(example)
+    if not examples:
+        raise BertforgeError(
+            "the corpus has no sentence with a following one that fits the model and has a content word "
+            "to mask; give a corpus of several-sentence documents"
+        )
+    return examples
+
+
+def _mask_content_word(tokenizer: BertTokenizer, sentence: str, rng: random.Random) -> tuple[str, str] | None:
+    """(sentence with one content word replaced by [MASK], that word), or None when none qualifies.
+
+    A content word is alphabetic, at least 4 letters, not a function word, and one token of the
+    vocabulary (so a single [MASK] stands for all of it).
+    """
+    words = sentence.split()
+    if len(words) < 5 or "[UNK]" in sentence:  # unknown words make a poor quiz
+        return None
+    choices = [i for i, w in enumerate(words) if w.isalpha() and len(w) >= 4 and w.lower() not in _STOPWORDS]
+    if not choices:
+        return None
+    pieces = tokenizer.encode_batch([words[i] for i in choices])
+    single = [
+        i for i, ids in zip(choices, pieces, strict=True) if len(ids) == 1 and ids[0] != tokenizer.unk_id
+    ]
+    if not single:
+        return None
+    chosen = rng.choice(single)
+    return " ".join(words[:chosen] + ["[MASK]"] + words[chosen + 1 :]), words[chosen]
+
+
+def _fits(tokenizer: BertTokenizer, sentences: list[str], max_length: int) -> bool:
+    return sum(len(ids) for ids in tokenizer.encode_batch(sentences)) + 3 <= max_length
+
+
+def _describe_predictions(
+    tokenizer: BertTokenizer, ids: list[int], scores: torch.Tensor, candidates: torch.Tensor
+) -> list[list[dict]]:
+    """For each mask of one text (scores and candidate ids (k,) per mask), the dicts `fill_mask` returns."""
+    positions = [p for p, token in enumerate(ids) if token == tokenizer.mask_id]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    found = []
+    for position, mask_scores, mask_ids in zip(positions, scores, candidates, strict=True):
+        options = []
+        for score, candidate in zip(mask_scores.tolist(), mask_ids.tolist(), strict=True):
+            filled, filled_tokens = list(ids), list(tokens)
+            filled[position] = candidate
+            filled_tokens[position] = tokenizer.convert_ids_to_tokens([candidate])[0]
+            options.append(
+                {
+                    "token": filled_tokens[position],
+                    "token_id": candidate,
+                    "score": score,
+                    "word": _whole_word(tokenizer, filled, filled_tokens, position),
+                    "sequence": tokenizer.decode(filled[1:-1]),  # without [CLS] and [SEP]
+                }
+            )
+        found.append(options)
+    return found
+
+
+def _whole_word(tokenizer: BertTokenizer, ids: list[int], tokens: list[str], position: int) -> str:
+    """The word around `position`: the `##` pieces before and after it, joined."""
+    start, end = position, position + 1
+    while start > 1 and tokens[start].startswith("##"):
+        start -= 1
+    while end < len(tokens) - 1 and tokens[end].startswith("##"):
+        end += 1
+    return tokenizer.decode(ids[start:end])
+
+
+def _as_list(text: str | Sequence[str], what: str = "text") -> tuple[list[str], bool]:
+    """(texts, whether a single string was given); refuses an empty list and non-strings."""
+    if isinstance(text, str):
+        return [text], True
+    texts = list(text)
+    if not texts:
+        raise BertforgeError(f"no {what} given; pass a string or a non-empty list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise BertforgeError(f"every {what} must be a string")
+    return texts, False
+
+
+def _describe(texts: list[str], i: int) -> str:
+    preview = texts[i] if len(texts[i]) <= _PREVIEW else texts[i][:_PREVIEW] + "..."
+    return f"the text {preview!r}" if len(texts) == 1 else f"text {i + 1} ({preview!r})"
+
+
+def _max_length(model: torch.nn.Module) -> int:
+    return model.config.max_position_embeddings
+
+
+def _encode_single(
+    tokenizer: BertTokenizer, texts: list[str], max_length: int, truncate: bool
+) -> list[list[int]]:
+    """`[CLS] text [SEP]` ids for each text; empty texts refused, long ones refused or truncated."""
+    encoded, truncated = [], 0
+    for i, ids in enumerate(tokenizer.encode_batch(texts)):
+        if not ids:
+            raise BertforgeError(f"{_describe(texts, i)} is empty (no tokens); give some text")
+        if len(ids) + 2 > max_length:
+            if not truncate:
+                raise BertforgeError(
+                    f"{_describe(texts, i)} is {len(ids) + 2} tokens long with [CLS] and [SEP], more than "
+                    f"the model's maximum of {max_length}; shorten it"
+                )
+            ids, truncated = ids[: max_length - 2], truncated + 1
+        encoded.append([tokenizer.cls_id, *ids, tokenizer.sep_id])
+    if truncated:
+        warnings.warn(
+            f"{truncated} of {len(texts)} texts are longer than the model's maximum of {max_length} tokens; "
+            "only their first tokens were used",
+            stacklevel=3,
+        )
+    return encoded
+
+
+@contextlib.contextmanager
+def _inference(model: torch.nn.Module) -> Iterator[torch.device]:
+    """Eval mode and `torch.inference_mode` for the block (train mode restored after); yields the device."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield next(model.parameters()).device
+    finally:
+        model.train(was_training)
+
+
+def _batches(
+    sequences: list[list[int]], batch_size: int, pad_id: int, device: torch.device
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """(row indices, padded input_ids (B, T), attention_mask (B, T)) over `sequences` sorted by length."""
+    if batch_size < 1:
+        raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = [sequences[r] for r in rows]
+        yield rows, _pad(batch, pad_id, device), _pad([[1] * len(s) for s in batch], 0, device)
+
+
+def _pad(rows: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    padded = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return padded.to(device)
+
+
+def _no_positions(device: torch.device) -> torch.Tensor:
+    """An empty `masked_positions`: the MLM head runs on no token when only NSP is wanted."""
+    return torch.zeros(0, dtype=torch.long, device=device)

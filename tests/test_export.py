@@ -1,0 +1,422 @@
+"""bertforge.export: Hugging Face loads our exports with equal logits, our tokenizer and theirs agree,
+imports give equal logits, a run starts from an import, round trips are exact, bad folders are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import WIKI_VALID, tiny_config
+from safetensors.torch import load_file, save_file
+from test_cli import TINY, assert_clean_failure
+
+import bertforge
+from bertforge.checkpoint import read_weights, save_model_folder
+from bertforge.config import RunConfig, save_json
+from bertforge.errors import BertforgeError
+from bertforge.export import export_model, import_hf
+from bertforge.infer import fill_mask
+from bertforge.model import BertForPreTraining
+from bertforge.tokenizer import load_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+LABELS = ["negative", "neutral", "positive"]
+TEXTS = [
+    "the game was released in japan in 1997 .",
+    "he was born in the city of london and studied history .",
+    "the river",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, small_tokenizer_dir):
+    """A run folder with a randomly initialised tiny model (spread-out weights) in final/."""
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    config = tiny_config()
+    config.model.vocab_size = tokenizer.vocab_size
+    config.model.initializer_range = 0.2  # logits far from uniform, so top-k orders are not near-ties
+    torch.manual_seed(0)
+    run = tmp_path_factory.mktemp("export") / "run"
+    save_model_folder(run / "final", BertForPreTraining(config.model), tokenizer, config)
+    return run
+
+
+@pytest.fixture(scope="module")
+def exported(run):
+    return export_model(run, run.parent / "hf")["out"]
+
+
+def batch(tokenizer):
+    """TEXTS as right-padded pairs with segment ids (the last one alone), as tensors."""
+    encoded = [
+        tokenizer.encode_pair(TEXTS[0], TEXTS[1]),
+        tokenizer.encode_pair(TEXTS[1]),
+        tokenizer.encode_pair(TEXTS[2]),
+    ]
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in encoded])
+    types = torch.tensor([t + [0] * (width - len(t)) for _, t in encoded])
+    return ids, types, (ids != 0).long()
+
+
+def max_diff(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_export_writes_the_hugging_face_files(exported):
+    names = sorted(p.name for p in exported.iterdir())
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        assert name in names
+    assert "special_tokens_map.json" in names
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["BertForPreTraining"] and config["model_type"] == "bert"
+    assert not [p for p in exported.parent.iterdir() if p.name.startswith(".hf.tmp")]  # written atomically
+
+
+@torch.no_grad()
+def test_hugging_face_classes_load_the_export_with_equal_logits(exported):
+    ours, tokenizer = bertforge.load(exported.parent / "run")
+    ids, types, mask = batch(tokenizer)
+    mlm, nsp = ours(ids, types, mask)
+    real = mask.bool()
+
+    model, info = transformers.BertForPreTraining.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    out = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert max_diff(out.prediction_logits[real], mlm[real]) <= TOL
+    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+
+    for cls in (transformers.BertForMaskedLM, transformers.AutoModelForMaskedLM):
+        model, info = cls.from_pretrained(exported, output_loading_info=True)
+        assert not info["missing_keys"]
+        logits = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+        assert max_diff(logits[real], mlm[real]) <= TOL
+
+    model, info = transformers.BertModel.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"]
+    out = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    hidden, pooled = ours.bert(ids, types, mask)
+    assert max_diff(out.last_hidden_state[real], hidden[real]) <= TOL
+    assert max_diff(out.pooler_output, pooled) <= TOL
+
+
+def test_pipeline_fill_mask_equals_bertforge_fill_mask(exported, capsys):
+    from bertforge.cli import main
+
+    text = "the game was [MASK] in japan ."
+    assert main(["fill-mask", "--model", str(exported.parent / "run"), text, "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)["masks"][0]
+    theirs = transformers.pipeline("fill-mask", model=str(exported), top_k=5)(text)
+    assert [p["token"] for p in theirs] == [p["token_id"] for p in ours]
+    assert [p["token_str"] for p in theirs] == [p["token"] for p in ours]
+    for a, b in zip(theirs, ours, strict=True):
+        assert a["score"] == pytest.approx(b["score"], abs=TOL)
+
+
+def test_hugging_face_tokenizers_give_our_ids_on_wikitext_validation(exported):
+    ours = load_tokenizer(exported)
+    fast = transformers.BertTokenizerFast.from_pretrained(exported)
+    auto = transformers.AutoTokenizer.from_pretrained(exported)
+    lines = WIKI_VALID.read_text(encoding="utf-8").splitlines()
+    assert len(lines) > 3000
+    for start in range(0, len(lines), 1000):
+        chunk = lines[start : start + 1000]
+        expected = ours.encode_batch(chunk)
+        assert fast(chunk, add_special_tokens=False)["input_ids"] == expected
+        if start == 0:
+            assert auto(chunk, add_special_tokens=False)["input_ids"] == expected
+    ids, types = ours.encode_pair(lines[1], lines[3])
+    encoded = fast(lines[1], lines[3])
+    assert encoded["input_ids"] == ids and encoded["token_type_ids"] == types
+
+
+def test_export_then_import_gives_identical_weights(exported, tmp_path, run):
+    result = import_hf(exported, tmp_path / "imported")
+    assert result["initialised"] == [] and result["dropped"] == []
+    original = read_weights(run / "final" / "model.safetensors")
+    again = read_weights(tmp_path / "imported" / "model.safetensors")
+    assert sorted(original) == sorted(again)
+    assert all(torch.equal(original[k], again[k]) for k in original)
+    original_config = json.loads((run / "final" / "config.json").read_text())
+    assert json.loads((tmp_path / "imported" / "config.json").read_text()) == original_config
+    assert (tmp_path / "imported" / "tokenizer.json").read_text() == (
+        run / "final" / "tokenizer.json"
+    ).read_text()
+
+
+def test_load_opens_an_exported_folder(exported, run):
+    model, tokenizer = bertforge.load(exported)
+    reference, _ = bertforge.load(run)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
+    assert fill_mask(model, tokenizer, "the [MASK] .") == fill_mask(reference, tokenizer, "the [MASK] .")
+
+
+# ------------------------------------------------------------------------------------ import
+
+
+def hf_config(**overrides):
+    sizes = dict(
+        vocab_size=2000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    return transformers.BertConfig(**{**sizes, "max_position_embeddings": 64, **overrides})
+
+
+def save_hf_folder(folder, model, tokenizer_dir, vocab_only: bool = False):
+    """A Hugging Face folder as `save_pretrained` writes it, plus the tokenizer files."""
+    model.save_pretrained(folder)
+    names = ["vocab.txt"] if vocab_only else ["tokenizer.json", "vocab.txt"]
+    for name in names:
+        shutil.copy(tokenizer_dir / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf_pretraining(tmp_path_factory, small_tokenizer_dir):
+    torch.manual_seed(1)
+    model = transformers.BertForPreTraining(hf_config(initializer_range=0.2)).eval()
+    return model, save_hf_folder(tmp_path_factory.mktemp("hf") / "bert", model, small_tokenizer_dir)
+
+
+@torch.no_grad()
+def assert_same_logits(hf_model, folder, tokenizer_dir):
+    ours, tokenizer = bertforge.load(folder)
+    ids, types, mask = batch(load_tokenizer(tokenizer_dir))
+    mlm, nsp = ours(ids, types, mask)
+    out = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    real = mask.bool()
+    assert max_diff(out.prediction_logits[real], mlm[real]) <= TOL
+    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+
+
+def test_import_gives_equal_logits(hf_pretraining, tmp_path, small_tokenizer_dir):
+    model, folder = hf_pretraining
+    result = import_hf(folder, tmp_path / "imported")
+    assert result["initialised"] == [] and result["dropped"] == []
+    names = sorted(p.name for p in (tmp_path / "imported").iterdir())
+    assert names == [
+        "bertforge_tokenizer.json",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "vocab.txt",
+    ]
+    config = RunConfig.from_dict(json.loads((tmp_path / "imported" / "config.json").read_text()))
+    assert config.model.hidden_size == 32 and config.model.max_position_embeddings == 64
+    assert_same_logits(model, tmp_path / "imported", small_tokenizer_dir)
+    assert_same_logits(model, folder, small_tokenizer_dir)  # bertforge.load reads the HF folder itself
+
+
+def test_import_pytorch_bin_with_tied_keys_and_a_vocab_only_tokenizer(
+    tmp_path, hf_pretraining, small_tokenizer_dir
+):
+    model, folder = hf_pretraining
+    source = tmp_path / "bin"
+    source.mkdir()
+    shutil.copy(folder / "config.json", source / "config.json")
+    shutil.copy(small_tokenizer_dir / "vocab.txt", source / "vocab.txt")
+    (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].clone()
+    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
+    torch.save(state, source / "pytorch_model.bin")
+    import_hf(source, tmp_path / "imported")
+    assert_same_logits(model, tmp_path / "imported", small_tokenizer_dir)
+
+
+def test_import_a_masked_lm_draws_the_missing_heads(tmp_path, small_tokenizer_dir):
+    torch.manual_seed(2)
+    model = transformers.BertForMaskedLM(hf_config()).eval()
+    folder = save_hf_folder(tmp_path / "mlm", model, small_tokenizer_dir)
+    result = import_hf(folder, tmp_path / "imported")
+    assert {name.rsplit(".", 1)[0] for name in result["initialised"]} == {
+        "bert.pooler.dense",
+        "cls.seq_relationship",
+    }
+    ours, tokenizer = bertforge.load(tmp_path / "imported")
+    ids, types, mask = batch(tokenizer)
+    with torch.no_grad():
+        mlm, _ = ours(ids, types, mask)
+        logits = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+    assert max_diff(logits[mask.bool()], mlm[mask.bool()]) <= TOL
+
+
+def test_pretraining_starts_from_an_imported_model(tmp_path, hf_pretraining, wiki_slice, capsys):
+    from bertforge.cli import main
+
+    _, folder = hf_pretraining
+    assert main(["import-hf", "--from", str(folder), "--out", str(tmp_path / "imported")]) == 0
+    assert "pretrain --init" in capsys.readouterr().out
+    run = tmp_path / "run"
+    argv = ["pretrain", "--init", str(tmp_path / "imported"), "--corpus", str(wiki_slice), "--out", str(run)]
+    argv += ["--max-steps", "1", "--lr", "1e-4", *TINY, "--set", "model.hidden_size=256"]
+    argv += ["--set", "train.schedule=constant", "--set", "train.warmup_ratio=0"]  # the one step has lr 1e-4
+    assert main(argv) == 0, capsys.readouterr().err
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["hidden_size"] == 32  # the imported model's size won over --set
+    assert (run / "tokenizer" / "vocab.txt").read_text() == (tmp_path / "imported" / "vocab.txt").read_text()
+    start = read_weights(tmp_path / "imported" / "model.safetensors")
+    end = read_weights(run / "final" / "model.safetensors")
+    # One step at lr 1e-4 moves each weight by about 1e-4; a fresh init would differ by ~0.02.
+    for name in (
+        "bert.embeddings.word_embeddings.weight",
+        "bert.encoder.layer.0.attention.self.query.weight",
+    ):
+        assert 0 < max_diff(start[name], end[name]) < 2e-3
+
+
+def test_init_conflicts_with_preset_and_tokenizer(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
+    argv = ["pretrain", "--init", str(tmp_path), "--corpus", str(wiki_slice), "--out", str(tmp_path / "r")]
+    assert_clean_failure(capsys, [*argv, "--preset", "mini"], "--init brings its own")
+    assert_clean_failure(capsys, [*argv, "--tokenizer", str(small_tokenizer_dir)], "--init brings its own")
+
+
+# ------------------------------------------------------------------------------------ classifier
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, small_tokenizer_dir):
+    """A fine-tuned classifier folder as issue 4 writes it, from a random HF BertForSequenceClassification."""
+    torch.manual_seed(3)
+    hf = transformers.BertForSequenceClassification(
+        hf_config(num_labels=len(LABELS), initializer_range=0.2)
+    ).eval()
+    folder = tmp_path_factory.mktemp("classifier") / "model"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(folder / "model.safetensors"))
+    config = tiny_config()
+    config.model.vocab_size = 2000
+    save_json(config, folder / "config.json")
+    (folder / "labels.json").write_text(json.dumps({"labels": LABELS}))
+    load_tokenizer(small_tokenizer_dir).save(folder)
+    return hf, folder
+
+
+def test_classifier_export_loads_in_hugging_face_with_its_labels(classifier, tmp_path):
+    hf, folder = classifier
+    result = export_model(folder, tmp_path / "hf")
+    assert result["architecture"] == "BertForSequenceClassification"
+    out = tmp_path / "hf"
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 3
+    model, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert [model.config.id2label[i] for i in range(3)] == LABELS
+    assert model.config.label2id == {label: i for i, label in enumerate(LABELS)}
+    tokenizer = load_tokenizer(folder)
+    ids, types, mask = batch(tokenizer)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+        got = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+    assert max_diff(expected, got) <= TOL
+    classify = transformers.pipeline("text-classification", model=str(out))
+    predictions = classify(TEXTS)
+    assert all(p["label"] in LABELS for p in predictions)
+    probabilities = expected[1].softmax(-1)  # row 1 of the batch is TEXTS[1] alone, as the pipeline sees it
+    assert predictions[1]["label"] == LABELS[int(probabilities.argmax())]
+    assert predictions[1]["score"] == pytest.approx(probabilities.max().item(), abs=TOL)
+    assert (
+        load_file(str(out / "model.safetensors")).keys()
+        == load_file(str(folder / "model.safetensors")).keys()
+    )
+
+
+def test_classifier_with_labels_that_do_not_match_its_head(classifier, tmp_path):
+    _, folder = classifier
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "labels.json").write_text(json.dumps({"labels": ["a", "b"]}))
+    with pytest.raises(BertforgeError, match="classifier.weight has shape"):
+        export_model(broken, tmp_path / "out")
+    (broken / "labels.json").write_text(json.dumps({"labels": ["a", "a", "b"]}))
+    with pytest.raises(BertforgeError, match="distinct"):
+        export_model(broken, tmp_path / "out")
+    with pytest.raises(BertforgeError, match="fine-tuned classifier"):
+        bertforge.load(folder)
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+
+def edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def broken_copy(tmp_path, folder, name="broken"):
+    copy = tmp_path / name
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def test_import_refuses_what_is_not_a_bert(tmp_path, capsys, hf_pretraining, run):
+    _, folder = hf_pretraining
+
+    def refused(source, message):
+        assert_clean_failure(
+            capsys, ["import-hf", "--from", str(source), "--out", str(tmp_path / "out")], message
+        )
+        assert not (tmp_path / "out").exists()
+
+    other = broken_copy(tmp_path, folder, "gpt2")
+    edit_config(other, model_type="gpt2")
+    refused(other, "holds a 'gpt2' model")
+
+    no_weights = broken_copy(tmp_path, folder, "no_weights")
+    (no_weights / "model.safetensors").unlink()
+    refused(no_weights, "has no weights")
+
+    wrong_shapes = broken_copy(tmp_path, folder, "shapes")
+    edit_config(wrong_shapes, intermediate_size=48)
+    refused(wrong_shapes, "but config.json's sizes say (48")
+
+    missing_encoder = broken_copy(tmp_path, folder, "missing")
+    weights = load_file(str(missing_encoder / "model.safetensors"))
+    del weights["bert.encoder.layer.1.output.dense.weight"]
+    save_file(weights, str(missing_encoder / "model.safetensors"))
+    refused(missing_encoder, "missing ['bert.encoder.layer.1.output.dense.weight']")
+
+    refused(run / "final", "no model_type")  # a bertforge model folder is not a Hugging Face folder
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", "has no config.json")
+
+    no_tokenizer = broken_copy(tmp_path, folder, "no_tokenizer")
+    (no_tokenizer / "tokenizer.json").unlink()
+    (no_tokenizer / "vocab.txt").unlink()
+    refused(no_tokenizer, "neither tokenizer.json nor vocab.txt")
+
+    google_order = broken_copy(tmp_path, folder, "google")
+    (google_order / "tokenizer.json").unlink()
+    tokens = (google_order / "vocab.txt").read_text().splitlines()
+    tokens = tokens[5:] + tokens[:5]  # specials at the end instead of ids 0-4
+    (google_order / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    refused(google_order, "needs [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4")
+
+    decoder = broken_copy(tmp_path, folder, "decoder")
+    edit_config(decoder, is_decoder=True)
+    refused(decoder, "decoder")
+
+
+def test_export_refusals(tmp_path, capsys, run, exported):
+    (tmp_path / "empty").mkdir()
+    assert_clean_failure(
+        capsys,
+        ["export", "--model", str(tmp_path / "empty"), "--out", str(tmp_path / "o")],
+        "not a bertforge model",
+    )
+    assert_clean_failure(
+        capsys, ["export", "--model", str(run), "--out", str(exported)], "not an empty folder"
+    )
+    damaged = broken_copy(tmp_path, run)
+    weights = damaged / "final" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    assert_clean_failure(capsys, ["export", "--model", str(damaged), "--out", str(tmp_path / "o")], "damaged")
+    assert not (tmp_path / "o").exists()

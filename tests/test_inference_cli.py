@@ -1,0 +1,217 @@
+"""The inference commands: fill-mask, nsp, embed, showcase, export and import-hf as a user types them,
+and one clear message for every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+from test_cli import assert_clean_failure
+
+import bertforge
+from bertforge.checkpoint import save_model_folder
+from bertforge.cli import main
+from bertforge.infer import embed, fill_mask, next_sentence
+from bertforge.model import BertForPreTraining
+from bertforge.tokenizer import load_tokenizer
+
+MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
+
+
+def save_random_model(folder: Path, tokenizer_dir: Path, nsp: bool = True) -> Path:
+    tokenizer = load_tokenizer(tokenizer_dir)
+    config = tiny_config()
+    config.model.vocab_size = tokenizer.vocab_size
+    config.model.initializer_range = 0.2
+    config.data.nsp = nsp
+    torch.manual_seed(0)
+    save_model_folder(folder / "final", BertForPreTraining(config.model), tokenizer, config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, small_tokenizer_dir) -> Path:
+    return save_random_model(tmp_path_factory.mktemp("cli") / "run", small_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def loaded(run):
+    return bertforge.load(run)
+
+
+def lines_file(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("fill-mask", "--top-k"),
+        ("nsp", "--input"),
+        ("embed", "--pooling"),
+        ("showcase", "--sentences"),
+        ("export", "--out"),
+        ("import-hf", "--from"),
+    ],
+)
+def test_each_command_has_help(capsys, command, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert expected in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert command in capsys.readouterr().out
+
+
+def test_fill_mask_prints_words_and_the_filled_text(capsys, run, loaded):
+    text = "the game was [MASK] in japan ."
+    assert main(["fill-mask", "--model", str(run), text, "--top-k", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    expected = fill_mask(*loaded, text, top_k=3)[0]
+    assert out[0] == text and len(out) == 4
+    for line, p in zip(out[1:], expected, strict=True):
+        assert line.split()[0] == f"{p['score']:.4f}" and line.endswith(p["sequence"])
+
+
+def test_fill_mask_input_file_as_json_lines(capsys, tmp_path, run, loaded):
+    texts = ["the [MASK] was released .", "in [MASK] , the [MASK] was long ."]
+    assert (
+        main(
+            [
+                "fill-mask",
+                "--model",
+                str(run),
+                "--input",
+                str(lines_file(tmp_path, "in.txt", texts)),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["text"] for row in rows] == texts
+    assert [row["masks"] for row in rows] == json.loads(json.dumps(fill_mask(*loaded, texts)))
+    assert len(rows[1]["masks"]) == 2
+
+
+def test_nsp_pairs_from_arguments_and_tsv(capsys, tmp_path, run, loaded):
+    assert main(["nsp", "--model", str(run), "the game was released .", "it sold well .", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["is_next"] == pytest.approx(
+        next_sentence(*loaded, "the game was released .", "it sold well .")
+    )
+    tsv = lines_file(
+        tmp_path, "pairs.tsv", ["a first sentence .\tand a second .", "one more .\tthe last one ."]
+    )
+    assert main(["nsp", "--model", str(run), "--input", str(tsv)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(0.0 <= float(line.split()[0]) <= 1.0 for line in out)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_embed_writes_the_library_vectors(capsys, tmp_path, run, loaded, pooling):
+    texts = ["a first text .", "a second , longer text about the river .", "x"]
+    out = tmp_path / "vectors.npy"
+    argv = [
+        "embed",
+        "--model",
+        str(run),
+        "--input",
+        str(lines_file(tmp_path, "t.txt", texts)),
+        "--out",
+        str(out),
+    ]
+    assert main([*argv, "--pooling", pooling]) == 0
+    assert "3 x 32" in capsys.readouterr().out
+    vectors = np.load(out)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(vectors, embed(*loaded, texts, pooling=pooling), atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt", "vectors.npy"]  # no temporary left
+
+
+def test_embed_shows_progress_for_large_inputs_and_warns_on_truncation(capsys, tmp_path, run):
+    texts = [f"line number {i} of a long file ." for i in range(1200)] + [" ".join(["word"] * 80)]
+    argv = ["embed", "--model", str(run), "--input", str(lines_file(tmp_path, "big.txt", texts))]
+    assert main([*argv, "--out", str(tmp_path / "big.npy"), "--batch-size", "128"]) == 0
+    err = capsys.readouterr().err
+    assert "embed" in err and "batch" in err  # the tqdm bar
+    assert "bertforge: warning: 1 of 1201 texts are longer than the model's maximum of 64" in err
+    assert np.load(tmp_path / "big.npy").shape == (1201, 32)
+
+
+def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice):
+    assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[MASK]") == 3 and out.count("true: ") == 3 and "top-5:" in out
+    assert "next sentence prediction" in out and out.count("\n  true next ") == 3
+    assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
+    assert capsys.readouterr().out == out  # seeded
+
+
+def test_demo_runs_the_showcase_after_pretraining():
+    recipe = MAKEFILE.read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("pretrain") < recipe.index("showcase --model $(OUT)")
+
+
+def test_export_and_import_commands(capsys, tmp_path, run):
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert "BertForPreTraining.from_pretrained" in capsys.readouterr().out
+    assert main(["import-hf", "--from", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert "imported" in capsys.readouterr().out
+    assert main(["fill-mask", "--model", str(tmp_path / "hf"), "a [MASK] .", "--json"]) == 0
+    from_export = capsys.readouterr().out
+    assert main(["fill-mask", "--model", str(tmp_path / "back"), "a [MASK] .", "--json"]) == 0
+    assert capsys.readouterr().out == from_export
+
+
+def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
+    model = ["--model", str(run)]
+    assert_clean_failure(capsys, ["fill-mask", *model, "no mask at all"], "has no [MASK]")
+    assert_clean_failure(capsys, ["fill-mask", *model, ""], "is empty")
+    assert_clean_failure(capsys, ["fill-mask", *model], "give either a text or --input")
+    long_text = "[MASK] " + " ".join(["word"] * 100)
+    assert_clean_failure(capsys, ["fill-mask", *model, long_text], "more than the model's maximum of 64")
+    empty = lines_file(tmp_path, "empty.txt", [])
+    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(empty)], "is empty")
+    blank = lines_file(tmp_path, "blank.txt", ["the [MASK] .", "  ", "a [MASK] ."])
+    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(blank)], "line 2 of")
+    no_mask = lines_file(tmp_path, "nomask.txt", ["the [MASK] .", "no mask here"])
+    assert_clean_failure(
+        capsys, ["fill-mask", *model, "--input", str(no_mask)], "text 2 ('no mask here') has no [MASK]"
+    )
+    assert_clean_failure(
+        capsys, ["fill-mask", *model, "--input", str(tmp_path / "missing.txt")], "does not exist"
+    )
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 [MASK]\n")
+    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(tmp_path / "latin1.txt")], "UTF-8")
+
+    assert_clean_failure(capsys, ["nsp", *model, "only one sentence"], "give two sentences")
+    tabs = lines_file(tmp_path, "bad.tsv", ["a\tb", "no tab here"])
+    assert_clean_failure(capsys, ["nsp", *model, "--input", str(tabs)], "line 2 of")
+    assert_clean_failure(capsys, ["nsp", *model, "", "b"], "is empty")
+
+    texts = str(lines_file(tmp_path, "texts.txt", ["one", "two"]))
+    assert_clean_failure(
+        capsys, ["embed", *model, "--input", texts, "--out", str(tmp_path / "v.txt")], ".npy"
+    )
+    assert_clean_failure(
+        capsys, ["embed", *model, "--input", str(empty), "--out", str(tmp_path / "v.npy")], "is empty"
+    )
+    assert not (tmp_path / "v.npy").exists()
+
+    (tmp_path / "not_a_model").mkdir()
+    not_a_model = ["--model", str(tmp_path / "not_a_model")]
+    assert_clean_failure(capsys, ["fill-mask", *not_a_model, "a [MASK] ."], "not a bertforge model folder")
+    assert_clean_failure(capsys, ["nsp", "--model", str(tmp_path / "nowhere"), "a", "b"], "does not exist")
+
+    mlm_only = save_random_model(tmp_path / "mlm_only", small_tokenizer_dir, nsp=False)
+    assert_clean_failure(
+        capsys, ["nsp", "--model", str(mlm_only), "a", "b"], "without next sentence prediction"
+    )
