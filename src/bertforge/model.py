@@ -344,3 +344,30 @@ def init_weights(model: nn.Module, config: ModelConfig) -> None:
                 module.bias.zero_()
         elif isinstance(module, BertLMPredictionHead) and first_time(module.bias):
             module.bias.zero_()
+
+
+class BertForSequenceClassification(nn.Module):
+    """BERT with a classification head on the pooled [CLS] output; state dict identical to Hugging Face's.
+
+    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels).
+    The head is dropout then `classifier` (Linear(hidden, num_labels)), as Hugging Face's
+    `BertForSequenceClassification` with `classifier_dropout = None` (it then uses
+    `hidden_dropout_prob`). There is no pretraining head: fine-tuning loads only `bert.*`.
+    """
+
+    def __init__(self, config: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 2:
+            raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)  # initialises itself
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_weights(self.classifier, config)
+
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)  # (B, H)
+        return self.classifier(self.dropout(pooled))  # (B, num_labels)

@@ -49,3 +49,30 @@ def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     atomic_write_bytes(Path(out_png), buffer.getvalue())
+
+
+def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> None:
+    """Two panels against epochs: classification loss (train and validation), and validation accuracy
+    and macro F1 with the training accuracy."""
+    records = read_metrics(metrics_path)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for split, style in (("train", "-"), ("valid", "o-")):
+        steps, values = series(records, split, "classification_loss")
+        axes[0].plot([s / steps_per_epoch for s in steps], values, style, label=split, markersize=3)
+    axes[0].set(title="classification loss", xlabel="epoch", ylabel="loss")
+    for split, key, label in (
+        ("valid", "accuracy", "validation accuracy"),
+        ("valid", "macro_f1", "validation macro F1"),
+        ("train", "accuracy", "training accuracy"),
+    ):
+        steps, values = series(records, split, key)
+        style = "o-" if split == "valid" else "-"
+        axes[1].plot([s / steps_per_epoch for s in steps], values, style, label=label, markersize=3)
+    axes[1].set(title="accuracy and macro F1", xlabel="epoch", ylabel="score", ylim=(0, 1))
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(Path(out_png), buffer.getvalue())

@@ -1,0 +1,193 @@
+"""The fine-tuned classifier's model folder, reading model folders of either kind, and predictions.
+
+A classifier folder (what `bertforge finetune` writes as `final/`, and `bertforge export` reads)
+holds exactly:
+
+    model.safetensors   bert.embeddings.*, bert.encoder.*, bert.pooler.*, classifier.weight,
+                        classifier.bias (Hugging Face's `BertForSequenceClassification` names)
+    config.json         the run config (bertforge's RunConfig JSON)
+    labels.json         {"labels": [label names in id order]}
+    tokenizer.json, vocab.txt, bertforge_tokenizer.json
+
+Model folders are read in bertforge's form (RunConfig `config.json`) or in the Hugging Face form
+that `bertforge export` writes (`config.json` with `"model_type": "bert"`, labels in `id2label`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from bertforge.checkpoint import (
+    CONFIG,
+    WEIGHTS,
+    check_and_load_state,
+    check_tokenizer_fits,
+    find_model_folder,
+    read_config,
+    read_weights,
+    save_weights,
+)
+from bertforge.config import RunConfig, save_json
+from bertforge.errors import BertforgeError
+from bertforge.export import (
+    BUFFERS,
+    is_hf_folder,
+    model_config_from_hf,
+    read_hf_config,
+    read_hf_folder,
+    read_hf_tokenizer,
+    read_hf_weights,
+)
+from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.masking import pad_batch
+from bertforge.model import BertForSequenceClassification
+from bertforge.tokenizer import BertTokenizer, load_tokenizer
+
+LABELS = "labels.json"
+
+
+def save_classifier(
+    folder: Path, model: BertForSequenceClassification, tokenizer: BertTokenizer, config: RunConfig, labels
+) -> None:
+    """Write a classifier folder atomically: it appears complete or not at all."""
+    assert len(labels) == model.num_labels
+    with atomic_directory(Path(folder)) as tmp:
+        save_weights(model, tmp / WEIGHTS)
+        save_json(config, tmp / CONFIG)
+        atomic_write_text(tmp / LABELS, json.dumps({"labels": list(labels)}, indent=2) + "\n")
+        tokenizer.save(tmp)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BertforgeError(f"{path} is missing; the model folder is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
+    if not isinstance(raw, dict):
+        raise BertforgeError(f"{path} does not hold a JSON object; the folder may be damaged")
+    return raw
+
+
+def load_encoder(path: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
+    """Config, tokenizer and `BertModel` weights of a pretrained (or fine-tuned, or exported) model folder.
+
+    Pretraining heads (`cls.*`) and classifier heads are left out: fine-tuning starts from the encoder
+    and pooler only.
+    """
+    if is_hf_folder(path):
+        model, tokenizer, config, _ = read_hf_folder(Path(path))
+        return config, tokenizer, model.bert.state_dict()
+    folder, tokenizer_dir = find_model_folder(path)
+    config = read_config(folder)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    check_tokenizer_fits(tokenizer, config, folder)
+    weights = read_weights(folder / WEIGHTS)
+    encoder = {name[len("bert.") :]: t for name, t in weights.items() if name.startswith("bert.")}
+    return config, tokenizer, encoder
+
+
+def find_classifier_folder(path: Path) -> Path:
+    """A classifier folder (ours or exported), or a fine-tuning run folder's `final/`."""
+    path = Path(path)
+    if (path / "final" / CONFIG).is_file():
+        path = path / "final"
+    if not path.is_dir():
+        raise BertforgeError(f"model folder {path} does not exist; give a fine-tuned classifier folder")
+    seeds = sorted(p.name for p in path.glob("seed_*") if p.is_dir())
+    if seeds and not (path / WEIGHTS).is_file():
+        raise BertforgeError(
+            f"{path} holds one fine-tuning run per seed; give one of them, e.g. {path / seeds[0]}"
+        )
+    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
+        raise BertforgeError(
+            f"{path} is not a bertforge or exported model folder (it needs {WEIGHTS} and {CONFIG}); "
+            "give the folder written by `bertforge finetune` or `bertforge export`"
+        )
+    if not (path / LABELS).is_file() and not read_json(path / CONFIG).get("id2label"):
+        raise BertforgeError(
+            f"{path} holds a pretrained model, not a classifier (it names no labels); "
+            "fine-tune it first with `bertforge finetune`"
+        )
+    return path
+
+
+def read_labels(folder: Path) -> list[str]:
+    """Label names in id order, from `labels.json` or an exported config's `id2label`."""
+    if (folder / LABELS).is_file():
+        labels = read_json(folder / LABELS).get("labels")
+    else:
+        id2label = read_json(folder / CONFIG).get("id2label") or {}
+        labels = [id2label.get(str(i)) for i in range(len(id2label))]
+    if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
+        raise BertforgeError(f"{folder} must name two or more labels in {LABELS} (or id2label), in id order")
+    return labels
+
+
+def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertTokenizer, list[str], RunConfig]:
+    """Model (CPU, eval mode), tokenizer, label names and config of a classifier folder (ours or exported)."""
+    folder = find_classifier_folder(path)
+    if is_hf_folder(folder):
+        config = RunConfig(model=model_config_from_hf(read_hf_config(folder), folder))
+        tokenizer = read_hf_tokenizer(folder)
+        weights = {name: t for name, t in read_hf_weights(folder).items() if not name.endswith(BUFFERS)}
+    else:
+        config, tokenizer, weights = (
+            read_config(folder),
+            load_tokenizer(folder),
+            read_weights(folder / WEIGHTS),
+        )
+    check_tokenizer_fits(tokenizer, config, folder)
+    labels = read_labels(folder)
+    model = BertForSequenceClassification(config.model, len(labels))
+    check_and_load_state(model, weights, source=str(folder / WEIGHTS))
+    return model.eval(), tokenizer, labels, config
+
+
+@torch.inference_mode()
+def classify(
+    model: BertForSequenceClassification,
+    tokenizer: BertTokenizer,
+    labels: list[str],
+    texts: list[str],
+    pairs: list[str | None] | None = None,
+    max_length: int | None = None,
+    batch_size: int = 64,
+) -> list[dict]:
+    """Label and class probabilities of each text (or text pair), in input order.
+
+    Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label).
+    Texts longer than `max_length` tokens (default: the model's positions) are truncated.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    max_length = max_length or model.config.max_position_embeddings
+    pairs = pairs or [None] * len(texts)
+    results = []
+    for start in range(0, len(texts), batch_size):
+        examples = []
+        for text, pair in zip(
+            texts[start : start + batch_size], pairs[start : start + batch_size], strict=True
+        ):
+            input_ids, token_type_ids = tokenizer.encode_pair(text, pair, max_length)
+            examples.append({"input_ids": input_ids, "token_type_ids": token_type_ids})
+        batch = pad_batch(examples, tokenizer.pad_id)
+        logits = model(
+            batch["input_ids"].to(device),
+            batch["token_type_ids"].to(device),
+            batch["attention_mask"].to(device),
+        )  # (B, K)
+        for row in torch.softmax(logits.float(), dim=-1).cpu().tolist():
+            best = max(range(len(row)), key=row.__getitem__)
+            results.append(
+                {
+                    "label": labels[best],
+                    "score": row[best],
+                    "probabilities": dict(zip(labels, row, strict=True)),
+                }
+            )
+    return results

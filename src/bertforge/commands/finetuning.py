@@ -1,0 +1,215 @@
+"""Commands for classification: `finetune` (train a classifier) and `classify` (use one).
+
+Each handler builds its inputs from the arguments and calls one library function
+(`bertforge.finetune.finetune`, `bertforge.classifier.classify`); printing happens here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+
+TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
+RESUME_IGNORES = (
+    *TASK_FLAGS,
+    *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
+    *("precision", "device", "set"),
+)
+
+
+def register(commands) -> None:
+    add_finetune_command(commands)
+    add_classify_command(commands)
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,3") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct non-negative integers, e.g. 1,2,3")
+    return seeds
+
+
+def add_finetune_command(commands) -> None:
+    p = commands.add_parser(
+        "finetune",
+        help="fine-tune a pretrained model to classify texts or text pairs",
+        description="Fine-tune a classification head on the pooled [CLS] output, and the encoder under it, "
+        "with the pretraining loop (AdamW, warmup and linear decay, clipping, precision, checkpoints). "
+        "Evaluates after every epoch (accuracy, macro F1, confusion matrix) and keeps the best epoch as "
+        "OUT/final/. Files are CSV, TSV (with or without a header row: columns by name or by number "
+        "from 0) or JSON lines; labels are strings or integers.",
+    )
+    p.add_argument(
+        "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
+    )
+    p.add_argument("--train", type=Path, help="labelled training examples (.csv, .tsv, .jsonl)")
+    p.add_argument("--valid", type=Path, help="labelled validation examples, evaluated after every epoch")
+    p.add_argument("--text-column", help="the column (or JSON field) holding the text")
+    p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
+    p.add_argument("--label-column", help="the column holding the label")
+    p.add_argument("--format", choices=("auto", "csv", "tsv", "jsonl"), help="default: from the file name")
+    p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
+    p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
+    p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32)")
+    p.add_argument("--max-length", type=int, help="tokens per example, longer ones truncated (default 128)")
+    p.add_argument(
+        "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
+    )
+    p.add_argument("--from-scratch", action="store_true", help="same architecture and tokenizer, random init")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a train or runtime setting",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(handler=run_finetune)
+
+
+def add_classify_command(commands) -> None:
+    p = commands.add_parser(
+        "classify",
+        help="label texts with a fine-tuned classifier",
+        description="Print each text's label and its probability (--json: every label's). For a model "
+        "fine-tuned on text pairs, separate the two texts with a tab.",
+    )
+    p.add_argument("text", nargs="*", help="texts to classify")
+    p.add_argument(
+        "--model", type=Path, required=True, help="a fine-tuning run folder, its final/, or an export"
+    )
+    p.add_argument("--input", type=Path, help="a UTF-8 file with one text (or text<TAB>pair) per line")
+    p.add_argument("--json", action="store_true", help="one JSON object per text")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    p.set_defaults(handler=run_classify)
+
+
+def finetune_inputs(args):
+    """(task, config) from the arguments, or the saved ones with --resume."""
+    from bertforge.config import apply_mapping, apply_overrides
+    from bertforge.finetune import FinetuneTask, finetuning_config, read_task
+
+    if args.resume:
+        given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False, [])]
+        if given:
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+            raise BertforgeError(f"--resume continues with the run's saved settings; drop {flags}")
+        return read_task(args.out)
+    fixed = [item for item in args.set if item.strip().startswith(("model.", "tokenizer."))]
+    if fixed:
+        raise BertforgeError(f"--set {fixed[0]}: the model and tokenizer settings come from --model")
+    missing = [f"--{name.replace('_', '-')}" for name in TASK_FLAGS if getattr(args, name) is None]
+    if missing:
+        raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
+    task = FinetuneTask(
+        model=str(args.model),
+        train=str(args.train),
+        valid=str(args.valid),
+        text_column=args.text_column,
+        label_column=args.label_column,
+        text_pair_column=args.text_pair_column,
+        format=args.format or "auto",
+        epochs=FinetuneTask.epochs if args.epochs is None else args.epochs,
+        seeds=args.seeds,
+        from_scratch=args.from_scratch,
+    )
+    config = finetuning_config()
+    flags = {
+        "train": {"learning_rate": args.lr, "batch_size": args.batch_size},
+        "data": {"max_seq_length": args.max_length},
+        "runtime": {"precision": args.precision, "device": args.device},
+    }
+    apply_mapping(
+        config,
+        {section: {k: v for k, v in values.items() if v is not None} for section, values in flags.items()},
+        origin="command line",
+    )
+    apply_overrides(config, args.set)
+    return task, config
+
+
+def run_finetune(args) -> int:
+    from bertforge.finetune import finetune
+
+    task, config = finetune_inputs(args)
+    summary = finetune(task, config, args.out, resume=args.resume, show_progress=not args.quiet)
+    for run in summary["runs"]:
+        minutes = run["elapsed_s"] / 60
+        print(
+            f"\nseed {run['seed']}: {run['epochs']} epochs ({run['steps']:,} steps) in {minutes:.1f} min; "
+            f"best epoch {run['best_epoch']}: " + format_scores(run["best"])
+        )
+    if task.seeds:
+        print()
+        for name in ("accuracy", "macro_f1"):
+            stats = summary[name]
+            print(
+                f"{name}: median {stats['median']:.4f}, range {stats['min']:.4f}-{stats['max']:.4f} "
+                f"(spread {stats['spread']:.4f}) over {len(task.seeds)} seeds"
+            )
+        print(f"time:     {summary['elapsed_s'] / 60:.1f} min for {len(task.seeds)} runs")
+        print(f"summary:  {args.out / 'summary.json'}")
+    else:
+        run = summary["runs"][0]
+        print(confusion_text(run["labels"], run["confusion"]))
+        print(f"model:    {args.out / 'final'}")
+        print(f"plots:    {args.out / 'curves.png'}")
+        print(f"metrics:  {args.out / 'metrics.jsonl'}")
+    return 0
+
+
+def format_scores(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
+
+
+def confusion_text(labels: list[str], matrix: list[list[int]]) -> str:
+    """The confusion matrix as a table: a row per true label, a column per predicted label."""
+    width = max(max(len(label) for label in labels), max(len(str(n)) for row in matrix for n in row), 4)
+    lines = ["confusion (rows: true label, columns: predicted):"]
+    lines.append(" " * (width + 2) + " ".join(f"{label:>{width}}" for label in labels))
+    for label, row in zip(labels, matrix, strict=True):
+        lines.append(f"{label:>{width}}  " + " ".join(f"{n:>{width}}" for n in row))
+    return "\n".join(lines)
+
+
+def classify_inputs(args) -> list[str]:
+    from bertforge.labeled import read_text
+
+    if bool(args.text) == (args.input is not None):
+        raise BertforgeError("give texts to classify, or --input FILE with one text per line (not both)")
+    if args.input is None:
+        return args.text
+    lines = read_text(args.input).split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise BertforgeError(f"{args.input} line {number} is empty; give one text per line")
+    return [line.rstrip("\r") for line in lines]
+
+
+def run_classify(args) -> int:
+    from bertforge.classifier import classify, load_classifier
+    from bertforge.runtime import resolve_device
+
+    texts = classify_inputs(args)
+    model, tokenizer, labels, config = load_classifier(args.model)
+    model.to(resolve_device(args.device))
+    firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
+    max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)
+    results = classify(model, tokenizer, labels, list(firsts), list(pairs), max_length, args.batch_size)
+    for text, result in zip(texts, results, strict=True):
+        if args.json:
+            print(json.dumps({"text": text, **result}))
+        else:
+            print(f"{result['label']}\t{result['score']:.4f}\t{text}")
+    return 0

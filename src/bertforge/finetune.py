@@ -1,0 +1,482 @@
+"""Fine-tuning for text classification: from a pretrained model folder and labelled files to a classifier.
+
+Owns the fine-tuning objective (cross-entropy on the pooled [CLS] output, Devlin et al. 2019,
+section 4.1), its data (tokenized once, shuffled per epoch from (seed, epoch)), the per-epoch
+evaluation (accuracy, macro F1, confusion matrix), keeping the best epoch, several seeds with their
+median and spread, and the run folder. The optimisation itself is `bertforge.train`'s loop, the
+same as pretraining's: one evaluation and one checkpoint at the end of every epoch.
+
+Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/summary.json`):
+
+    finetune.json   the task, the base config and the data's hashes (what `--resume` reads; in DIR)
+    config.json     the run's effective config
+    metrics.jsonl   "train" lines; per epoch a "valid" line and a "confusion" line (epoch 0: before
+                    fine-tuning)
+    checkpoints/    the end of the last epoch, for `--resume` (removed when the run completes)
+    best/, best.json  the best epoch so far (while training)
+    final/          the classifier of the best epoch (see `bertforge.classifier`)
+    result.json     best and last epoch's metrics, the time it took; its presence marks a finished run
+    curves.png      loss, accuracy and macro F1 per epoch
+
+Nothing is written until the model folder and both data files have been read and checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertforge import distributed
+from bertforge.batches import MaskedBatches
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
+from bertforge.classifier import load_encoder, read_json, save_classifier
+from bertforge.config import RunConfig, TrainConfig, save_json, validate
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_write_text
+from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
+from bertforge.masking import pad_batch
+from bertforge.model import BertForSequenceClassification
+from bertforge.plots import plot_finetuning
+from bertforge.runtime import apply_threads, autocast, to_device
+from bertforge.tokenizer import BertTokenizer
+from bertforge.train import MetricsLog, Objective, train
+
+TASK = "finetune.json"
+SUMMARY = "summary.json"
+RESULT = "result.json"
+BEST = "best.json"
+EVAL_BATCH_SIZE = 64
+# What a run writes into its folder; cleared before a run that has no checkpoint starts afresh.
+RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, "curves.png")
+
+
+@dataclass
+class FinetuneTask:
+    """What is fine-tuned on which data; saved in `finetune.json` so that `--resume` needs only `--out`."""
+
+    model: str  # a pretrained bertforge model folder (run folder, final/, checkpoint) or an exported one
+    train: str
+    valid: str
+    text_column: str
+    label_column: str
+    text_pair_column: str | None = None
+    format: str = "auto"  # auto | csv | tsv | jsonl
+    epochs: int = 3
+    seeds: list[int] | None = None  # None: one run in --out itself, seeded by runtime.seed
+    from_scratch: bool = False  # same architecture and tokenizer, random initialisation
+
+
+def finetuning_config() -> RunConfig:
+    """Defaults after Devlin et al. 2019 (appendix A.3): batch 32, LR 5e-5, warmup 10%, linear decay.
+
+    The model and tokenizer sections are replaced by the pretrained model's.
+    """
+    config = RunConfig()
+    config.train = TrainConfig(
+        batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, log_every=50, keep_checkpoints=1
+    )
+    config.data.max_seq_length = 128
+    return config
+
+
+def finetune(
+    task: FinetuneTask, config: RunConfig, out: Path, resume: bool = False, show_progress: bool = True
+) -> dict:
+    """Fine-tune once per seed; return each run's result and the median and spread over seeds."""
+    out = Path(out)
+    check_out_folder(out, resume)
+    check_task(task)
+    config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
+    pretrained, tokenizer, encoder = load_encoder(Path(task.model))
+    config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
+    config.data.corpus, config.data.valid = task.train, task.valid
+    check_max_length(config, task)
+    train_data, valid_data, labels = read_task_data(task)
+    hashes = {"train": file_hash(task.train), "valid": file_hash(task.valid)}
+    if resume:
+        check_same_data(out, hashes)
+    train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
+    valid_set = encode(tokenizer, valid_data, label_ids(valid_data, labels), config.data.max_seq_length)
+    set_epochs(config, task.epochs, len(train_set))
+    validate(config)
+    apply_threads(config.runtime)
+
+    created = not out.exists()
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
+        atomic_write_text(out / TASK, json.dumps(payload, indent=2) + "\n")
+    job = Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
+    try:
+        results = [job.run(seed, run_dir) for seed, run_dir in seed_runs(task, config, out)]
+    except BaseException:
+        if created and not has_progress(task, config, out):
+            shutil.rmtree(out, ignore_errors=True)  # nothing to resume: leave no half-made run behind
+        raise
+    summary = summarize_seeds(results)
+    if task.seeds:
+        atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
+    """The task and base config saved by the run in `out` (for `--resume`)."""
+    check_out_folder(Path(out), resume=True)
+    raw = read_json(Path(out) / TASK)
+    try:
+        return FinetuneTask(**raw["task"]), RunConfig.from_dict(raw["config"])
+    except (KeyError, TypeError) as error:
+        raise BertforgeError(f"{Path(out) / TASK} is damaged ({error}); start the run again") from None
+
+
+def check_out_folder(out: Path, resume: bool) -> None:
+    if resume:
+        if not (out / TASK).is_file():
+            raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without --resume")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "holds another run" if (out / TASK).is_file() or (out / CONFIG).is_file() else "is not empty"
+        raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+
+
+def check_task(task: FinetuneTask) -> None:
+    if distributed.launched().distributed:
+        raise BertforgeError("bertforge finetune runs in one process; start it without torchrun")
+    if task.epochs < 1:
+        raise BertforgeError(f"--epochs must be at least 1, got {task.epochs}")
+    if task.format not in FORMATS:
+        raise BertforgeError(f"--format {task.format!r} is not one of: {', '.join(FORMATS)}")
+    if task.seeds is not None and (not task.seeds or len(set(task.seeds)) < len(task.seeds)):
+        raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {task.seeds}")
+
+
+def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
+    length, positions = config.data.max_seq_length, config.model.max_position_embeddings
+    least = 3 if task.text_pair_column else 2  # [CLS] a [SEP] (b [SEP]) with room for the texts
+    if not least < length <= positions:
+        raise BertforgeError(
+            f"--max-length must be between {least + 1} and the model's max_position_embeddings "
+            f"({positions}), got {length}"
+        )
+
+
+def has_progress(task: FinetuneTask, config: RunConfig, out: Path) -> bool:
+    """Whether any run in `out` finished or reached a checkpoint."""
+    return any(list_checkpoints(d) or (d / RESULT).is_file() for _, d in seed_runs(task, config, out))
+
+
+def file_hash(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_same_data(out: Path, hashes: dict[str, str]) -> None:
+    saved = read_json(out / TASK).get("data_sha256", {})
+    changed = [name for name, digest in hashes.items() if saved.get(name) != digest]
+    if changed:
+        raise BertforgeError(
+            f"the {' and '.join(changed)} file changed since the run in {out} started; "
+            "resume only with the same data, or start a new run"
+        )
+
+
+def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str]]:
+    """Both files, read and checked, and the label mapping learned from the training file."""
+    columns = dict(
+        text_column=task.text_column,
+        label_column=task.label_column,
+        text_pair_column=task.text_pair_column,
+        format=task.format,
+    )
+    train_data = read_labeled(task.train, **columns)
+    valid_data = read_labeled(task.valid, **columns)
+    labels = label_names(train_data)
+    return train_data, valid_data, labels
+
+
+def encode(tokenizer: BertTokenizer, data: LabeledExamples, ids: list[int], max_length: int) -> list[dict]:
+    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` (segment ids 0, then 1), at most `max_length`."""
+    pairs = data.pairs or [None] * len(data)
+    examples = []
+    for text, pair, label in zip(data.texts, pairs, ids, strict=True):
+        input_ids, token_type_ids = tokenizer.encode_pair(text, pair, max_length)
+        examples.append({"input_ids": input_ids, "token_type_ids": token_type_ids, "label": label})
+    return examples
+
+
+def set_epochs(config: RunConfig, epochs: int, num_examples: int) -> None:
+    """Express epochs in the loop's terms: evaluate and checkpoint once per epoch, stop after the last."""
+    train_cfg = config.train
+    steps = steps_per_epoch(num_examples, train_cfg)
+    if steps == 0:
+        raise BertforgeError(
+            f"the training file has {num_examples} examples, fewer than one batch of {train_cfg.batch_size}; "
+            "lower --batch-size"
+        )
+    train_cfg.eval_every = steps
+    train_cfg.checkpoint_every = 0  # every evaluation
+    train_cfg.max_steps = epochs * steps
+    train_cfg.max_minutes = 0.0  # whole epochs, not a time budget
+
+
+def steps_per_epoch(num_examples: int, train_cfg: TrainConfig) -> int:
+    """A last, smaller batch is kept; with gradient accumulation a partial last step is dropped instead,
+    so that every epoch ends exactly on an optimizer step."""
+    if train_cfg.gradient_accumulation_steps == 1:
+        return math.ceil(num_examples / train_cfg.batch_size)
+    return num_examples // train_cfg.batch_size
+
+
+class ClassificationCollator:
+    """Pads examples into a batch with `labels` (B,); the batch needs no randomness."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(
+        self, examples: list[dict], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        batch = pad_batch(examples, self.pad_id)
+        del batch["nsp_labels"]
+        batch["labels"] = torch.tensor([example["label"] for example in examples])  # (B,)
+        return batch
+
+
+class EpochBatches:
+    """epoch -> micro-batches of the training examples in an order drawn from (seed, epoch)."""
+
+    def __init__(self, examples: list[dict], config: RunConfig, pad_id: int) -> None:
+        train_cfg = config.train
+        self.examples = examples
+        self.seed = config.runtime.seed
+        self.micro_batch = distributed.batch_plan(train_cfg).micro_batch
+        self.per_epoch = steps_per_epoch(len(examples), train_cfg) * train_cfg.batch_size
+        self.collate = ClassificationCollator(pad_id)
+
+    def __call__(self, epoch: int) -> MaskedBatches:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+        shuffled = [self.examples[i] for i in order[: self.per_epoch]]
+        return MaskedBatches(shuffled, self.micro_batch, self.collate, self.seed, epoch, drop_last=False)
+
+
+def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()  # (B, K)
+    labels = batch["labels"]  # (B,)
+    loss_sum = F.cross_entropy(logits, labels, reduction="sum")
+    sums = {
+        "loss_sum": loss_sum.detach(),
+        "correct": (logits.argmax(-1) == labels).sum(),
+        "count": torch.tensor(labels.numel(), device=labels.device),
+    }
+    return loss_sum / labels.numel(), sums
+
+
+def summarize_training(totals: dict[str, float]) -> dict[str, float]:
+    count = max(totals["count"], 1.0)
+    return {"classification_loss": totals["loss_sum"] / count, "accuracy": totals["correct"] / count}
+
+
+@torch.inference_mode()
+def evaluate_classifier(
+    model: torch.nn.Module, batches: list[dict], num_labels: int, precision: str = "fp32"
+) -> tuple[dict[str, float], list[list[int]]]:
+    """Loss, accuracy and macro F1 over all batches, and the confusion matrix (rows: true, columns:
+    predicted)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    confusion = torch.zeros(num_labels * num_labels, dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), device=device)
+    for batch in batches:
+        batch = to_device(batch, device)
+        with autocast(device, precision):
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+        confusion += torch.bincount(labels * num_labels + logits.argmax(-1), minlength=num_labels**2)
+    model.train(was_training)
+    matrix = confusion.view(num_labels, num_labels).cpu()
+    metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
+    return metrics, matrix.tolist()
+
+
+def scores(confusion: torch.Tensor) -> dict[str, float]:
+    """Accuracy and macro F1 from a confusion matrix; F1 averages the classes that occur in the truth
+    or the predictions (scikit-learn's default)."""
+    confusion = confusion.double()
+    true_positives = confusion.diagonal()
+    actual, predicted = confusion.sum(1), confusion.sum(0)
+    present = (actual + predicted) > 0
+    f1 = 2 * true_positives[present] / (actual + predicted)[present]
+    return {
+        "accuracy": float(true_positives.sum() / confusion.sum().clamp(min=1)),
+        "macro_f1": float(f1.mean()) if present.any() else 0.0,
+    }
+
+
+def seed_runs(task: FinetuneTask, config: RunConfig, out: Path) -> list[tuple[int, Path]]:
+    if task.seeds is None:
+        return [(config.runtime.seed, out)]
+    return [(seed, out / f"seed_{seed}") for seed in task.seeds]
+
+
+class Job:
+    """Everything the runs of one fine-tuning share; `run` trains one seed in its folder."""
+
+    def __init__(
+        self,
+        task: FinetuneTask,
+        config: RunConfig,
+        tokenizer: BertTokenizer,
+        labels: list[str],
+        train_set: list[dict],
+        valid_set: list[dict],
+        encoder: dict[str, torch.Tensor],
+        show_progress: bool,
+    ) -> None:
+        self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
+        self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
+        collate = ClassificationCollator(tokenizer.pad_id)
+        batches = MaskedBatches(valid_set, EVAL_BATCH_SIZE, collate, seed=0, epoch=0, drop_last=False)
+        self.valid_batches = [batches[i] for i in range(len(batches))]
+
+    def run(self, seed: int, run_dir: Path) -> dict:
+        if (run_dir / RESULT).is_file():
+            return read_json(run_dir / RESULT)  # finished before an interruption
+        config = replace(self.config, runtime=replace(self.config.runtime, seed=seed))
+        checkpoints = list_checkpoints(run_dir)
+        if not checkpoints:
+            clear_run(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_json(config, run_dir / CONFIG)
+        pretrained = None if checkpoints or self.task.from_scratch else self.encoder
+        model = build_classifier(config, len(self.labels), pretrained, source=self.task.model)
+        evaluator = EpochEvaluator(self, config, run_dir)
+        objective = Objective(
+            model=model,
+            batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
+            loss=classification_loss,
+            evaluate=evaluator,
+            summarize=summarize_training,
+        )
+        last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
+        return self.finish(seed, run_dir, last, config)
+
+    def finish(self, seed: int, run_dir: Path, last: dict, config: RunConfig) -> dict:
+        """Make the best epoch the run's model, plot, record the result, drop the checkpoints."""
+        if (run_dir / "best").is_dir():
+            if (run_dir / "final").exists():
+                shutil.rmtree(run_dir / "final")
+            os.replace(run_dir / "best", run_dir / "final")
+        steps = config.train.eval_every
+        plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", steps)
+        best = read_json(run_dir / BEST)
+        result = {
+            "seed": seed,
+            "epochs": self.task.epochs,
+            "steps": last["step"],
+            "elapsed_s": last["elapsed_s"],
+            "best_epoch": best.pop("epoch"),
+            "best": {key: best[key] for key in ("accuracy", "macro_f1", "classification_loss")},
+            "last": {key: last[key] for key in ("accuracy", "macro_f1", "classification_loss")},
+            "labels": self.labels,
+            "confusion": best["confusion"],
+        }
+        atomic_write_text(run_dir / RESULT, json.dumps(result, indent=2) + "\n")
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return result
+
+
+def build_classifier(
+    config: RunConfig, num_labels: int, encoder: dict[str, torch.Tensor] | None, source: str = "the encoder"
+) -> BertForSequenceClassification:
+    """A classifier drawn from `runtime.seed`, its encoder replaced by `encoder` when given.
+
+    The same seed gives the same head whether or not the encoder is replaced, so a pretrained run
+    and its `--from-scratch` baseline differ only in the encoder.
+    """
+    torch.manual_seed(config.runtime.seed)
+    model = BertForSequenceClassification(config.model, num_labels)
+    if encoder is not None:
+        check_and_load_state(model.bert, encoder, source=source)
+    return model
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove what a run that never reached its first checkpoint wrote (it starts again)."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+class EpochEvaluator:
+    """The objective's `evaluate`: validation metrics at the end of each epoch (epoch 0: before any
+    step), the confusion matrix as a "confusion" line of metrics.jsonl, and the best epoch so far
+    saved to `best/` (highest accuracy, then lowest loss), so that it survives an interruption."""
+
+    def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
+        self.job, self.config, self.run_dir = job, config, run_dir
+        self.steps = config.train.eval_every
+        checkpoints = list_checkpoints(run_dir)
+        self.epoch = read_state(checkpoints[-1])["step"] // self.steps + 1 if checkpoints else 0
+        self.best = read_json(run_dir / BEST) if (run_dir / BEST).is_file() else None
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        labels = self.job.labels
+        metrics, confusion = evaluate_classifier(
+            model, self.job.valid_batches, len(labels), self.config.runtime.precision
+        )
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        MetricsLog(self.run_dir / "metrics.jsonl").append(
+            {
+                "step": epoch * self.steps,
+                "split": "confusion",
+                "epoch": epoch,
+                "labels": labels,
+                "matrix": confusion,
+            }
+        )
+        if epoch >= 1 and self.improves(metrics):
+            save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
+            self.best = {"epoch": epoch, **metrics, "confusion": confusion}
+            atomic_write_text(self.run_dir / BEST, json.dumps(self.best) + "\n")
+        return {"epoch": epoch, **metrics}
+
+    def improves(self, metrics: dict[str, float]) -> bool:
+        if self.best is None:
+            return True
+        key = (metrics["accuracy"], -metrics["classification_loss"])
+        return key > (self.best["accuracy"], -self.best["classification_loss"])
+
+
+def summarize_seeds(results: list[dict]) -> dict:
+    """Median, range and spread (max - min) over seeds of the best epoch's accuracy and macro F1, and of
+    the last epoch's accuracy."""
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "spread": max(values) - min(values),
+        }
+
+    return {
+        "seeds": [r["seed"] for r in results],
+        "accuracy": spread([r["best"]["accuracy"] for r in results]),
+        "macro_f1": spread([r["best"]["macro_f1"] for r in results]),
+        "last_epoch_accuracy": spread([r["last"]["accuracy"] for r in results]),
+        "elapsed_s": sum(r["elapsed_s"] for r in results),
+        "runs": results,
+    }

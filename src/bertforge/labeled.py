@@ -1,0 +1,225 @@
+"""Labelled data for classification: CSV, TSV (with or without a header row) and JSON lines.
+
+Owns reading a file of texts, or text pairs, with one label each; detecting its format; the label
+mapping (names in id order: integer labels numerically, string labels alphabetically); and one
+clear message for every bad input: a missing file, undecodable bytes, missing columns (naming the
+columns that exist), empty rows, a single class, and validation labels never seen in training.
+
+Columns are named by the header row; a file without a header names its columns by number,
+counting from 0 (`--text-column 0 --label-column 1`), as pandas does for `header=None`.
+TSV is read as GLUE writes it: tab-separated, no quoting (SST-2's sentences hold bare quotes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+
+FORMATS = ("auto", "csv", "tsv", "jsonl")
+_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+@dataclass
+class LabeledExamples:
+    """The examples of one file, in file order; `lines[i]` is where example i ends in the file."""
+
+    path: Path
+    texts: list[str]
+    pairs: list[str] | None  # second texts, when a pair column was given
+    labels: list[str]  # label names as read (integers in canonical form: "01" -> "1")
+    lines: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def read_labeled(
+    path: str | Path,
+    text_column: str,
+    label_column: str,
+    text_pair_column: str | None = None,
+    format: str = "auto",
+) -> LabeledExamples:
+    """Read every example of a CSV, TSV or JSON lines file, refusing bad input with a clear message."""
+    path = Path(path)
+    text = read_text(path)
+    format = detect_format(path, text) if format == "auto" else format
+    if format not in FORMATS:
+        raise BertforgeError(f"unknown format {format!r}; choose one of: {', '.join(FORMATS)}")
+    columns = [text_column, label_column] + ([text_pair_column] if text_pair_column else [])
+    if len(set(columns)) < len(columns):
+        raise BertforgeError(f"the text, label and text pair columns must differ, got {', '.join(columns)}")
+    rows = _json_rows(path, text, columns) if format == "jsonl" else _table_rows(path, text, format, columns)
+    examples = LabeledExamples(path, [], [] if text_pair_column else None, [], [])
+    for line, values in rows:
+        _add_example(examples, line, columns, values)
+    if not examples.texts:
+        raise BertforgeError(f"{path} holds a header but no examples")
+    return examples
+
+
+def read_text(path: Path) -> str:
+    """The whole file as text, with a message naming the line of the first undecodable byte."""
+    if not path.exists():
+        raise BertforgeError(f"data file {path} does not exist; check the path")
+    if not path.is_file():
+        raise BertforgeError(f"{path} is a folder; give a CSV, TSV or JSON lines file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise BertforgeError(
+            f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {error.start}); "
+            f"convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8 in.csv > out.csv`"
+        ) from None
+    text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
+    if not text.strip():
+        raise BertforgeError(f"data file {path} is empty; give a file with one labelled example per line")
+    return text
+
+
+def detect_format(path: Path, text: str) -> str:
+    """From the file name's suffix, else from the content: `{` starts JSON lines, a tab means TSV."""
+    if path.suffix.lower() in _SUFFIXES:
+        return _SUFFIXES[path.suffix.lower()]
+    if text.lstrip().startswith("{"):
+        return "jsonl"
+    return "tsv" if "\t" in text.split("\n", 1)[0] else "csv"
+
+
+def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """(line, values of `columns`) for each data row of a CSV or TSV file."""
+    if format == "tsv":
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = [(reader.line_num, row) for row in reader]
+    except csv.Error as error:
+        where = f"{path} line {reader.line_num}"
+        raise BertforgeError(f"{where} is not valid {format.upper()} ({error})") from None
+    first = [field.strip() for field in rows[0][1]]
+    if all(column in first for column in columns):
+        positions, rows = [first.index(column) for column in columns], rows[1:]
+    elif all(column.isdigit() for column in columns):
+        positions = [int(column) for column in columns]
+        _refuse_header_read_as_data(path, rows, positions[1], first)
+    else:
+        missing = ", ".join(repr(column) for column in columns if column not in first)
+        raise BertforgeError(
+            f"{path} has no column {missing}; its columns are: {', '.join(first)} "
+            "(for a file without a header row, give columns by number, counting from 0)"
+        )
+    for line, row in rows:
+        if not any(field.strip() for field in row):
+            raise BertforgeError(f"{path} line {line} is empty; remove empty rows")
+        short = [(c, p) for c, p in zip(columns, positions, strict=True) if p >= len(row)]
+        if short:
+            raise BertforgeError(
+                f"{path} line {line} has {len(row)} fields but column {short[0][0]!r} is field "
+                f"{short[0][1] + 1}; every row needs a value in every column"
+            )
+        yield line, [row[position] for position in positions]
+
+
+def _refuse_header_read_as_data(path: Path, rows: list, label_position: int, first: list[str]) -> None:
+    """Columns given by number on a file whose first row names them: a header would become an example."""
+    labels = [row[label_position].strip() for _, row in rows if len(row) > label_position]
+    integers = [bool(_INTEGER.fullmatch(label)) for label in labels]
+    if len(labels) > 1 and not integers[0] and all(integers[1:]):
+        raise BertforgeError(
+            f"{path} starts with a header row ({', '.join(first)}); give the columns by name, not by number"
+        )
+
+
+def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int, list]]:
+    """(line, values of `columns`) for each object of a JSON lines file."""
+    if text.lstrip().startswith("["):
+        raise BertforgeError(f"{path} holds a JSON array; give JSON lines (one object per line)")
+    for line, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            raise BertforgeError(f"{path} line {line} is empty; remove empty rows")
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise BertforgeError(f"{path} line {line} is not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise BertforgeError(f"{path} line {line} is not a JSON object; give one object per line")
+        missing = [column for column in columns if column not in record]
+        if missing:
+            raise BertforgeError(
+                f"{path} line {line} has no field {', '.join(map(repr, missing))}; "
+                f"its fields are: {', '.join(record) or 'none'}"
+            )
+        yield line, [record[column] for column in columns]
+
+
+def _add_example(examples: LabeledExamples, line: int, columns: list[str], values: list) -> None:
+    """Check and append one row; `columns` and `values` are (text, label[, text pair])."""
+    where = f"{examples.path} line {line}"
+    examples.texts.append(_text(values[0], columns[0], where))
+    examples.labels.append(label_name(values[1], columns[1], where))
+    if examples.pairs is not None:
+        examples.pairs.append(_text(values[2], columns[2], where))
+    examples.lines.append(line)
+
+
+def _text(value, column: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise BertforgeError(f"{where}: {column!r} must be text, got {json.dumps(value)}")
+    if not value.strip():
+        raise BertforgeError(f"{where}: the text in column {column!r} is empty; remove empty rows")
+    return value
+
+
+def label_name(value, column: str = "label", where: str = "") -> str:
+    """A label as a name: strings stripped, integers (and "007", 7.0) in canonical decimal form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        value = value.strip()
+        return str(int(value)) if _INTEGER.fullmatch(value) else value
+    shown = json.dumps(value) if not isinstance(value, str) else "empty"
+    raise BertforgeError(
+        f"{where}: the label in column {column!r} is {shown}; give a class name or an integer class id"
+    )
+
+
+def label_names(data: LabeledExamples) -> list[str]:
+    """The label mapping of a training set: names in id order (integers numerically, else alphabetically)."""
+    names = set(data.labels)
+    if len(names) < 2:
+        raise BertforgeError(
+            f"every example in {data.path} has the label {data.labels[0]!r}; "
+            "a classifier needs examples of at least two classes"
+        )
+    if all(_INTEGER.fullmatch(name) for name in names):
+        return sorted(names, key=int)
+    return sorted(names)
+
+
+def label_ids(data: LabeledExamples, names: list[str]) -> list[int]:
+    """Each example's label id under `names`, refusing labels the mapping does not hold."""
+    index = {name: i for i, name in enumerate(names)}
+    unseen = sorted(set(data.labels) - set(index))
+    if unseen:
+        first_line = data.lines[data.labels.index(unseen[0])]
+        raise BertforgeError(
+            f"{data.path} has labels never seen in training: {', '.join(map(repr, unseen[:5]))} "
+            f"(first on line {first_line}); the training labels are: {', '.join(map(repr, names))}"
+        )
+    return [index[label] for label in data.labels]

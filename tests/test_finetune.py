@@ -1,0 +1,298 @@
+"""Fine-tuning: the classifier's Hugging Face parity, learning a toy task, seeds, --from-scratch, resume."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HF_TINY_SIZES
+
+from bertforge.checkpoint import read_weights
+from bertforge.classifier import classify, load_classifier, load_encoder
+from bertforge.config import ModelConfig
+from bertforge.finetune import (
+    EpochEvaluator,
+    FinetuneTask,
+    build_classifier,
+    encode,
+    finetune,
+    finetuning_config,
+    scores,
+)
+from bertforge.labeled import read_labeled
+from bertforge.model import BertForSequenceClassification
+
+transformers = pytest.importorskip("transformers")
+
+FILLERS = ("the", "in", "of", "was", "with", "by", "a")
+TOPICS = {  # one class per topic: the labels are strings
+    "music": ("album", "song", "single", "music"),
+    "war": ("army", "battle", "war", "fought"),
+}
+
+
+def toy_rows(count: int, seed: int) -> list[dict]:
+    """Texts mixing words of one topic with fillers in random order: separable by the topic's words."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        label = sorted(TOPICS)[i % len(TOPICS)]
+        words = rng.choices(TOPICS[label], k=rng.randint(2, 5)) + rng.choices(FILLERS, k=rng.randint(1, 4))
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("toy")
+    train = write_jsonl(folder / "train.jsonl", toy_rows(64, 0))
+    return train, write_jsonl(folder / "valid.jsonl", toy_rows(30, 1))
+
+
+def toy_task(pretrained: Path, toy: tuple[Path, Path], **overrides) -> FinetuneTask:
+    values = dict(
+        model=str(pretrained), train=str(toy[0]), valid=str(toy[1]), text_column="text", label_column="label"
+    )
+    return FinetuneTask(**{**values, **overrides})
+
+
+def toy_config(**train):
+    config = finetuning_config()
+    config.data.max_seq_length = 32
+    config.train.batch_size = 8
+    config.train.learning_rate = 3e-3
+    config.train.log_every = 2
+    for key, value in train.items():
+        setattr(config.train, key, value)
+    return config
+
+
+def read_lines(run: Path, split: str) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["split"] == split]
+
+
+def without_speed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+SIZES = HF_TINY_SIZES
+
+
+def hf_classifier(num_labels: int):
+    config = transformers.BertConfig(**SIZES, num_labels=num_labels, attn_implementation="eager")
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def padded_batch():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([12, 7, 4])
+    attention_mask = (torch.arange(12) < lengths[:, None]).long()  # (B, T)
+    input_ids = torch.randint(1, SIZES["vocab_size"], (3, 12), generator=g) * attention_mask
+    token_type_ids = ((torch.arange(12) >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    return input_ids, token_type_ids, attention_mask
+
+
+@torch.no_grad()
+def test_classifier_matches_hugging_face_both_ways():
+    torch.manual_seed(3)
+    hf = hf_classifier(3)
+    ours = BertForSequenceClassification(ModelConfig(**SIZES), 3).eval()
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {
+        k: v.shape for k, v in hf.state_dict().items()
+    }
+    input_ids, token_type_ids, attention_mask = padded_batch()
+
+    ours.load_state_dict(hf.state_dict())
+    theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+    assert theirs.shape == (3, 3)
+    assert (ours(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+
+    fresh = BertForSequenceClassification(ModelConfig(**SIZES), 3).eval()  # other random weights
+    hf.load_state_dict(fresh.state_dict())
+    theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+    assert (fresh(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+
+
+def test_classifier_head_is_initialised_as_hugging_face():
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(
+        ModelConfig(**{**SIZES, "hidden_size": 256, "num_attention_heads": 4}), 50
+    )
+    assert torch.equal(model.classifier.bias, torch.zeros(50))
+    assert model.classifier.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_scores_from_a_confusion_matrix():
+    confusion = torch.tensor([[5, 1, 0], [2, 2, 0], [0, 0, 0]])  # the third class never occurs
+    result = scores(confusion)
+    assert result["accuracy"] == pytest.approx(7 / 10)
+    f1_a, f1_b = 2 * 5 / (6 + 7), 2 * 2 / (4 + 3)
+    assert result["macro_f1"] == pytest.approx((f1_a + f1_b) / 2)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def test_text_pairs_get_segment_ids_zero_then_one(tmp_path, small_tokenizer_dir):
+    from bertforge.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    path = tmp_path / "pairs.csv"
+    path.write_text("first,second,label\nthe game was played,in the city,yes\nthe song,the album,no\n")
+    data = read_labeled(path, "first", "label", text_pair_column="second")
+    examples = encode(tokenizer, data, [0, 1], max_length=32)
+    ids, types = examples[0]["input_ids"], examples[0]["token_type_ids"]
+    first, second = tokenizer.encode_batch(["the game was played", "in the city"])
+    assert ids == [tokenizer.cls_id, *first, tokenizer.sep_id, *second, tokenizer.sep_id]
+    assert types == [0] * (len(first) + 2) + [1] * (len(second) + 1)
+    single = encode(tokenizer, read_labeled(path, "first", "label"), [0, 1], max_length=32)[0]
+    assert set(single["token_type_ids"]) == {0}
+    truncated = encode(tokenizer, data, [0, 1], max_length=6)[0]
+    assert len(truncated["input_ids"]) == 6 and truncated["token_type_ids"][-1] == 1
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
+    summary = finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=4), toy_config(), tmp_path / "run", show_progress=False
+    )
+    run = summary["runs"][0]
+    assert run["best"]["accuracy"] == 1.0 and run["best"]["macro_f1"] == 1.0
+    assert run["labels"] == ["music", "war"]  # string labels, in alphabetical order
+    assert run["confusion"] == [[15, 0], [0, 15]]
+
+    out = tmp_path / "run"
+    valid = read_lines(out, "valid")
+    assert [v["epoch"] for v in valid] == [0, 1, 2, 3, 4]  # before fine-tuning, then every epoch
+    assert [c["epoch"] for c in read_lines(out, "confusion")] == [0, 1, 2, 3, 4]
+    assert valid[run["best_epoch"]]["accuracy"] == 1.0
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert not (out / "checkpoints").exists() and not (out / "best").exists()
+
+    final = out / "final"
+    assert sorted(p.name for p in final.iterdir()) == [
+        "bertforge_tokenizer.json",
+        "config.json",
+        "labels.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "vocab.txt",
+    ]
+    weights = read_weights(final / "model.safetensors")
+    assert {"classifier.weight", "classifier.bias", "bert.pooler.dense.weight"} <= set(weights)
+    assert all(
+        k.startswith(("bert.embeddings.", "bert.encoder.", "bert.pooler.", "classifier.")) for k in weights
+    )
+    assert json.loads((final / "labels.json").read_text()) == {"labels": ["music", "war"]}
+
+    model, tokenizer, labels, config = load_classifier(out)
+    predictions = classify(model, tokenizer, labels, ["the army fought a battle", "a song of the album"])
+    assert [p["label"] for p in predictions] == ["war", "music"]
+    assert sum(predictions[0]["probabilities"].values()) == pytest.approx(1.0)
+
+
+def test_seeds_are_reproducible_and_differ(tmp_path, tiny_pretrained_run, toy):
+    summary = finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=1, seeds=[1, 2]),
+        toy_config(),
+        tmp_path / "seeds",
+        show_progress=False,
+    )
+    config = toy_config()
+    config.runtime.seed = 1
+    finetune(toy_task(tiny_pretrained_run, toy, epochs=1), config, tmp_path / "again", show_progress=False)
+
+    seed_1, seed_2, again = tmp_path / "seeds" / "seed_1", tmp_path / "seeds" / "seed_2", tmp_path / "again"
+    assert without_speed(read_lines(seed_1, "train")) == without_speed(read_lines(again, "train"))
+    assert read_lines(seed_1, "valid") == read_lines(again, "valid")
+    first, second = (
+        read_weights(seed_1 / "final" / "model.safetensors"),
+        read_weights(again / "final" / "model.safetensors"),
+    )
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert read_lines(seed_1, "train")[0]["loss"] != read_lines(seed_2, "train")[0]["loss"]
+
+    saved = json.loads((tmp_path / "seeds" / "summary.json").read_text())
+    assert saved["seeds"] == [1, 2] and saved == json.loads(json.dumps(summary))
+    accuracies = [r["best"]["accuracy"] for r in summary["runs"]]
+    assert summary["accuracy"]["median"] == pytest.approx(sum(accuracies) / 2)
+    assert summary["accuracy"]["spread"] == pytest.approx(max(accuracies) - min(accuracies))
+
+
+def test_from_scratch_replaces_only_the_encoder(tiny_pretrained_run):
+    config, _, encoder = load_encoder(tiny_pretrained_run)
+    config.runtime.seed = 5
+    tuned = build_classifier(config, 3, encoder)
+    scratch = build_classifier(config, 3, None)
+    assert torch.equal(
+        tuned.bert.embeddings.word_embeddings.weight, encoder["embeddings.word_embeddings.weight"]
+    )
+    assert not torch.equal(
+        scratch.bert.embeddings.word_embeddings.weight, encoder["embeddings.word_embeddings.weight"]
+    )
+    assert torch.equal(tuned.classifier.weight, scratch.classifier.weight)  # same seed, same head
+
+
+def test_from_scratch_run(tmp_path, tiny_pretrained_run, toy):
+    finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=1), toy_config(), tmp_path / "tuned", show_progress=False
+    )
+    finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=1, from_scratch=True),
+        toy_config(),
+        tmp_path / "scratch",
+        show_progress=False,
+    )
+    before_tuned, before_scratch = (
+        read_lines(tmp_path / "tuned", "valid")[0],
+        read_lines(tmp_path / "scratch", "valid")[0],
+    )
+    assert before_tuned["classification_loss"] != before_scratch["classification_loss"]
+    assert json.loads((tmp_path / "scratch" / "finetune.json").read_text())["task"]["from_scratch"] is True
+
+
+def test_resume_after_an_interruption_gives_the_uninterrupted_run(
+    tmp_path, tiny_pretrained_run, toy, monkeypatch
+):
+    task, config = toy_task(tiny_pretrained_run, toy, epochs=3), toy_config()
+    finetune(task, config, tmp_path / "full", show_progress=False)
+
+    original = EpochEvaluator.__call__
+
+    def interrupted(self, model):
+        if self.epoch == 2:
+            raise KeyboardInterrupt  # after epoch 2's last step, before its evaluation and checkpoint
+        return original(self, model)
+
+    monkeypatch.setattr(EpochEvaluator, "__call__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(task, config, tmp_path / "cut", show_progress=False)
+    assert (tmp_path / "cut" / "checkpoints").is_dir() and not (tmp_path / "cut" / "final").exists()
+    monkeypatch.setattr(EpochEvaluator, "__call__", original)
+
+    from bertforge.finetune import read_task
+
+    finetune(*read_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert read_lines(full, "valid") == read_lines(cut, "valid")
+    assert read_lines(full, "confusion") == read_lines(cut, "confusion")
+    assert without_speed(read_lines(full, "train")) == without_speed(read_lines(cut, "train"))
+    first, second = (
+        read_weights(full / "final" / "model.safetensors"),
+        read_weights(cut / "final" / "model.safetensors"),
+    )
+    assert all(torch.equal(first[k], second[k]) for k in first)

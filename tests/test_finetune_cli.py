@@ -1,0 +1,247 @@
+"""`bertforge finetune` and `bertforge classify`: help, an end-to-end run, export parity, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main
+
+WORDS = {
+    "yes": ("album", "song", "single", "music"),
+    "no": ("army", "battle", "war", "game"),
+}
+
+
+def pair_rows(count: int, seed: int) -> list[tuple[str, str, str]]:
+    """(question, answer, label): the label says whether the answer is on the question's topic."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        topic = ("yes", "no")[i % 2]
+        label = ("yes", "no")[rng.randint(0, 1)]
+        other = topic if label == "yes" else ("no" if topic == "yes" else "yes")
+        question = " ".join(rng.choices(WORDS[topic], k=3))
+        answer = " ".join(rng.choices(WORDS[other], k=3))
+        rows.append((question, answer, label))
+    return rows
+
+
+def write_csv(path: Path, rows, header: str = "question,answer,label") -> Path:
+    path.write_text(header + "\n" + "".join(",".join(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("pairs")
+    return write_csv(folder / "train.csv", pair_rows(48, 0)), write_csv(
+        folder / "valid.csv", pair_rows(16, 1)
+    )
+
+
+def finetune_argv(model: Path, train: Path, valid: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--train",
+        str(train),
+        "--valid",
+        str(valid),
+        "--text-column",
+        "question",
+        "--text-pair-column",
+        "answer",
+        "--label-column",
+        "label",
+        "--out",
+        str(out),
+        "--max-length",
+        "32",
+        "--batch-size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--quiet",
+        *extra,
+    ]
+
+
+def assert_clean_failure(capsys, argv: list[str], message: str) -> str:
+    """Exit status 2, one `bertforge: error:` line naming the problem, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertforge: error:") and message in err, err
+    assert "Traceback" not in err and err.count("\n") == 1
+    return err
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_pretrained_run, data) -> Path:
+    out = tmp_path_factory.mktemp("finetuned") / "run"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "2")) == 0
+    return out
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "finetune" in out and "classify" in out
+    for argv, flag in ((["finetune", "--help"], "--from-scratch"), (["classify", "--help"], "--json")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0 and flag in capsys.readouterr().out
+
+
+def test_finetune_writes_a_classifier_folder(finetuned):
+    final = finetuned / "final"
+    assert json.loads((final / "labels.json").read_text()) == {"labels": ["no", "yes"]}
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "vocab.txt"):
+        assert (final / name).is_file()
+    for name in ("metrics.jsonl", "curves.png", "result.json", "finetune.json", "config.json"):
+        assert (finetuned / name).is_file()
+    result = json.loads((finetuned / "result.json").read_text())
+    assert result["epochs"] == 2 and result["best_epoch"] in (1, 2) and result["steps"] == 12
+
+
+def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
+    assert main(["classify", "--model", str(finetuned), "album song", "war\tbattle army"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].endswith("war\tbattle army")
+    label, score, _ = lines[0].split("\t", 2)
+    assert label in ("yes", "no") and 0.5 <= float(score) <= 1.0
+
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("album song\tsingle music\nwar\tsong\n", encoding="utf-8")
+    assert main(["classify", "--model", str(finetuned / "final"), "--input", str(inputs), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in records] == ["album song\tsingle music", "war\tsong"]
+    assert all(sum(r["probabilities"].values()) == pytest.approx(1.0) for r in records)
+    assert all(r["score"] == max(r["probabilities"].values()) for r in records)
+
+
+def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned):
+    transformers = pytest.importorskip("transformers")
+    from bertforge.classifier import classify, load_classifier
+    from bertforge.export import export_model
+
+    export_model(finetuned, tmp_path / "hf")
+    texts, pairs = ["album song single", "war battle"], ["music song", "album"]
+    model, tokenizer, labels, config = load_classifier(finetuned)
+    ours = classify(model, tokenizer, labels, texts, pairs)
+
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf.config.id2label == {0: "no", 1: "yes"}
+    encoded = hf_tokenizer(texts, pairs, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = torch.softmax(hf(**encoded).logits, dim=-1)
+    for row, result in zip(theirs.tolist(), ours, strict=True):
+        assert max(abs(a - result["probabilities"][hf.config.id2label[i]]) for i, a in enumerate(row)) <= 1e-5
+
+    pipe = transformers.pipeline("text-classification", model=hf, tokenizer=hf_tokenizer, top_k=None)
+    scores = pipe({"text": texts[0], "text_pair": pairs[0]})
+    by_label = {s["label"]: s["score"] for s in scores}
+    assert max(abs(by_label[k] - v) for k, v in ours[0]["probabilities"].items()) <= 1e-5
+
+    model, tokenizer, labels, _ = load_classifier(tmp_path / "hf")  # the exported folder classifies too
+    again = classify(model, tokenizer, labels, texts, pairs)
+    assert [r["label"] for r in again] == [r["label"] for r in ours]
+
+
+def test_seeds_report_median_and_spread_and_resume_finishes(tmp_path, capsys, tiny_pretrained_run, data):
+    out = tmp_path / "seeds"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy: median" in printed and "over 2 seeds" in printed
+    assert (out / "seed_1" / "final").is_dir() and (out / "seed_2" / "final").is_dir()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [1, 2] and set(summary["accuracy"]) == {"median", "min", "max", "spread"}
+    assert main(["finetune", "--out", str(out), "--resume", "--quiet"]) == 0  # nothing left to do
+    assert "accuracy: median" in capsys.readouterr().out
+    assert_clean_failure(capsys, ["classify", "--model", str(out), "x"], "one fine-tuning run per seed")
+
+
+def test_from_scratch_flag(tmp_path, tiny_pretrained_run, data):
+    out = tmp_path / "scratch"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--from-scratch")) == 0
+    assert json.loads((out / "finetune.json").read_text())["task"]["from_scratch"] is True
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "train, valid, message",
+    [
+        ("question,answer,label\nq,a,yes\n", "question,answer,label\nq,a,yes\n", "at least two classes"),
+        ("question,answer,label\nq,a,yes\nq,b,no\n", "question,answer,label\nq,a,maybe\n", "never seen"),
+        ("question,answer,label\nq,a,yes\n\nq,b,no\n", "question,answer,label\nq,a,yes\n", "line 3 is empty"),
+        ("question,reply,label\nq,a,yes\nq,b,no\n", "question,answer,label\nq,a,yes\n", "its columns are"),
+        (b"question,answer,label\nq,a,yes\nq,b,no\n" + b"q,\xff,no\n", "", "not UTF-8"),
+    ],
+)
+def test_bad_data_files(tmp_path, capsys, tiny_pretrained_run, train, valid, message):
+    train_path, valid_path = tmp_path / "train.csv", tmp_path / "valid.csv"
+    if isinstance(train, bytes):
+        train_path.write_bytes(train)
+    else:
+        train_path.write_text(train)
+    valid_path.write_text(valid or "question,answer,label\nq,a,yes\n")
+    argv = finetune_argv(tiny_pretrained_run, train_path, valid_path, tmp_path / "out")
+    assert_clean_failure(capsys, argv, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_folder_that_is_not_a_model(tmp_path, capsys, data):
+    (tmp_path / "empty").mkdir()
+    argv = finetune_argv(tmp_path / "empty", *data, tmp_path / "out")
+    assert_clean_failure(capsys, argv, "not a bertforge model folder")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text('{"model_type": "gpt2"}')
+    (tmp_path / "odd" / "model.safetensors").write_bytes(b"")
+    assert_clean_failure(capsys, finetune_argv(tmp_path / "odd", *data, tmp_path / "out"), "'gpt2'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_classify_needs_a_classifier(tmp_path, capsys, tiny_pretrained_run):
+    assert_clean_failure(
+        capsys, ["classify", "--model", str(tiny_pretrained_run), "hello"], "not a classifier"
+    )
+    assert_clean_failure(capsys, ["classify", "--model", str(tmp_path / "none"), "hello"], "does not exist")
+
+
+def test_classify_input_problems(tmp_path, capsys, finetuned):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("one\n\nthree\n")
+    assert_clean_failure(
+        capsys, ["classify", "--model", str(finetuned), "--input", str(blank)], "line 2 is empty"
+    )
+    assert_clean_failure(capsys, ["classify", "--model", str(finetuned)], "give texts to classify")
+
+
+def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data, finetuned):
+    assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, finetuned), "holds another run")
+    out = tmp_path / "out"
+    assert_clean_failure(
+        capsys, finetune_argv(tiny_pretrained_run, *data, out, "--max-length", "100"), "--max-length"
+    )
+    assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "0"), "--epochs")
+    assert_clean_failure(
+        capsys, finetune_argv(tiny_pretrained_run, *data, out, "--set", "model.hidden_size=8"), "--model"
+    )
+    assert_clean_failure(
+        capsys, finetune_argv(tiny_pretrained_run, *data, out, "--lr", "-1"), "learning_rate"
+    )
+    assert not out.exists()
+    assert_clean_failure(capsys, ["finetune", "--out", str(out), "--resume"], "no fine-tuning run to resume")
+    assert_clean_failure(capsys, ["finetune", "--out", str(finetuned), "--resume", "--lr", "1"], "drop --lr")
+    assert_clean_failure(
+        capsys, ["finetune", "--out", str(out), "--model", str(tiny_pretrained_run)], "needs --train"
+    )

@@ -1,0 +1,159 @@
+"""Reading labelled data: every file format and label kind, the label mapping, and every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertforge.errors import BertforgeError
+from bertforge.labeled import label_ids, label_names, read_labeled
+
+
+def write(tmp_path, name: str, text: str | bytes):
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def refused(path, message: str, **columns) -> str:
+    columns = {"text_column": "text", "label_column": "label", **columns}
+    with pytest.raises(BertforgeError) as error:
+        names = label_names(read_labeled(path, **columns))
+        label_ids(read_labeled(path, **columns), names)
+    assert message in str(error.value), str(error.value)
+    return str(error.value)
+
+
+def test_csv_with_header_quotes_and_string_labels(tmp_path):
+    path = write(
+        tmp_path,
+        "reviews.csv",
+        'id,text,label\n1,"Great, really great",positive\n2,"She said ""no""",negative\n3,fine,neutral\n',
+    )
+    data = read_labeled(path, "text", "label")
+    assert data.texts == ["Great, really great", 'She said "no"', "fine"]
+    assert data.pairs is None
+    names = label_names(data)
+    assert names == ["negative", "neutral", "positive"]  # alphabetical
+    assert label_ids(data, names) == [2, 0, 1]
+
+
+def test_tsv_with_header_as_glue_writes_it(tmp_path):
+    path = write(
+        tmp_path, "train.tsv", 'sentence\tlabel\nit \'s a "charming" film \t1\nunflinchingly bleak\t0\n'
+    )
+    data = read_labeled(path, "sentence", "label")
+    assert data.texts == ['it \'s a "charming" film ', "unflinchingly bleak"]  # quotes kept as they are
+    assert label_names(data) == ["0", "1"]
+    assert label_ids(data, label_names(data)) == [1, 0]
+
+
+def test_tsv_without_header_takes_columns_by_number(tmp_path):
+    path = write(
+        tmp_path, "cola.tsv", "gj04\t1\t\tThe sailors rode the breeze.\nclc95\t0\t*\tThe more we study.\n"
+    )
+    data = read_labeled(path, text_column="3", label_column="1")
+    assert data.texts == ["The sailors rode the breeze.", "The more we study."]
+    assert data.labels == ["1", "0"] and data.lines == [1, 2]
+
+
+def test_integer_labels_are_ordered_numerically_and_canonical(tmp_path):
+    rows = [{"text": f"t{i}", "label": label} for i, label in enumerate([10, 2, "02", 1.0, "-1"])]
+    path = write(tmp_path, "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    data = read_labeled(path, "text", "label")
+    assert data.labels == ["10", "2", "2", "1", "-1"]
+    assert label_names(data) == ["-1", "1", "2", "10"]
+
+
+def test_json_lines_with_text_pairs(tmp_path):
+    rows = [
+        {"premise": "a man sleeps", "hypothesis": "a person rests", "gold": "entailment", "extra": 1},
+        {"premise": "a man sleeps", "hypothesis": "a man runs", "gold": "contradiction"},
+    ]
+    path = write(
+        tmp_path, "nli.jsonl", "".join(json.dumps(r) + "\n" for r in rows) + "\n\n"
+    )  # trailing blanks
+    data = read_labeled(path, "premise", "gold", text_pair_column="hypothesis")
+    assert data.texts == ["a man sleeps", "a man sleeps"]
+    assert data.pairs == ["a person rests", "a man runs"]
+    assert label_names(data) == ["contradiction", "entailment"]
+
+
+def test_format_is_detected_from_the_content(tmp_path):
+    tsv = read_labeled(write(tmp_path, "data.txt", "text\tlabel\nhello\ta\nbye\tb\n"), "text", "label")
+    jsonl = read_labeled(write(tmp_path, "data.dat", '{"text": "hello", "label": "a"}\n'), "text", "label")
+    csv = read_labeled(write(tmp_path, "data", "text,label\nhello,a\n"), "text", "label")
+    assert tsv.texts[:1] == jsonl.texts == csv.texts == ["hello"]
+    forced = read_labeled(write(tmp_path, "x.csv", "text\tlabel\nhello\ta\n"), "text", "label", format="tsv")
+    assert forced.labels == ["a"]
+
+
+def test_utf8_byte_order_mark_is_ignored(tmp_path):
+    path = write(tmp_path, "excel.csv", "\ufefftext,label\nhéllo,a\n".encode())
+    assert read_labeled(path, "text", "label").texts == ["héllo"]
+
+
+def test_missing_columns_name_the_columns_that_exist(tmp_path):
+    path = write(tmp_path, "data.csv", "sentence,label\nhello,a\nbye,b\n")
+    message = refused(path, "no column 'text'")
+    assert "its columns are: sentence, label" in message
+    rows = write(tmp_path, "data.jsonl", '{"sentence": "hello", "label": "a"}\n')
+    assert "its fields are: sentence, label" in refused(rows, "has no field 'text'")
+
+
+def test_numbered_columns_on_a_file_with_a_header(tmp_path):
+    path = write(tmp_path, "train.tsv", "sentence\tlabel\nhello\t1\nbye\t0\n")
+    refused(path, "starts with a header row (sentence, label)", text_column="0", label_column="1")
+
+
+def test_one_class_only(tmp_path):
+    path = write(tmp_path, "data.csv", "text,label\nhello,a\nbye,a\n")
+    refused(path, "every example in")
+    refused(path, "has the label 'a'")
+
+
+def test_validation_labels_never_seen_in_training(tmp_path):
+    train = read_labeled(write(tmp_path, "train.csv", "text,label\nhello,a\nbye,b\n"), "text", "label")
+    valid = read_labeled(write(tmp_path, "valid.csv", "text,label\nhi,a\nyo,c\nso,d\n"), "text", "label")
+    with pytest.raises(BertforgeError) as error:
+        label_ids(valid, label_names(train))
+    assert "labels never seen in training: 'c', 'd' (first on line 3)" in str(error.value)
+    assert "the training labels are: 'a', 'b'" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("blank.csv", "text,label\nhello,a\n\nbye,b\n", "line 3 is empty"),
+        ("no_text.csv", "text,label\nhello,a\n  ,b\n", "line 3: the text in column 'text' is empty"),
+        ("no_label.tsv", "text\tlabel\nhello\ta\nbye\t\n", "line 3: the label in column 'label' is empty"),
+        ("blank.jsonl", '{"text": "a", "label": "x"}\n\n{"text": "b", "label": "y"}\n', "line 2 is empty"),
+        ("null.jsonl", '{"text": "a", "label": null}\n', "the label in column 'label' is null"),
+        ("short.tsv", "text\tlabel\nhello\ta\nbye\n", "line 3 has 1 fields but column 'label' is field 2"),
+        ("bad.jsonl", '{"text": "a", "label": "x"}\n{"text": \n', "line 2 is not valid JSON"),
+        ("array.json", '[{"text": "a", "label": "x"}]\n', "JSON array"),
+        ("header_only.csv", "text,label\n", "holds a header but no examples"),
+        ("empty.csv", "\n\n", "is empty"),
+    ],
+)
+def test_bad_rows_get_one_clear_message(tmp_path, name, content, message):
+    refused(write(tmp_path, name, content), message)
+
+
+def test_undecodable_bytes_name_the_line(tmp_path):
+    path = write(tmp_path, "latin1.csv", "text,label\nhello,a\ncaf\xe9,b\n".encode("latin-1"))
+    refused(path, "not UTF-8 text: undecodable bytes on line 3")
+
+
+def test_missing_file_and_folder(tmp_path):
+    refused(tmp_path / "nothing.csv", "does not exist")
+    refused(tmp_path, "is a folder")
+
+
+def test_same_column_twice(tmp_path):
+    path = write(tmp_path, "data.csv", "text,label\nhello,a\n")
+    refused(path, "must differ", label_column="text")
