@@ -3,7 +3,13 @@
 An `Objective` says what is trained (model, batches per epoch, loss, evaluation); this module owns
 how: AdamW without decay on biases and LayerNorm, linear warmup then linear decay over steps or a
 time budget, gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
-optional `torch.compile`, periodic evaluation, `metrics.jsonl`, atomic checkpoints and exact resume.
+optional `torch.compile` (falling back to eager mode when it fails), periodic evaluation,
+`metrics.jsonl`, atomic checkpoints and exact resume.
+
+Under torchrun the same loop trains with DistributedDataParallel (see `bertforge.distributed`):
+rank r takes micro-batches r, r + W, r + 2W, ... of the same deterministic epoch, gradients are
+all-reduced once per optimizer step (`no_sync` on the other micro-batches), logged sums and token
+counts are summed over ranks, and only rank 0 evaluates and writes logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -20,7 +26,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from bertforge.checkpoint import list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
+from bertforge import distributed
+from bertforge.batches import batch_seed
+from bertforge.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
 from bertforge.config import RunConfig, TrainConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
@@ -29,7 +44,11 @@ from bertforge.runtime import autocast, resolve_device, to_device
 
 @dataclass
 class Objective:
-    """What a run trains. `loss` returns the loss to minimise and detached named sums for logging."""
+    """What a run trains. `loss` returns the loss to minimise and detached named sums for logging.
+
+    Micro-batches hold `distributed.batch_plan(config.train).micro_batch` sequences (with one
+    process: batch_size / gradient_accumulation_steps).
+    """
 
     model: torch.nn.Module
     batches: Callable[[int], Dataset]  # epoch -> dataset whose item b is micro-batch b (dict of tensors)
@@ -83,18 +102,29 @@ class Schedule:
 
 
 def micro_batches(
-    objective: Objective, epoch: int, index: int, num_workers: int, pin_memory: bool
+    objective: Objective,
+    epoch: int,
+    index: int,
+    num_workers: int,
+    pin_memory: bool,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Iterator[tuple[int, int, dict]]:
-    """Yield (epoch, index, batch) forever from position (epoch, index), epoch after epoch."""
+    """Yield (epoch, next position, batch) forever from position (epoch, index), epoch after epoch.
+
+    The position counts the micro-batches the whole world has taken in the epoch: rank r takes
+    index + r, index + r + W, ...; an epoch ends at the last multiple of W so all ranks step together.
+    """
     while True:
         dataset = objective.batches(epoch)
-        if len(dataset) == 0:
+        usable = len(dataset) - len(dataset) % world_size
+        if usable == 0:
             raise BertforgeError("the training data gives no full batch; lower train.batch_size or add text")
-        if index < len(dataset):
+        if index < usable:
             loader = DataLoader(
                 dataset,
                 batch_size=None,
-                sampler=range(index, len(dataset)),
+                sampler=range(index + rank, usable, world_size),
                 num_workers=num_workers,
                 pin_memory=pin_memory,
                 # A private generator keeps the DataLoader from drawing on torch's global RNG,
@@ -103,8 +133,8 @@ def micro_batches(
                 prefetch_factor=4 if num_workers else None,
             )
             for batch in loader:
+                index += world_size
                 yield epoch, index, batch
-                index += 1
         epoch, index = epoch + 1, 0
 
 
@@ -131,13 +161,23 @@ class MetricsLog:
 
 
 def compile_model(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """`torch.compile(model)`, or the model itself when compiling is off or unavailable.
+
+    Compilation itself happens at the first call; `Trainer.forward_backward` falls back to eager
+    mode when that fails.
+    """
     if not enabled:
         return model
     try:
         return torch.compile(model)
     except Exception as error:  # torch.compile is optional; eager mode is always correct
-        warnings.warn(f"torch.compile failed ({error}); training in eager mode", stacklevel=2)
+        warn_eager(error)
         return model
+
+
+def warn_eager(error: Exception) -> None:
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    warnings.warn(f"torch.compile failed ({first_line}); training in eager mode", stacklevel=3)
 
 
 def train(
@@ -157,7 +197,10 @@ class Trainer:
     def __init__(self, objective: Objective, config: RunConfig, run_dir: Path, resume: bool) -> None:
         self.objective, self.config, self.run_dir = objective, config, run_dir
         self.train_cfg, self.runtime = config.train, config.runtime
-        self.device = resolve_device(self.runtime.device)
+        device = resolve_device(self.runtime.device)
+        self.world = distributed.setup(device)
+        self.device = distributed.local_device(device, self.world)
+        self.plan = distributed.batch_plan(self.train_cfg, self.world.world_size)
         self.model = objective.model.to(self.device)
         self.optimizer = build_optimizer(self.model, self.train_cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.runtime.precision == "fp16" else None
@@ -168,8 +211,11 @@ class Trainer:
         if resume:
             self.restore()
         else:
-            torch.manual_seed(self.runtime.seed)  # dropout stream; the model was seeded by its builder
-            self.log.append({"step": 0, "split": "valid", **objective.evaluate(self.model)})
+            # The dropout stream (the model was seeded by its builder); each rank draws its own.
+            torch.manual_seed(self.runtime.seed + self.world.rank)
+            if self.world.is_main:
+                self.log.append({"step": 0, "split": "valid", **objective.evaluate(self.model)})
+        self.state.update(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
         self.clock = time.perf_counter() - self.state["elapsed_s"]
         self.window = Window()
 
@@ -180,30 +226,62 @@ class Trainer:
                 f"{self.run_dir} has no checkpoint to resume from; start again without --resume"
             )
         self.state = load_checkpoint(checkpoints[-1], self.model, self.optimizer, self.scaler)
-        self.log.truncate_after(self.state["step"])
+        saved = self.state.get("micro_batch", self.plan.micro_batch)
+        if saved != self.plan.micro_batch:
+            raise BertforgeError(
+                f"{checkpoints[-1]} was trained with micro-batches of {saved} sequences on "
+                f"{self.state.get('world_size', 1)} process(es), but {self.world.world_size} would use "
+                f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
+                f"or with --set train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
+            )
+        self.restore_rank_rng(self.state.pop("rank_rng", None))
+        if self.world.is_main:
+            self.log.truncate_after(self.state["step"])
 
-    def progress(self, step: int) -> float:
-        return self.schedule.progress(step, time.perf_counter() - self.clock)
+    def restore_rank_rng(self, saved: list | None) -> None:
+        """Ranks above 0 continue their own dropout stream (load_checkpoint restored rank 0's)."""
+        rank = self.world.rank
+        if rank == 0:
+            return
+        if saved and rank < len(saved):
+            restore_rng_states(saved[rank])
+        else:  # the checkpoint came from fewer processes: a fresh stream, still a function of the seed
+            torch.manual_seed(batch_seed(self.runtime.seed, self.state["step"], rank))
+
+    def elapsed(self) -> float:
+        """Seconds of training so far. With a time budget under DDP every rank takes rank 0's clock,
+        so all ranks use the same learning rate and stop at the same step (one broadcast per call)."""
+        seconds = time.perf_counter() - self.clock
+        if self.world.distributed and self.schedule.budget_s:
+            seconds = distributed.broadcast_float(seconds)
+        return seconds
 
     def run(self, show_progress: bool) -> dict:
-        step_model = compile_model(self.model, self.runtime.compile)
+        self.step_model = compile_model(
+            distributed.wrap(self.model, self.device, self.world), self.runtime.compile
+        )
         stream = micro_batches(
             self.objective,
             self.state["epoch"],
             self.state["batch"],
             self.runtime.num_workers,
             self.device.type == "cuda",
+            self.world.rank,
+            self.world.world_size,
         )
         bar = tqdm(
             total=self.train_cfg.max_steps,
             initial=self.state["step"],
             unit="step",
-            disable=not show_progress,
+            disable=not show_progress or not self.world.is_main,
             dynamic_ncols=True,
         )
-        while self.progress(self.state["step"]) < 1.0:
-            lr = self.schedule.learning_rate(self.progress(self.state["step"] + 1))
-            self.optimizer_step(step_model, stream, lr)
+        while True:
+            now = self.elapsed()
+            if self.schedule.progress(self.state["step"], now) >= 1.0:
+                break
+            lr = self.schedule.learning_rate(self.schedule.progress(self.state["step"] + 1, now))
+            self.optimizer_step(stream, lr)
             bar.update(1)
             self.after_step(lr, bar)
         bar.close()
@@ -214,21 +292,19 @@ class Trainer:
             **self.state["last_valid"],
         }
 
-    def optimizer_step(self, step_model: torch.nn.Module, stream: Iterator, lr: float) -> None:
-        """Accumulate gradients over the micro-batches of one step, then clip and update."""
+    def optimizer_step(self, stream: Iterator, lr: float) -> None:
+        """Accumulate gradients over this rank's micro-batches of one step, then clip and update."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        accumulation = self.train_cfg.gradient_accumulation_steps
-        for _ in range(accumulation):
-            epoch, index, batch = next(stream)
+        accumulation = self.plan.accumulation
+        for micro in range(accumulation):
+            epoch, position, batch = next(stream)
             tokens = int(batch["attention_mask"].sum())  # real tokens; padding excluded
-            with autocast(self.device, self.runtime.precision):
-                loss, sums = self.objective.loss(step_model, to_device(batch, self.device))
-            scaled = loss / accumulation
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            last = micro == accumulation - 1
+            sums = self.forward_backward(to_device(batch, self.device), accumulation, skip_sync=not last)
             self.window.add(sums, tokens)
-            self.state.update(epoch=epoch, batch=index + 1, tokens=self.state["tokens"] + tokens)
+            self.state.update(epoch=epoch, batch=position)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.train_cfg.max_grad_norm:
@@ -241,30 +317,62 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state["step"] += 1
 
+    def forward_backward(self, batch: dict, accumulation: int, skip_sync: bool) -> dict[str, torch.Tensor]:
+        """Loss and gradients of one micro-batch; a compiled model that fails falls back to eager mode."""
+        try:
+            return self.accumulate_gradients(self.step_model, batch, accumulation, skip_sync)
+        except Exception as error:
+            eager = getattr(self.step_model, "_orig_mod", None)  # set only on a torch.compile wrapper
+            if eager is None:
+                raise
+            warn_eager(error)
+            self.step_model = eager
+            return self.accumulate_gradients(eager, batch, accumulation, skip_sync)
+
+    def accumulate_gradients(
+        self, model: torch.nn.Module, batch: dict, accumulation: int, skip_sync: bool
+    ) -> dict[str, torch.Tensor]:
+        with distributed.no_sync(model, skip_sync):
+            with autocast(self.device, self.runtime.precision):
+                loss, sums = self.objective.loss(model, batch)
+            scaled = loss / accumulation
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return sums
+
     def after_step(self, lr: float, bar: tqdm) -> None:
         """Log, evaluate and checkpoint on their cadences, and always after the last step."""
         step = self.state["step"]
-        done = self.progress(step) >= 1.0
+        done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done
         # The window also closes at checkpoints so a resumed run logs the same windows.
         if step % self.train_cfg.log_every == 0 or checkpoint:
-            record = self.window.flush(self.objective.summarize, lr)
-            self.log.append({"step": step, "split": "train", **record})
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if step % self.train_cfg.eval_every == 0 or done:
+            record, tokens = self.window.flush(self.objective.summarize, lr)
+            self.state["tokens"] += tokens
+            if self.world.is_main:
+                self.log.append({"step": step, "split": "train", **record})
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if (step % self.train_cfg.eval_every == 0 or done) and self.world.is_main:
             self.state["last_valid"] = self.objective.evaluate(self.model)
             self.log.append({"step": step, "split": "valid", **self.state["last_valid"]})
-            bar.write(
-                f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state["last_valid"].items())
-            )
+            if self.state["last_valid"]:  # empty without validation text
+                bar.write(
+                    f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state["last_valid"].items())
+                )
         if checkpoint:
-            self.state["elapsed_s"] = time.perf_counter() - self.clock
-            save_checkpoint(
-                self.run_dir, step, self.model, self.optimizer, self.scaler, self.state, self.config
-            )
-            prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
+            self.save_checkpoint(step)
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
+
+    def save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes the checkpoint, with every rank's RNG state; the others wait for it."""
+        self.state["elapsed_s"] = time.perf_counter() - self.clock
+        state = dict(self.state)
+        if self.world.distributed:
+            state["rank_rng"] = distributed.gather_objects(rng_states())
+        if self.world.is_main:
+            save_checkpoint(self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config)
+            prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
+        distributed.barrier()
 
 
 class Window:
@@ -272,27 +380,36 @@ class Window:
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
+        self.new_tokens = 0  # since the last flush, for the run's token count
         self.restart()
 
     def restart(self) -> None:
-        self.tokens = 0
+        self.tokens = 0  # since the last restart, for throughput
         self.start = time.perf_counter()
 
     def add(self, sums: dict[str, torch.Tensor], tokens: int) -> None:
         for key, value in sums.items():
             self.sums[key] = self.sums.get(key, 0) + value.detach()
         self.tokens += tokens
+        self.new_tokens += tokens
 
-    def flush(self, summarize: Callable[[dict[str, float]], dict[str, float]], lr: float) -> dict:
-        """Synchronise once and turn the window's sums into metrics."""
+    def flush(self, summarize: Callable[[dict[str, float]], dict[str, float]], lr: float) -> tuple[dict, int]:
+        """Synchronise once, sum over ranks, and return the window's metrics and its new tokens.
+
+        Sums (not means) are reduced, so masked-token and pair weighting is exact across ranks.
+        """
         seconds = max(time.perf_counter() - self.start, 1e-9)
-        metrics = summarize({key: float(value) for key, value in self.sums.items()})
+        keys = sorted(self.sums)
+        local = [float(self.sums[key]) for key in keys] + [float(self.tokens), float(self.new_tokens)]
+        *totals, tokens, new_tokens = distributed.all_reduce_sum(local)
+        metrics = summarize(dict(zip(keys, totals, strict=True)))
         loss = sum(value for key, value in metrics.items() if key.endswith("_loss"))
-        record = {"loss": loss, **metrics, "lr": lr, "tokens_per_s": self.tokens / seconds}
+        record = {"loss": loss, **metrics, "lr": lr, "tokens_per_s": tokens / seconds}
         self.sums = {}
+        self.new_tokens = 0
         self.restart()
         if not math.isfinite(loss):
             raise BertforgeError(
                 f"the training loss became {loss}; lower train.learning_rate or use fp32/bf16 precision"
             )
-        return record
+        return record, int(new_tokens)

@@ -1,0 +1,1 @@
+"""bertforge's benchmark suite: `make bench` or `python -m benchmarks.run` (see benchmarks/README.md)."""

@@ -1,0 +1,86 @@
+"""(2) End-to-end pretraining throughput on WikiText-2, as a fraction of the step throughput.
+
+`bertforge.pretrain.pretrain` runs for real (pairs, dynamic masking, collation, DataLoader, the loop,
+its logging) with evaluation off; its own log windows give real (non-padding) tokens per second.
+The step throughput of the same model, precision and batch (full 128-token rows) is measured in the
+same process just before and just after, and the padding fraction is counted on the batches used.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from benchmarks import step
+from benchmarks.common import Bench
+from benchmarks.data import prepared, wikitext
+from bertforge.config import RunConfig, apply_preset
+from bertforge.pretrain import epoch_batches, pretrain
+from bertforge.shards import TokenShards
+
+LOG_EVERY = 5
+
+
+def run_config(
+    corpus: Path, preset: str, precision: str, batch_size: int, steps: int, workers: int, device: torch.device
+) -> RunConfig:
+    config = RunConfig()
+    apply_preset(config, preset)
+    config.data.corpus = str(corpus)
+    config.data.max_seq_length = step.SEQ_LEN
+    config.train.batch_size = batch_size
+    config.train.max_steps = steps
+    config.train.eval_every = steps  # no validation text: "evaluation" is empty, one checkpoint at the end
+    config.train.log_every = LOG_EVERY
+    config.runtime.precision = precision
+    config.runtime.device = str(device)
+    config.runtime.num_workers = workers
+    return config
+
+
+def padding_fraction(shards: TokenShards, tokenizer, config: RunConfig, micro_batches: int) -> float:
+    """Share of the token slots in the run's first `micro_batches` batches that are padding."""
+    batches = epoch_batches(shards, tokenizer, config)(0)
+    real = slots = 0
+    for index in range(min(micro_batches, len(batches))):
+        mask = batches[index]["attention_mask"]  # (B, T)
+        real += int(mask.sum())
+        slots += mask.numel()
+    return 1.0 - real / slots
+
+
+def measure(preset: str, precision: str, batch_size: int, steps: int, workers: int, bench: Bench) -> dict:
+    tokenizer, shards, _ = prepared(bench.quick, bench.workdir, bench.cache_dir)  # what pretrain() reads
+    corpus = wikitext("train", bench.quick, bench.workdir)
+    config = run_config(corpus, preset, precision, batch_size, steps, workers, bench.device)
+
+    def step_reference(when: str) -> float:
+        bench.log(f"e2e: {preset} {precision}, step reference {when}")
+        vocab = tokenizer.vocab_size  # as the model pretrain() builds
+        row = step.measure(preset, precision, batch_size, bench, (1, 2, 2), False, vocab_size=vocab)
+        return row["bertforge_tokens_per_s"]
+
+    before = step_reference("before")
+    bench.log(f"e2e: {preset} {precision}, pretraining {steps} steps on WikiText-2 train")
+    out = bench.workdir / f"e2e-{preset}-{precision}-{workers}"
+    pretrain(config, out, cache_dir=bench.cache_dir, show_progress=False)
+    after = step_reference("after")
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # The first window holds the warm-up (first steps, allocator, DataLoader start).
+    windows = [line["tokens_per_s"] for line in lines if line["split"] == "train"][1:]
+    e2e, step_rate = statistics.median(windows), (before + after) / 2
+    return {
+        "preset": preset,
+        "precision": precision,
+        "batch": batch_size,
+        "steps": steps,
+        "num_workers": workers,
+        "e2e_real_tokens_per_s": e2e,
+        "step_tokens_per_s": step_rate,
+        "fraction_of_step": e2e / step_rate,
+        "padding_fraction": padding_fraction(shards, tokenizer, config, steps),
+        "windows_tokens_per_s": windows,
+    }

@@ -1,0 +1,215 @@
+"""Run the benchmark suite: print a table and write JSON (`make bench`, or `python -m benchmarks.run`).
+
+    python -m benchmarks.run                  # everything (about 20 minutes on 2 CPU cores)
+    python -m benchmarks.run --quick          # CI-sized: seconds per measurement, tiny model
+    python -m benchmarks.run --only step --only e2e
+    python -m benchmarks.run --only quality --minutes 10
+
+Every ratio is measured in this one run, on this machine, with one thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import e2e, prep, quality, step
+from benchmarks.common import Bench, machine, matmul_rate
+from bertforge.cache import default_cache_dir
+from bertforge.runtime import resolve_device
+
+MEASUREMENTS = ("prep", "step", "e2e", "quality")
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI-sized: tiny model, slices of WikiText-2")
+    parser.add_argument("--only", action="append", choices=MEASUREMENTS, help="run only this (repeatable)")
+    parser.add_argument("--minutes", type=float, help="training minutes per model for quality (default 5)")
+    parser.add_argument("--presets", nargs="+", help="step presets (default: tiny mini small)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=PRECISIONS)
+    parser.add_argument("--batch-size", type=int, help="sequences per step (default 32; quick 8)")
+    parser.add_argument("--seq-len", type=int, nargs="+", default=[128], help="step sequence lengths")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models in the step test")
+    parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 5)")
+    parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
+    parser.add_argument("--workers", type=int, default=0, help="e2e DataLoader workers (runtime.num_workers)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    parser.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON file (default {RESULTS})")
+    return parser.parse_args(argv)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    only = args.only or list(MEASUREMENTS)
+    device = resolve_device(args.device)
+    precisions = [p for p in args.precisions if p != "fp16" or device.type == "cuda"]
+    with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
+        log("matmul rate")
+        rates = {p: matmul_rate(dtype(p), device) for p in precisions}
+        cache_dir = args.cache_dir or default_cache_dir()
+        bench = Bench(device, rates, args.quick, Path(workdir), cache_dir, log, args.compile)
+        results = {"machine": machine(), "quick": args.quick, "matmul_flops": rates}
+        run_all(args, only, precisions, bench, results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(report(results))
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+def run_all(args, only: list[str], precisions: list[str], bench: Bench, results: dict) -> None:
+    quick = args.quick
+    batch = args.batch_size or (8 if quick else 32)
+    if "prep" in only:
+        results["prep"] = prep.run(bench)
+    if "step" in only:
+        presets = args.presets or (["tiny"] if quick else ["tiny", "mini", "small"])
+        rounds = args.rounds or (2 if quick else 5)
+        warmup = (3 if args.compile else 1) if quick else (4 if args.compile else 2)
+        timing = (warmup, rounds, 1 if quick else 2)
+        results["step"] = step.run(presets, precisions, args.seq_len, batch, bench, timing)
+    if "e2e" in only:
+        preset, steps = ("tiny", 15) if quick else ("mini", 60)
+        results["e2e"] = [
+            e2e.measure(preset, p, batch, args.e2e_steps or steps, args.workers, bench) for p in precisions
+        ]
+    if "quality" in only:
+        minutes = args.minutes or (0.05 if quick else 5.0)
+        results["quality"] = quality.run(minutes, bench, results.get("step", []))
+
+
+def dtype(precision: str) -> torch.dtype:
+    return PRECISIONS[precision]
+
+
+def table(columns: dict[str, callable], rows: list[dict]) -> str:
+    """A plain-text table: `columns` maps each header to a function of the row giving its cell."""
+    cells = [list(columns)] + [[str(cell(row)) for cell in columns.values()] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+
+    def render(line: list[str]) -> str:
+        padded = [
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        return "  ".join(padded)
+
+    return "\n".join([render(cells[0]), "  ".join("-" * w for w in widths), *map(render, cells[1:])])
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def step_table(rows: list[dict]) -> str:
+    return table(
+        {
+            "preset": lambda r: r["preset"],
+            "precision": lambda r: r["precision"],
+            "batch": lambda r: f"{r['batch']} x {r['seq_len']}" + (" compiled" if r.get("compiled") else ""),
+            "bertforge tok/s": lambda r: f"{r['bertforge_tokens_per_s']:,.0f}",
+            "HF tok/s": lambda r: f"{r['hf_tokens_per_s']:,.0f}",
+            "speed-up": lambda r: f"{r['speedup']:.2f}x",
+            "bertforge of limit": lambda r: percent(r["bertforge_fraction_of_limit"]),
+            "HF of limit": lambda r: percent(r["hf_fraction_of_limit"]),
+        },
+        rows,
+    )
+
+
+def e2e_table(rows: list[dict]) -> str:
+    return table(
+        {
+            "preset": lambda r: r["preset"],
+            "precision": lambda r: r["precision"],
+            "batch": lambda r: r["batch"],
+            "workers": lambda r: r["num_workers"],
+            "e2e real tok/s": lambda r: f"{r['e2e_real_tokens_per_s']:,.0f}",
+            "step tok/s": lambda r: f"{r['step_tokens_per_s']:,.0f}",
+            "e2e / step": lambda r: percent(r["fraction_of_step"]),
+            "padding": lambda r: percent(r["padding_fraction"]),
+        },
+        rows,
+    )
+
+
+def prep_table(result: dict) -> str:
+    rows = [{"name": name, **r} for name, r in result.items() if isinstance(r, dict)]
+    return table(
+        {
+            "corpus": lambda r: r["name"],
+            "MB": lambda r: f"{r['input_mb']:.1f}",
+            "tokenizer s": lambda r: f"{r['tokenizer_s']:.1f}",
+            "shards s": lambda r: f"{r['shards_s']:.1f}",
+            "total s": lambda r: f"{r['seconds']:.1f}",
+            "MB/s": lambda r: f"{r['mb_per_s']:.2f}",
+            "peak RSS MB": lambda r: f"{r['peak_rss_mb']:.0f}",
+            "of which at start": lambda r: f"{r['baseline_rss_mb']:.0f}",
+        },
+        rows,
+    )
+
+
+def quality_table(result: dict) -> str:
+    rows = [{"name": name, **result[name]} for name in ("bertforge", "hf")]
+    return table(
+        {
+            "model": lambda r: r["name"],
+            "precision": lambda r: r["precision"],
+            "steps": lambda r: r["steps"],
+            "tokens": lambda r: f"{r['tokens']:,}",
+            "MLM accuracy": lambda r: f"{r['mlm_accuracy']:.4f}",
+            "MLM loss": lambda r: f"{r['mlm_loss']:.3f}",
+            "NSP accuracy": lambda r: f"{r.get('nsp_accuracy', float('nan')):.4f}",
+        },
+        rows,
+    )
+
+
+def report(results: dict) -> str:
+    m = results["machine"]
+    rates = ", ".join(f"{p} {r / 1e9:,.0f} GFLOP/s" for p, r in results["matmul_flops"].items())
+    out = [
+        f"\nmachine: {m['gpu'] or m['cpu']}, {m['threads']} threads, torch {m['torch']}, "
+        f"transformers {m['transformers']}, {m['date']}" + (" (--quick)" if results["quick"] else ""),
+        f"matmul rate: {rates}",
+    ]
+    if "prep" in results:
+        p = results["prep"]
+        out += ["", f"(3) data preparation (tokenizer training + shards) of {p['corpus']}", prep_table(p)]
+        note = " (--quick: below ~2 MB the batches are smaller than their cap, so memory grows)"
+        out.append(
+            f"peak memory x10 / x1: {p['memory_ratio']:.2f} (target <= 1.5)"
+            + (note if results["quick"] else "")
+        )
+    if "step" in results:
+        out += ["", "(1) training step: forward, backward, clip, AdamW; full-length rows, 15% masked, NSP"]
+        out.append(step_table(results["step"]))
+    if "e2e" in results:
+        out += ["", "(2) end to end: bertforge pretrain on WikiText-2 train, real tokens (padding excluded)"]
+        out.append(e2e_table(results["e2e"]))
+    if "quality" in results:
+        q = results["quality"]
+        out += ["", f"(4) quality at equal time: {q['preset']}, {q['minutes']:g} min each, WikiText-2 valid"]
+        out.append(quality_table(q))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""(1) Training-step throughput: bertforge vs `transformers.BertForPreTraining`, same batch and step.
+
+A step is what both training loops do: forward under autocast, backward, gradient clipping at 1.0
+and a fused AdamW update (Hugging Face's Trainer default optimizer for torch >= 2.8). Both models
+start from the same weights and see the same full-length batch of 128-token pairs with 15% of the
+tokens masked and NSP labels; each computes its own loss the way its library does (bertforge: the
+MLM head on the masked positions; Hugging Face: on every position with -100 labels elsewhere).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import torch
+
+from benchmarks.common import (
+    MASK_RATE,
+    SEQ_LEN,
+    Bench,
+    hf_labels,
+    hf_loss,
+    hf_model,
+    interleaved,
+    median_ratio,
+    model_config,
+    step_flops,
+)
+from bertforge.config import ModelConfig, TrainConfig
+from bertforge.masking import MaskingCollator
+from bertforge.model import BertForPreTraining
+from bertforge.pretrain import masked_lm_and_nsp_loss
+from bertforge.runtime import autocast
+from bertforge.train import build_optimizer
+
+SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK], as bertforge's tokenizers
+CLS, SEP, MASK = 2, 3, 4
+
+
+def full_length_batch(vocab_size: int, batch_size: int, seq_len: int = SEQ_LEN, seed: int = 0) -> dict:
+    """`[CLS] A [SEP] B [SEP]` of random ordinary tokens filling `seq_len`, masked by bertforge's collator."""
+    rng = np.random.default_rng(seed)
+    half = (seq_len - 3) // 2
+    examples = []
+    for row in range(batch_size):
+        words = rng.integers(len(SPECIAL_IDS), vocab_size, seq_len - 3)
+        ids = [CLS, *words[:half], SEP, *words[half:], SEP]
+        types = [0] * (half + 2) + [1] * (seq_len - half - 2)
+        examples.append({"input_ids": ids, "token_type_ids": types, "nsp_label": row % 2})
+    collate = MaskingCollator(
+        vocab_size, pad_id=0, mask_id=MASK, special_ids=SPECIAL_IDS, mlm_probability=MASK_RATE,
+        max_predictions=int(np.ceil(MASK_RATE * seq_len)),
+    )  # fmt: skip
+    batch = collate(examples, generator=torch.Generator().manual_seed(seed))
+    batch["hf_labels"], _ = hf_labels(batch)
+    return batch
+
+
+def make_step(
+    model: torch.nn.Module, loss_fn, batch: dict, precision: str, device: torch.device, compile: bool
+):
+    """One optimizer step of `model` on `batch`, as a closure (the model compiled first if asked)."""
+    optimizer = build_optimizer(model, TrainConfig(), device)
+    model.train()
+    if compile:
+        model = torch.compile(model)
+
+    def step() -> None:
+        with autocast(device, precision):
+            loss = loss_fn(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def ours_loss(model, batch):
+    return masked_lm_and_nsp_loss(model, batch)[0]
+
+
+def contenders(config: ModelConfig, with_reference: bool) -> dict[str, tuple[torch.nn.Module, object]]:
+    """name -> (model, loss): bertforge's and, if asked, Hugging Face's with the same weights."""
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config)
+    found = {"bertforge": (ours, ours_loss)}
+    if with_reference:
+        found["hf"] = (hf_model(config, ours.state_dict()), hf_loss)
+    return found
+
+
+def measure(
+    preset: str,
+    precision: str,
+    batch_size: int,
+    bench: Bench,
+    timing: tuple[int, int, int],
+    with_reference: bool = True,
+    vocab_size: int = 30522,
+    seq_len: int = SEQ_LEN,
+) -> dict:
+    """Tokens/s of both (or only bertforge), the speed-up and each as a fraction of the machine's limit.
+
+    `timing` is (warm-up steps, rounds, steps per round) for each contender.
+    """
+    config, device = model_config(preset, vocab_size), bench.device
+    batch = {k: v.to(device) for k, v in full_length_batch(config.vocab_size, batch_size, seq_len).items()}
+    steps = {
+        name: make_step(model.to(device), loss, batch, precision, device, bench.compile)
+        for name, (model, loss) in contenders(config, with_reference).items()
+    }
+    times = interleaved(steps, *timing, device)
+    flops = step_flops(config, batch_size, seq_len, int(batch["masked_positions"].numel()))
+    row = {"preset": preset, "precision": precision, "batch": batch_size, "seq_len": seq_len,
+           "compiled": bench.compile, "vocab_size": config.vocab_size, "flops_per_step": flops}  # fmt: skip
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        row[f"{name}_tokens_per_s"] = batch_size * seq_len / median
+        row[f"{name}_fraction_of_limit"] = flops / median / bench.rates[precision]
+        row[f"{name}_seconds_per_step"] = seconds
+    if with_reference:
+        row["speedup"] = median_ratio(times["hf"], times["bertforge"])
+    return row
+
+
+def run(presets, precisions, seq_lens, batch_size: int, bench: Bench, timing: tuple[int, int, int]) -> list:
+    rows = []
+    for preset in presets:
+        for seq_len in seq_lens:
+            for precision in precisions:
+                bench.log(f"step: {preset} {precision}, batch {batch_size} x {seq_len}")
+                rows.append(measure(preset, precision, batch_size, bench, timing, seq_len=seq_len))
+    return rows

@@ -1,0 +1,179 @@
+"""Multi-process training with torchrun: who this process is, the process group, and collectives.
+
+`torchrun --nproc_per_node=N -m bertforge pretrain ...` starts N copies of the program with `RANK`,
+`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` set; `setup` reads them and joins the
+process group (nccl on GPUs, gloo on CPUs). Without them every helper here acts for a world of one
+process, so single-process code never branches on whether it is distributed.
+
+The global batch (`train.batch_size`, sequences per optimizer step) is kept whatever the number
+of processes: micro-batch x accumulation steps x processes = batch_size (`batch_plan`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from bertforge.config import TrainConfig
+from bertforge.errors import BertforgeError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the processes torchrun started (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched() -> World:
+    """The world torchrun describes in the environment (no process group is needed to read it)."""
+    try:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise BertforgeError("RANK, WORLD_SIZE and LOCAL_RANK must be integers; use torchrun") from None
+    if world_size > 1 and "RANK" not in os.environ:
+        raise BertforgeError("WORLD_SIZE is set but RANK is not; launch multi-process runs with torchrun")
+    if not 0 <= rank < world_size:
+        raise BertforgeError(f"RANK {rank} is outside WORLD_SIZE {world_size}; launch with torchrun")
+    return World(rank, world_size, local_rank)
+
+
+def setup(device: torch.device) -> World:
+    """Join the process group torchrun prepared (once per process); return this process's world."""
+    world = launched()
+    if world.distributed and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(local_device(device, world))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        atexit.register(_teardown)
+    return world
+
+
+def _teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local_device(device: torch.device, world: World) -> torch.device:
+    """Each process on a node takes its own GPU (`cuda` means `cuda:LOCAL_RANK` under torchrun)."""
+    if device.type == "cuda" and device.index is None and world.distributed:
+        return torch.device("cuda", world.local_rank)
+    return device
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one optimizer step of `train.batch_size` sequences is split over micro-batches and ranks."""
+
+    micro_batch: int  # sequences per forward/backward on one rank
+    accumulation: int  # micro-batches per rank per optimizer step
+
+
+def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
+    """Keep the global batch when the number of processes changes.
+
+    The configured micro-batch is `batch_size / gradient_accumulation_steps`; with W processes each
+    rank accumulates ceil(steps / W) micro-batches, so when W divides the accumulation steps the
+    micro-batches (and the maths of a step) are exactly those of one process.
+    """
+    world_size = launched().world_size if world_size is None else world_size
+    accumulation = math.ceil(train.gradient_accumulation_steps / world_size)
+    micro_batch, rest = divmod(train.batch_size, accumulation * world_size)
+    if rest or micro_batch == 0:
+        raise BertforgeError(
+            f"train.batch_size ({train.batch_size}) cannot be split over {world_size} processes x "
+            f"{accumulation} accumulation steps; make it a multiple of {accumulation * world_size} "
+            "(batch_size = micro-batch x gradient_accumulation_steps x processes)"
+        )
+    return BatchPlan(micro_batch, accumulation)
+
+
+def wrap(model: torch.nn.Module, device: torch.device, world: World) -> torch.nn.Module:
+    """The model under DistributedDataParallel when there are several processes, else unchanged."""
+    if not world.distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def no_sync(model: torch.nn.Module, skip: bool) -> contextlib.AbstractContextManager:
+    """Skip the gradient all-reduce for this backward (all micro-batches of a step but the last)."""
+    ddp = getattr(model, "_orig_mod", model)  # under torch.compile, the wrapped DDP module
+    if skip and isinstance(ddp, DistributedDataParallel):
+        return ddp.no_sync()
+    return contextlib.nullcontext()
+
+
+def _collective_device() -> torch.device:
+    # nccl only moves CUDA tensors; gloo only CPU ones.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sums over all ranks (float64, so counts stay exact); identity for one process."""
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def broadcast_float(value: float) -> float:
+    """Rank 0's value on every rank."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    dist.broadcast(tensor, src=0)
+    return float(tensor)
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's `obj`, in rank order, on every rank (picklable objects only)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+
+
+@contextlib.contextmanager
+def local_main_first() -> Iterator[None]:
+    """Let each node's first process run the block (e.g. fill the cache) before the others do."""
+    world = launched()
+    if not dist.is_initialized() or not world.distributed:
+        yield
+        return
+    if world.local_rank != 0:
+        barrier()
+    yield
+    if world.local_rank == 0:
+        barrier()
