@@ -12,7 +12,7 @@ ARGS    ?=
 PY       = $(VENV)/bin/python
 STAMP    = $(VENV)/.bertforge-installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,10 +24,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf $(OUT)
 	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)
+	$(PY) -m bertforge showcase --model $(OUT) --corpus $(VALID)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
+
+# The benchmark suite (benchmarks/README.md): prints a table, writes benchmarks/results/latest.json.
+# `make bench ARGS=--quick` for a CI-sized run; `make bench ARGS="--only step"` and so on.
+bench: $(STAMP)
+	$(PY) -m benchmarks.run $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -46,6 +46,36 @@ def small_tokenizer_dir(tmp_path_factory, wiki_slice) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_pretrained_run(tmp_path_factory, wiki_slice, small_tokenizer_dir) -> Path:
+    """A tiny model pretrained for 3 steps: a real run folder for tests that only read it or copy it."""
+    from bertforge.pretrain import pretrain
+
+    run = tmp_path_factory.mktemp("pretrained") / "run"
+    pretrain(
+        tiny_config(wiki_slice, max_steps=3, eval_every=3),
+        run,
+        tokenizer_dir=small_tokenizer_dir,
+        show_progress=False,
+    )
+    return run
+
+
+# A tiny BERT in Hugging Face `BertConfig` / our `ModelConfig` field names, for parity tests.
+HF_TINY_SIZES = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+    initializer_range=0.02,
+    layer_norm_eps=1e-12,
+    pad_token_id=0,
+)
+
+
 def tiny_config(corpus: Path | None = None, valid: Path | None = None, **train) -> RunConfig:
     """A model small enough for a CPU test to train in seconds."""
     config = RunConfig()

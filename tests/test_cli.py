@@ -216,26 +216,12 @@ def test_output_folder_holding_another_run(tmp_path, capsys, wiki_slice):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, wiki_slice, small_tokenizer_dir):
-    from bertforge.pretrain import pretrain
-
-    run = tmp_path_factory.mktemp("trained") / "run"
-    pretrain(
-        tiny_config(wiki_slice, max_steps=3, eval_every=3),
-        run,
-        tokenizer_dir=small_tokenizer_dir,
-        show_progress=False,
-    )
-    return run
-
-
-def test_tokenizer_that_does_not_match_the_model(tmp_path, capsys, trained_run, wiki_slice):
+def test_tokenizer_that_does_not_match_the_model(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
     from bertforge.config import TokenizerConfig
     from bertforge.tokenizer import train_tokenizer
 
     model = tmp_path / "model"
-    shutil.copytree(trained_run / "final", model)
+    shutil.copytree(tiny_pretrained_run / "final", model)
     other = train_tokenizer([wiki_slice], TokenizerConfig(vocab_size=1000), tmp_path / "other")
     for name in ("tokenizer.json", "vocab.txt", "bertforge_tokenizer.json"):
         shutil.copy(tmp_path / "other" / name, model / name)
@@ -245,9 +231,9 @@ def test_tokenizer_that_does_not_match_the_model(tmp_path, capsys, trained_run, 
     )
 
 
-def test_damaged_checkpoint(tmp_path, capsys, trained_run):
+def test_damaged_checkpoint(tmp_path, capsys, tiny_pretrained_run):
     run = tmp_path / "run"
-    shutil.copytree(trained_run, run)
+    shutil.copytree(tiny_pretrained_run, run)
     weights = run / "checkpoints" / "step_000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     assert_clean_failure(
@@ -258,9 +244,9 @@ def test_damaged_checkpoint(tmp_path, capsys, trained_run):
     assert_clean_failure(capsys, ["pretrain", "--out", str(run), "--resume", "--quiet"], "damaged")
 
 
-def test_incompatible_checkpoint(tmp_path, capsys, trained_run):
+def test_incompatible_checkpoint(tmp_path, capsys, tiny_pretrained_run):
     run = tmp_path / "run"
-    shutil.copytree(trained_run, run)
+    shutil.copytree(tiny_pretrained_run, run)
     argv = ["pretrain", "--out", str(run), "--resume", "--set", "model.hidden_size=64", "--quiet"]
     assert_clean_failure(capsys, argv, "shape")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import HF_TINY_SIZES
 
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
@@ -13,18 +14,7 @@ from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel, init_weigh
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
-SIZES = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-    initializer_range=0.02,
-    layer_norm_eps=1e-12,
-    pad_token_id=0,
-)
+SIZES = HF_TINY_SIZES
 
 
 def ours_config(**overrides) -> ModelConfig:

@@ -11,10 +11,10 @@ import argparse
 import sys
 
 from bertforge import __version__
-from bertforge.commands import pretraining
+from bertforge.commands import finetuning, inference, pretraining
 from bertforge.errors import BertforgeError
 
-COMMAND_GROUPS = (pretraining,)
+COMMAND_GROUPS = (pretraining, inference, finetuning)
 
 EXAMPLES = """examples:
   bertforge tokenizer train --corpus wiki.train.tokens --vocab-size 30522 --out tok/

@@ -19,17 +19,19 @@ from pathlib import Path
 
 import torch
 
+from bertforge import distributed
 from bertforge.batches import MaskedBatches, pretraining_collator
 from bertforge.cache import cached_shards, cached_tokenizer, default_cache_dir
 from bertforge.checkpoint import CONFIG, list_checkpoints, save_model_folder
 from bertforge.config import RunConfig, save_json, validate
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import evaluation_batches, pretraining_metrics
+from bertforge.export import init_from
 from bertforge.losses import pretraining_loss, pretraining_sums, summarize
 from bertforge.model import BertForPreTraining
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
-from bertforge.runtime import apply_threads
+from bertforge.runtime import apply_threads, resolve_device
 from bertforge.shards import TokenShards
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
@@ -42,39 +44,53 @@ def pretrain(
     resume: bool = False,
     cache_dir: Path | None = None,
     show_progress: bool = True,
+    init: Path | None = None,
 ) -> dict:
-    """Train (or resume) a run in `out`; return the final step, time, tokens and validation metrics."""
+    """Train (or resume) a run in `out`; return the final step, time, tokens and validation metrics.
+
+    `init`: a model folder (ours, imported or exported) to start from; its model and tokenizer
+    sections replace the config's, and the corpus is tokenized with its tokenizer.
+    """
     out = Path(out)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     check_run_folder(out, resume)
     validate(config)
     apply_threads(config.runtime)
-    tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir)
-    config.model.vocab_size = tokenizer.vocab_size
-    validate(config)
-    data = config.data
-    train_shards = cached_shards(
-        corpus_path(data.corpus, "corpus"), tokenizer, data.format, cache_dir, show_progress
-    )
-    build_pairs(
-        train_shards, data.max_seq_length, data.short_seq_prob, data.nsp, config.runtime.seed, 0
-    )  # checks
-    valid_batches = []
-    if data.valid:
-        valid_shards = cached_shards(
-            corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress
+    # Under torchrun: join the process group; every rank has checked `out` before rank 0 writes there.
+    world = distributed.setup(resolve_device(config.runtime.device))
+    with distributed.local_main_first():  # one process per node fills the cache, the others read it
+        init_state = None
+        if init is not None and not resume:
+            init_state, tokenizer = init_from(init, config)
+        else:
+            tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir)
+        config.model.vocab_size = tokenizer.vocab_size
+        validate(config)
+        data = config.data
+        train_shards = cached_shards(
+            corpus_path(data.corpus, "corpus"), tokenizer, data.format, cache_dir, show_progress
         )
-        valid_batches = evaluation_batches(valid_shards, tokenizer, data)
+        build_pairs(
+            train_shards, data.max_seq_length, data.short_seq_prob, data.nsp, config.runtime.seed, 0
+        )  # checks
+        valid_batches = []
+        if data.valid:
+            valid_shards = cached_shards(
+                corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress
+            )
+            valid_batches = evaluation_batches(valid_shards, tokenizer, data)
 
     created = not out.exists()
-    if not resume:
+    if not resume and world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
     try:
-        result = train_and_save(config, out, tokenizer, train_shards, valid_batches, resume, show_progress)
+        result = train_and_save(
+            config, out, tokenizer, train_shards, valid_batches, resume, show_progress, init_state=init_state
+        )
     except BaseException:
-        if created and not list_checkpoints(out):
+        if created and world.is_main and not list_checkpoints(out):
             shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
         raise
     return result
@@ -88,9 +104,12 @@ def train_and_save(
     valid_batches: list[dict],
     resume: bool,
     show_progress: bool,
+    init_state: dict | None = None,
 ) -> dict:
     torch.manual_seed(config.runtime.seed)
     model = BertForPreTraining(config.model)
+    if init_state is not None:  # `pretrain --init`: start from a saved model's weights
+        model.load_state_dict(init_state)
     objective = Objective(
         model=model,
         batches=epoch_batches(train_shards, tokenizer, config),
@@ -101,8 +120,10 @@ def train_and_save(
         summarize=summarize,
     )
     result = train(objective, config, out, resume=resume, show_progress=show_progress)
-    save_model_folder(out / "final", model.cpu(), tokenizer, config)
-    plot_pretraining(out / "metrics.jsonl", out / "loss.png")
+    if distributed.launched().is_main:
+        save_model_folder(out / "final", model.cpu(), tokenizer, config)
+        plot_pretraining(out / "metrics.jsonl", out / "loss.png")
+    distributed.barrier()  # the other ranks return once the run folder is complete
     return result
 
 
@@ -136,7 +157,7 @@ def run_tokenizer(
 def epoch_batches(shards: TokenShards, tokenizer: BertTokenizer, config: RunConfig):
     """epoch -> micro-batches of freshly drawn pairs (Google's algorithm) with dynamic masking."""
     data, seed = config.data, config.runtime.seed
-    micro_batch = config.train.batch_size // config.train.gradient_accumulation_steps
+    micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     collate = pretraining_collator(tokenizer, data)
 
     def batches(epoch: int) -> MaskedBatches:

@@ -78,6 +78,12 @@ def add_pretrain_command(commands) -> None:
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a setting"
     )
     p.add_argument("--tokenizer", type=Path, help="use this tokenizer instead of training one")
+    p.add_argument(
+        "--init",
+        type=Path,
+        help="start from this model (a bertforge model, or one from import-hf or export); its size and "
+        "tokenizer replace any other model settings",
+    )
     p.add_argument("--format", choices=FORMAT_CHOICES)
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=float, help="time budget; the LR schedule ends when it runs out")
@@ -182,8 +188,13 @@ def nest(flat: dict) -> dict:
 
 
 def run_pretrain(args) -> int:
+    from bertforge.distributed import launched
     from bertforge.pretrain import pretrain
 
+    if args.init and (args.resume or args.tokenizer or args.preset):
+        raise BertforgeError(
+            "--init brings its own model size and tokenizer: drop --preset, --tokenizer and --resume"
+        )
     config = pretrain_config(args)
     result = pretrain(
         config,
@@ -192,7 +203,10 @@ def run_pretrain(args) -> int:
         resume=args.resume,
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
+        init=args.init,
     )
+    if not launched().is_main:
+        return 0  # under torchrun, rank 0 reports for the run
     minutes, rate = result["elapsed_s"] / 60, result["tokens"] / max(result["elapsed_s"], 1e-9)
     print(f"\ntrained {result['step']} steps, {result['tokens']:,} tokens in {minutes:.1f} min", end=" ")
     print(f"({rate:,.0f} real tokens/s)")
