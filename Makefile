@@ -12,7 +12,7 @@ ARGS    ?=
 PY       = $(VENV)/bin/python
 STAMP    = $(VENV)/.bertforge-installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
