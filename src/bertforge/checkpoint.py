@@ -35,6 +35,7 @@ WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 CONFIG = "config.json"
+LABELS = "labels.json"  # a classifier folder's label names, in id order
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 
 
@@ -243,3 +244,40 @@ def save_model_folder(
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
         tokenizer.save(tmp)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a model folder, with one clear message when it is missing or damaged."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BertforgeError(f"{path} is missing; the model folder is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
+    if not isinstance(raw, dict):
+        raise BertforgeError(f"{path} does not hold a JSON object; the folder may be damaged")
+    return raw
+
+
+def write_json(path: Path, value: dict) -> None:
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def read_labels(folder: Path) -> list[str]:
+    """A classifier's label names in id order, from `labels.json` or an exported config's `id2label`."""
+    if (folder / LABELS).is_file():
+        labels = read_json(folder / LABELS).get("labels")
+    else:
+        id2label = read_json(folder / CONFIG).get("id2label") or {}
+        labels = [id2label.get(str(i)) for i in range(len(id2label))]
+    if (
+        not isinstance(labels, list)
+        or len(labels) < 2
+        or not all(isinstance(x, str) and x for x in labels)
+        or len(set(labels)) != len(labels)
+    ):
+        raise BertforgeError(
+            f"{folder} must name two or more distinct labels in {LABELS} "
+            '({"labels": [...]}) or in id2label, in id order'
+        )
+    return labels

@@ -22,11 +22,14 @@ import torch
 
 from bertforge.checkpoint import (
     CONFIG,
+    LABELS,
     WEIGHTS,
     check_and_load_state,
     check_tokenizer_fits,
     find_model_folder,
     read_config,
+    read_json,
+    read_labels,
     read_weights,
     save_weights,
 )
@@ -46,8 +49,6 @@ from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 
-LABELS = "labels.json"
-
 
 def save_classifier(
     folder: Path, model: BertForSequenceClassification, tokenizer: BertTokenizer, config: RunConfig, labels
@@ -61,16 +62,6 @@ def save_classifier(
         tokenizer.save(tmp)
 
 
-def read_json(path: Path) -> dict:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
-    if not isinstance(raw, dict):
-        raise BertforgeError(f"{path} does not hold a JSON object; the folder may be damaged")
-    return raw
 
 
 def load_encoder(path: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
@@ -116,16 +107,6 @@ def find_classifier_folder(path: Path) -> Path:
     return path
 
 
-def read_labels(folder: Path) -> list[str]:
-    """Label names in id order, from `labels.json` or an exported config's `id2label`."""
-    if (folder / LABELS).is_file():
-        labels = read_json(folder / LABELS).get("labels")
-    else:
-        id2label = read_json(folder / CONFIG).get("id2label") or {}
-        labels = [id2label.get(str(i)) for i in range(len(id2label))]
-    if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
-        raise BertforgeError(f"{folder} must name two or more labels in {LABELS} (or id2label), in id order")
-    return labels
 
 
 def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertTokenizer, list[str], RunConfig]:

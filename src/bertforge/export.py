@@ -30,24 +30,26 @@ from tokenizers import Tokenizer
 
 from bertforge.checkpoint import (
     CONFIG,
+    LABELS,
     WEIGHTS,
     check_tokenizer_fits,
     find_model_folder,
     load_pretrained,
     load_weights,
     read_config,
+    read_labels,
     read_weights,
     save_model_folder,
     weights_to_save,
+    write_json,
 )
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.io import atomic_directory
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel
 from bertforge.tokenizer import SETTINGS_FILE, SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer
 from bertforge.tokenizer import load_tokenizer as load_tokenizer_folder
 
-LABELS = "labels.json"
 BERTFORGE_CONFIG = "bertforge_config.json"
 HF_BIN = "pytorch_model.bin"
 SPECIAL_TOKENS_MAP = dict(
@@ -179,20 +181,6 @@ def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dic
     }
 
 
-def read_labels(folder: Path) -> list[str]:
-    path = folder / LABELS
-    try:
-        labels = json.loads(path.read_text(encoding="utf-8")).get("labels")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
-        raise BertforgeError(f'{path} is damaged ({error}); it should hold {{"labels": [...]}}') from None
-    if (
-        not isinstance(labels, list)
-        or not labels
-        or not all(isinstance(x, str) and x for x in labels)
-        or len(set(labels)) != len(labels)
-    ):
-        raise BertforgeError(f'{path} must hold {{"labels": [...]}}: distinct, non-empty names in id order')
-    return labels
 
 
 def check_new_folder(out: Path) -> None:
@@ -200,8 +188,6 @@ def check_new_folder(out: Path) -> None:
         raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new --out")
 
 
-def write_json(path: Path, value: dict) -> None:
-    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- import

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from bertforge import distributed
 from bertforge.batches import MaskedBatches
-from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
-from bertforge.classifier import load_encoder, read_json, save_classifier
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
+from bertforge.classifier import load_encoder, save_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
