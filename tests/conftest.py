@@ -76,6 +76,17 @@ HF_TINY_SIZES = dict(
 )
 
 
+def assert_clean_failure(capsys, argv: list[str], message: str) -> str:
+    """Exit status 2, one `bertforge: error:` line naming the problem, no traceback."""
+    from bertforge.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertforge: error:") and message in err, err
+    assert "Traceback" not in err and err.count("\n") == 1
+    return err
+
+
 def tiny_config(corpus: Path | None = None, valid: Path | None = None, **train) -> RunConfig:
     """A model small enough for a CPU test to train in seconds."""
     config = RunConfig()

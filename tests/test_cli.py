@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_config
+from conftest import assert_clean_failure, tiny_config
 
 from bertforge.cli import main
 from bertforge.config import save_json
@@ -50,15 +50,6 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         env=env,
         timeout=600,
     )
-
-
-def assert_clean_failure(capsys, argv: list[str], message: str) -> str:
-    """Exit status 2, one `bertforge: error:` line naming the problem, no traceback."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("bertforge: error:") and message in err, err
-    assert "Traceback" not in err and err.count("\n") == 1
-    return err
 
 
 def test_help_lists_every_command(capsys):

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 import torch
-from conftest import WIKI_VALID, tiny_config
+from conftest import WIKI_VALID, assert_clean_failure, tiny_config
 from safetensors.torch import load_file, save_file
-from test_cli import TINY, assert_clean_failure
+from test_cli import TINY
 
 import bertforge
 from bertforge.checkpoint import read_weights, save_model_folder

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_clean_failure
 
 from bertforge.cli import main
 
@@ -70,15 +71,6 @@ def finetune_argv(model: Path, train: Path, valid: Path, out: Path, *extra: str)
         "--quiet",
         *extra,
     ]
-
-
-def assert_clean_failure(capsys, argv: list[str], message: str) -> str:
-    """Exit status 2, one `bertforge: error:` line naming the problem, no traceback."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("bertforge: error:") and message in err, err
-    assert "Traceback" not in err and err.count("\n") == 1
-    return err
 
 
 @pytest.fixture(scope="module")

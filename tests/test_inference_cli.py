@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
-from test_cli import assert_clean_failure
+from conftest import assert_clean_failure, tiny_config
 
 import bertforge
 from bertforge.checkpoint import save_model_folder
