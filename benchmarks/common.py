@@ -10,7 +10,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -138,21 +138,7 @@ def median_ratio(numerator: list[float], denominator: list[float]) -> float:
 def hf_config(config: ModelConfig):
     import transformers
 
-    return transformers.BertConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
-        hidden_dropout_prob=config.hidden_dropout_prob,
-        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
-        layer_norm_eps=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        pad_token_id=config.pad_token_id,
-    )
+    return transformers.BertConfig(**asdict(config))  # ModelConfig uses BertConfig's field names
 
 
 def hf_model(config: ModelConfig, weights: dict[str, torch.Tensor] | None = None) -> nn.Module:

@@ -255,3 +255,15 @@ def test_evaluate_a_folder_that_is_not_a_model(tmp_path, capsys, wiki_slice):
         ["evaluate", "--model", str(tmp_path / "empty"), "--corpus", str(wiki_slice)],
         "not a bertforge model folder",
     )
+
+
+@pytest.mark.parametrize("command", ["prepare", "tokenizer"])
+def test_output_that_is_a_file_or_a_full_folder(tmp_path, capsys, wiki_slice, small_tokenizer_dir, command):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    argv = {
+        "prepare": ["prepare", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir)],
+        "tokenizer": ["tokenizer", "train", "--corpus", str(wiki_slice)],
+    }[command]
+    assert_clean_failure(capsys, [*argv, "--out", str(taken)], "not an empty folder")
+    assert taken.read_text() == "not a folder"

@@ -62,8 +62,6 @@ def save_classifier(
         tokenizer.save(tmp)
 
 
-
-
 def load_encoder(path: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
     """Config, tokenizer and `BertModel` weights of a pretrained (or fine-tuned, or exported) model folder.
 
@@ -105,8 +103,6 @@ def find_classifier_folder(path: Path) -> Path:
             "fine-tune it first with `bertforge finetune`"
         )
     return path
-
-
 
 
 def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertTokenizer, list[str], RunConfig]:

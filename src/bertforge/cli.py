@@ -52,4 +52,3 @@ def build_parser() -> argparse.ArgumentParser:
     for group in COMMAND_GROUPS:
         group.register(commands)
     return parser
-

@@ -45,7 +45,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory
+from bertforge.io import atomic_directory, check_new_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel
 from bertforge.tokenizer import SETTINGS_FILE, SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer
 from bertforge.tokenizer import load_tokenizer as load_tokenizer_folder
@@ -179,15 +179,6 @@ def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dic
         "clean_up_tokenization_spaces": False,
         **SPECIAL_TOKENS_MAP,
     }
-
-
-
-
-def check_new_folder(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new --out")
-
-
 
 
 # ---------------------------------------------------------------------------------------------- import

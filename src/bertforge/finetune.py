@@ -23,7 +23,6 @@ Nothing is written until the model folder and both data files have been read and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -42,12 +41,13 @@ from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints,
 from bertforge.classifier import load_encoder, save_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.plots import plot_finetuning
 from bertforge.runtime import apply_threads, autocast, to_device
+from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
 
@@ -102,7 +102,7 @@ def finetune(
     config.data.corpus, config.data.valid = task.train, task.valid
     check_max_length(config, task)
     train_data, valid_data, labels = read_task_data(task)
-    hashes = {"train": file_hash(task.train), "valid": file_hash(task.valid)}
+    hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     if resume:
         check_same_data(out, hashes)
     train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
@@ -143,7 +143,7 @@ def check_out_folder(out: Path, resume: bool) -> None:
     if resume:
         if not (out / TASK).is_file():
             raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without --resume")
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+    elif is_occupied(out):
         what = "holds another run" if (out / TASK).is_file() or (out / CONFIG).is_file() else "is not empty"
         raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
 
@@ -172,10 +172,6 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
 def has_progress(task: FinetuneTask, config: RunConfig, out: Path) -> bool:
     """Whether any run in `out` finished or reached a checkpoint."""
     return any(list_checkpoints(d) or (d / RESULT).is_file() for _, d in seed_runs(task, config, out))
-
-
-def file_hash(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def check_same_data(out: Path, hashes: dict[str, str]) -> None:

@@ -13,6 +13,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bertforge.errors import BertforgeError
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
@@ -32,6 +34,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def is_occupied(path: Path) -> bool:
+    """True when `path` is a file or a folder with something in it: an output that must not be overwritten."""
+    path = Path(path)
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def check_new_folder(out: Path) -> None:
+    """Refuse an output folder that already holds something."""
+    if is_occupied(out):
+        raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new --out")
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from bertforge.config import RunConfig, save_json, validate
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import evaluation_batches, pretraining_metrics
 from bertforge.export import init_from
+from bertforge.io import is_occupied
 from bertforge.losses import pretraining_loss, pretraining_sums, summarize
 from bertforge.model import BertForPreTraining
 from bertforge.pairs import PairDataset, build_pairs
@@ -131,7 +132,7 @@ def check_run_folder(out: Path, resume: bool) -> None:
     if resume:
         if not (out / CONFIG).is_file():
             raise BertforgeError(f"{out} holds no bertforge run to resume; start one without --resume")
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+    elif is_occupied(out):
         what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
         raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
 

@@ -16,6 +16,7 @@ from bertforge.config import (
     validate,
 )
 from bertforge.errors import BertforgeError
+from bertforge.io import check_new_folder
 
 FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
 
@@ -125,8 +126,7 @@ def run_tokenizer_train(args) -> int:
         kind=args.kind, vocab_size=args.vocab_size, min_frequency=args.min_freq, lowercase=not args.cased
     )
     validate(RunConfig(tokenizer=config))
-    if args.out.exists() and any(args.out.iterdir()):
-        raise BertforgeError(f"{args.out} is not empty; choose a new --out")
+    check_new_folder(args.out)
     tokenizer = train_tokenizer(args.corpus, config, args.out, format=args.format)
     print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
     return 0
@@ -136,8 +136,7 @@ def run_prepare(args) -> int:
     from bertforge.shards import prepare_shards
     from bertforge.tokenizer import load_tokenizer
 
-    if args.out.exists() and any(args.out.iterdir()):
-        raise BertforgeError(f"{args.out} is not empty; choose a new --out")
+    check_new_folder(args.out)
     meta = prepare_shards(args.corpus, load_tokenizer(args.tokenizer), args.out, format=args.format)
     print(
         f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
