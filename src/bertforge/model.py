@@ -5,8 +5,9 @@ builds optimizers or prints. Parameter names, shapes and initialisation equal Hu
 `transformers.BertForPreTraining`, so a state dict moves between the two unchanged (Devlin et al.
 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding").
 
-Two departures from Hugging Face, both for speed and neither visible in the state dict:
-- attention always runs through `torch.nn.functional.scaled_dot_product_attention`;
+Departures from Hugging Face, all for speed and none visible in the state dict:
+- attention runs through `torch.nn.functional.scaled_dot_product_attention`, and dropout (also
+  attention's, on CPU) through `fast_ops`, whose CPU masks are cheaper to draw;
 - the MLM head can run on the masked positions only (`masked_positions`), as Google's original
   code, NVIDIA, Cramming and MosaicBERT do: for small models the dense vocabulary projection over
   every token costs more than the whole encoder.
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
+from bertforge.fast_ops import Dropout, attention
 
 # Alias -> owner for the tied parameters, as Hugging Face's `_tied_weights_keys`. `state_dict()`
 # reports both names for one tensor; safetensors refuses shared tensors, so savers drop the aliases.
@@ -63,7 +65,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         T = input_ids.shape[1]
@@ -108,9 +110,7 @@ class BertSelfAttention(nn.Module):
         v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         # mask: (B, 1, 1, T) boolean, True where the key is a real token; None lets SDPA pick its
         # fastest kernel. Scale is the default 1/sqrt(hd), as BERT.
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
-        )  # (B, nh, T, hd)
+        y = attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
         return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
 
 
@@ -121,7 +121,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # (B, T, H)
@@ -158,7 +158,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # (B, T, H)
@@ -362,7 +362,7 @@ class BertForSequenceClassification(nn.Module):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)  # initialises itself
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 

@@ -1,0 +1,117 @@
+"""Cheaper versions of two training-time operations, computing what torch's would, for the CPU step.
+
+Profiling the bf16 training step on CPU (benchmarks/RESULTS.md) showed two costs out of proportion
+to their arithmetic:
+- dropout masks: torch draws one random number per element (`bernoulli_`), about 4 ns each, which
+  made the masks 17% of the step. `Dropout` here draws 64-bit words and reads four 16-bit uniform
+  draws from each, so p is applied at a resolution of 1/65,536 (0.1 becomes 0.100006, and the
+  kept values are scaled by the exact inverse of the keep rate, so the output stays unbiased).
+  Other devices keep torch's fused dropout.
+- cross-entropy over the vocabulary: `F.cross_entropy(logits.float())` makes (M, V) float32
+  tensors of 70 MB and more (M masked positions, V = 30,522) for the cast, the log-softmax and its
+  gradient. glibc maps each such block afresh from the kernel and unmaps it when freed, so every
+  step pays page faults over all of it: the cast and softmax cost several times their arithmetic.
+  `cross_entropy_sum` does the same float32 softmax over a few rows at a time.
+- attention with dropout: torch's fused CPU attention kernels take no dropout, so
+  `scaled_dot_product_attention` falls back to its unfused path; `attention` runs that path
+  itself with the cheaper mask.
+All draw from and advance torch's default generator, so seeded runs and exact resume still hold.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_DRAWS = 65536  # 16-bit uniform draws
+# Elements per float32 chunk of the softmax: 4 MiB, well under glibc's 32 MiB mmap threshold, so
+# the chunk's buffer is reused instead of being mapped and page-faulted afresh every step.
+_CHUNK_ELEMENTS = 1 << 20
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """`F.dropout(x, p, training)`, with masks from 16-bit draws on CPU."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training)
+    dropped = round(p * _DRAWS)
+    keep = _uniform_int16(x.shape) >= dropped - _DRAWS // 2  # P(keep) = 1 - dropped / 65536
+    return x.mul(keep).mul_(_DRAWS / (_DRAWS - dropped))
+
+
+def _uniform_int16(shape: torch.Size) -> Tensor:
+    """Uniform int16 values of `shape`: four from each full-range 64-bit draw of the default generator."""
+    count = shape.numel()
+    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+    return words.view(torch.int16)[:count].view(shape)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, training: bool) -> Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0)`.
+
+    q, k, v: (B, nh, T, hd); mask: None or (B, 1, 1, T) boolean, True for keys to attend to.
+    """
+    if not training or p == 0.0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return dropout(scores.softmax(-1), p) @ v  # (B, nh, T, hd)
+
+
+class Dropout(nn.Module):
+    """`nn.Dropout` with the CPU mask of `dropout` above."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
+    """`F.cross_entropy(logits.float(), labels, reduction="sum")` for (N, C) logits, (N,) class ids.
+
+    On CPU the float32 softmax runs over a few rows at a time (see the module docstring); the
+    result and the gradient (in the logits' dtype) are the same up to float32 rounding.
+    """
+    if logits.device.type != "cpu":
+        return F.cross_entropy(logits.float(), labels, reduction="sum")
+    return _RowChunkedCrossEntropySum.apply(logits, labels)
+
+
+def _row_chunks(logits: Tensor) -> range:
+    rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    return range(0, logits.shape[0], rows)
+
+
+class _RowChunkedCrossEntropySum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
+        log_z = torch.empty(logits.shape[0], dtype=torch.float32)  # (N,) logsumexp of each row
+        step = _row_chunks(logits).step
+        for start in _row_chunks(logits):
+            log_z[start : start + step] = logits[start : start + step].float().logsumexp(-1)
+        target = logits.gather(-1, labels[:, None]).squeeze(-1).float()  # (N,)
+        ctx.save_for_backward(logits, log_z, labels)
+        return (log_z - target).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None]:
+        logits, log_z, labels = ctx.saved_tensors
+        grad = torch.empty_like(logits)  # (N, C): grad_loss * (softmax - one_hot(label))
+        step = _row_chunks(logits).step
+        for start in _row_chunks(logits):
+            rows = slice(start, start + step)
+            probs = logits[rows].float().sub_(log_z[rows, None]).exp_()
+            grad[rows] = probs.mul_(grad_loss)
+        grad[torch.arange(labels.numel()), labels] -= grad_loss.to(grad.dtype)
+        return grad, None

@@ -1,0 +1,92 @@
+"""fast_ops computes what torch's dropout, attention and cross-entropy compute."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge.fast_ops import Dropout, _uniform_int16, attention, cross_entropy_sum, dropout
+
+
+def test_dropout_drops_p_and_keeps_the_mean():
+    torch.manual_seed(0)
+    x = torch.ones(1_000_000)
+    y = dropout(x, 0.1)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002  # binomial sd over 1e6 draws is 0.0003
+    assert abs(y.mean().item() - 1.0) < 0.003  # kept values scaled by the inverse keep rate
+    kept = y[y != 0]
+    assert torch.allclose(kept, torch.full_like(kept, 65536 / (65536 - round(0.1 * 65536))))
+
+
+def test_dropout_draws_are_uniform_and_independent_of_position():
+    torch.manual_seed(1)
+    draws = _uniform_int16(torch.Size([400_000])).long() + 32768  # 0..65535
+    histogram = torch.bincount(draws // 4096, minlength=16).float()  # 16 bins of 25,000 expected
+    assert (histogram - 25_000).abs().max() < 800  # ~5 sd
+    lanes = draws.view(-1, 4).float().mean(0)  # the four 16-bit lanes of each 64-bit draw
+    assert (lanes - 32767.5).abs().max() < 300
+
+
+def test_dropout_gradient_is_the_mask_times_the_scale():
+    torch.manual_seed(2)
+    x = torch.randn(64, 32, requires_grad=True)
+    y = dropout(x, 0.25)
+    y.backward(torch.ones_like(y))
+    kept = y != 0
+    assert torch.equal(x.grad != 0, kept)
+    assert torch.allclose(x.grad[kept], torch.full_like(x.grad[kept], 65536 / (65536 - 16384)))
+
+
+def test_dropout_is_the_identity_in_eval_and_at_zero_and_seeded_in_training():
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    module = Dropout(0.1)
+    module.eval()
+    assert module(x) is x
+    assert dropout(x, 0.0) is x
+    module.train()
+    torch.manual_seed(3)
+    first = module(x)
+    torch.manual_seed(3)
+    assert torch.equal(module(x), first)
+    assert first.dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        Dropout(1.5)
+
+
+def test_attention_without_dropout_is_sdpa_with_the_padding_mask():
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(attention(q, k, v, mask, 0.1, training=False), expected, atol=1e-6)
+
+
+def test_attention_with_dropout_drops_probabilities_with_the_dropout_mask():
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    torch.manual_seed(6)
+    got = attention(q, k, v, mask, 0.2, training=True)
+    scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~mask, float("-inf"))
+    torch.manual_seed(6)
+    expected = dropout(scores.softmax(-1), 0.2) @ v  # the same draws in the same order
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert not torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_sum_matches_torch_in_value_and_gradient(dtype):
+    torch.manual_seed(7)
+    rows, classes = 70, 40_000  # several row chunks (2**20 elements each), the last one partial
+    logits = (torch.randn(rows, classes) * 3).to(dtype)
+    labels = torch.randint(classes, (rows,))
+    ours_in = logits.clone().requires_grad_()
+    ref_in = logits.clone().requires_grad_()
+    ours = cross_entropy_sum(ours_in, labels)
+    ref = F.cross_entropy(ref_in.float(), labels, reduction="sum")
+    assert ours.dtype == torch.float32
+    assert torch.allclose(ours, ref, rtol=1e-5)
+    (ours * 0.5).backward()
+    (ref * 0.5).backward()
+    assert ours_in.grad.dtype == dtype
+    assert torch.allclose(ours_in.grad.float(), ref_in.grad.float(), atol=1e-6 if dtype == torch.float32 else 4e-3)
