@@ -4,6 +4,7 @@ Hugging Face reference model built from the same config (in code, nothing downlo
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import platform
@@ -36,6 +37,20 @@ class Bench:
     cache_dir: Path  # bertforge's tokenizer and shard cache
     log: Callable[[str], None]
     compile: bool = False  # torch.compile both models in the step benchmark
+
+
+def keep_freed_memory() -> None:
+    """Make glibc serve every block from the heap and keep what is freed, for this whole process.
+
+    By default glibc maps blocks over 32 MiB afresh from the kernel and unmaps them when freed,
+    so a training step that makes such tensors (Hugging Face's dense (B*T, V) logits, say) page-
+    faults through all of them on every step. jemalloc or tcmalloc (LD_PRELOAD) avoid the same
+    cost; this does it in-process. It applies to both contenders alike.
+    """
+    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameters, <malloc.h>
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)):
+        raise RuntimeError("mallopt refused the settings (not glibc?)")
 
 
 def machine() -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import e2e, prep, quality, step
-from benchmarks.common import Bench, machine, matmul_rate
+from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
 from bertforge.cache import default_cache_dir
 from bertforge.runtime import resolve_device
 
@@ -43,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
     parser.add_argument("--workers", type=int, default=0, help="e2e DataLoader workers (runtime.num_workers)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc: serve large blocks from the heap and keep freed memory (both contenders; see README)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
     parser.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON file (default {RESULTS})")
@@ -57,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.keep_freed_memory:
+        keep_freed_memory()
     only = args.only or list(MEASUREMENTS)
     device = resolve_device(args.device)
     precisions = [p for p in args.precisions if p != "fp16" or device.type == "cuda"]
@@ -65,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = {p: matmul_rate(dtype(p), device) for p in precisions}
         cache_dir = args.cache_dir or default_cache_dir()
         bench = Bench(device, rates, args.quick, Path(workdir), cache_dir, log, args.compile)
-        results = {"machine": machine(), "quick": args.quick, "matmul_flops": rates}
+        about = machine() | {"keep_freed_memory": args.keep_freed_memory}
+        results = {"machine": about, "quick": args.quick, "matmul_flops": rates}
         run_all(args, only, precisions, bench, results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -89,4 +89,6 @@ def test_cross_entropy_sum_matches_torch_in_value_and_gradient(dtype):
     (ours * 0.5).backward()
     (ref * 0.5).backward()
     assert ours_in.grad.dtype == dtype
-    assert torch.allclose(ours_in.grad.float(), ref_in.grad.float(), atol=1e-6 if dtype == torch.float32 else 4e-3)
+    assert torch.allclose(
+        ours_in.grad.float(), ref_in.grad.float(), atol=1e-6 if dtype == torch.float32 else 4e-3
+    )
