@@ -1,7 +1,7 @@
-"""Cheaper versions of two training-time operations, computing what torch's would, for the CPU step.
+"""Cheaper versions of three training-time operations, computing what torch's would, for the CPU step.
 
-Profiling the bf16 training step on CPU (benchmarks/RESULTS.md) showed two costs out of proportion
-to their arithmetic:
+Profiling the bf16 training step on CPU (benchmarks/RESULTS.md) showed costs out of proportion to
+their arithmetic:
 - dropout masks: torch draws one random number per element (`bernoulli_`), about 4 ns each, which
   made the masks 17% of the step. `Dropout` here draws 64-bit words and reads four 16-bit uniform
   draws from each, so p is applied at a resolution of 1/65,536 (0.1 becomes 0.100006, and the
@@ -15,7 +15,7 @@ to their arithmetic:
 - attention with dropout: torch's fused CPU attention kernels take no dropout, so
   `scaled_dot_product_attention` falls back to its unfused path; `attention` runs that path
   itself with the cheaper mask.
-All draw from and advance torch's default generator, so seeded runs and exact resume still hold.
+The dropout masks come from torch's default generator, so seeded runs and exact resume still hold.
 """
 
 from __future__ import annotations
