@@ -55,8 +55,7 @@ def pretraining_metrics(
                 batch["attention_mask"],
                 batch["masked_positions"],
             )
-        # float32 logits: held-out metrics take the exact float32 softmax, not the bf16 training one.
-        sums = pretraining_sums(mlm_logits.float(), batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+        sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
         for key, value in sums.items():
             totals[key] = totals.get(key, 0) + value
     model.train(was_training)

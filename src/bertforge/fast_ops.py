@@ -88,18 +88,18 @@ def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
     return _RowChunkedCrossEntropySum.apply(logits, labels)
 
 
-def _row_chunks(logits: Tensor) -> range:
+def _row_slices(logits: Tensor) -> list[slice]:
+    """Slices of (N, C) `logits` rows, each of at most `_CHUNK_ELEMENTS` elements (at least one row)."""
     rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
-    return range(0, logits.shape[0], rows)
+    return [slice(start, start + rows) for start in range(0, logits.shape[0], rows)]
 
 
 class _RowChunkedCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
         log_z = torch.empty(logits.shape[0], dtype=torch.float32)  # (N,) logsumexp of each row
-        step = _row_chunks(logits).step
-        for start in _row_chunks(logits):
-            log_z[start : start + step] = logits[start : start + step].float().logsumexp(-1)
+        for rows in _row_slices(logits):
+            log_z[rows] = logits[rows].float().logsumexp(-1)
         target = logits.gather(-1, labels[:, None]).squeeze(-1).float()  # (N,)
         ctx.save_for_backward(logits, log_z, labels)
         return (log_z - target).sum()
@@ -108,9 +108,7 @@ class _RowChunkedCrossEntropySum(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None]:
         logits, log_z, labels = ctx.saved_tensors
         grad = torch.empty_like(logits)  # (N, C): grad_loss * (softmax - one_hot(label))
-        step = _row_chunks(logits).step
-        for start in _row_chunks(logits):
-            rows = slice(start, start + step)
+        for rows in _row_slices(logits):
             probs = logits[rows].float().sub_(log_z[rows, None]).exp_()
             grad[rows] = probs.mul_(grad_loss)
         grad[torch.arange(labels.numel()), labels] -= grad_loss.to(grad.dtype)
