@@ -248,6 +248,25 @@ def test_resume_without_a_run(tmp_path, capsys):
     )
 
 
+def test_evaluate_an_exported_folder_and_at_another_length(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
+    exported = tmp_path / "hf"
+    assert main(["export", "--model", str(tiny_pretrained_run), "--out", str(exported)]) == 0
+    capsys.readouterr()
+
+    def evaluate(model: Path, *extra: str) -> dict:
+        argv = ["evaluate", "--model", str(model), "--corpus", str(wiki_slice), "--json", "--quiet", *extra]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    ours = evaluate(tiny_pretrained_run)
+    assert evaluate(exported) == pytest.approx(ours, rel=1e-5)
+    assert evaluate(tiny_pretrained_run, "--max-length", "64") == ours  # the run's own length
+    shorter = evaluate(tiny_pretrained_run, "--max-length", "24")
+    assert shorter["mlm_loss"] != pytest.approx(ours["mlm_loss"], rel=1e-4)
+    too_long = ["evaluate", "--model", str(exported), "--corpus", str(wiki_slice), "--max-length", "65"]
+    assert_clean_failure(capsys, too_long, "between 8 and the model's 64 positions")
+
+
 def test_evaluate_a_folder_that_is_not_a_model(tmp_path, capsys, wiki_slice):
     (tmp_path / "empty").mkdir()
     assert_clean_failure(

@@ -13,8 +13,9 @@ import torch
 
 from bertforge.batches import MaskedBatches, pretraining_collator
 from bertforge.cache import cached_shards, default_cache_dir
-from bertforge.checkpoint import load_pretrained
 from bertforge.config import DataConfig
+from bertforge.errors import BertforgeError
+from bertforge.export import load_model
 from bertforge.losses import pretraining_sums, summarize
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device
@@ -69,15 +70,24 @@ def evaluate_model(
     device: str = "auto",
     precision: str = "fp32",
     max_pairs: int | None = None,
+    max_length: int | None = None,
     cache_dir: Path | None = None,
     show_progress: bool = True,
 ) -> dict[str, float]:
-    """Evaluate a saved model (run folder, `final/`, checkpoint) on a corpus with its own tokenizer."""
-    model, tokenizer, config = load_pretrained(model_path)
-    shards = cached_shards(Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress)
+    """Evaluate a saved model (run folder, `final/`, checkpoint, imported or exported folder) on a
+    corpus with its own tokenizer, at its training sequence length unless `max_length` is given."""
+    model, tokenizer, config = load_model(model_path)
     data = config.data
+    if max_length is not None:
+        if not 8 <= max_length <= config.model.max_position_embeddings:
+            raise BertforgeError(
+                f"--max-length must be between 8 and the model's {config.model.max_position_embeddings} "
+                f"positions, got {max_length}"
+            )
+        data.max_seq_length = max_length
     if max_pairs is not None:
         data.eval_max_pairs = max_pairs
+    shards = cached_shards(Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress)
     batches = evaluation_batches(shards, tokenizer, data)
     model.to(resolve_device(device))
     return pretraining_metrics(model, batches, precision)

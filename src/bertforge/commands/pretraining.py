@@ -107,10 +107,18 @@ def add_evaluate_command(commands) -> None:
         description="Evaluate at a fixed 15%% mask with fixed seeds: MLM loss, perplexity, MLM accuracy, "
         "NSP loss and NSP accuracy.",
     )
-    p.add_argument("--model", type=Path, required=True, help="a run folder, its final/ or a checkpoint")
+    p.add_argument(
+        "--model", type=Path, required=True, help="a run folder, final/, checkpoint or exported folder"
+    )
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
     p.add_argument("--max-pairs", type=int, help="evaluate at most this many pairs (default: the model's)")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        help="tokens per pair (default: the model's training length); "
+        "to compare runs trained at different lengths",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -228,6 +236,7 @@ def run_evaluate(args) -> int:
         device=args.device,
         precision=args.precision,
         max_pairs=args.max_pairs,
+        max_length=args.max_length,
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
     )
