@@ -247,6 +247,35 @@ def test_import_a_masked_lm_draws_the_missing_heads(tmp_path, small_tokenizer_di
     assert max_diff(logits[mask.bool()], mlm[mask.bool()]) <= TOL
 
 
+def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):
+    """Google's vocab.txt puts [PAD] at 0 and [UNK] [CLS] [SEP] [MASK] at 100-103, after [unused*]."""
+    tokens = (small_tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    specials, words = tokens[:5], tokens[5:]
+    google = [specials[0], *words[:99], *specials[1:], *words[99:]]
+    torch.manual_seed(3)
+    model = transformers.BertForPreTraining(hf_config(initializer_range=0.2)).eval()
+    source = tmp_path / "google"
+    model.save_pretrained(source)
+    (source / "vocab.txt").write_text("\n".join(google) + "\n", encoding="utf-8")
+    (source / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+
+    import_hf(source, tmp_path / "imported")
+    ours, tokenizer = bertforge.load(tmp_path / "imported")
+    assert tokenizer.special_ids == (0, 100, 101, 102, 103)
+    theirs = transformers.AutoTokenizer.from_pretrained(source)
+    for a, b in [(TEXTS[0], TEXTS[1]), (TEXTS[2], None)]:
+        ids, types = tokenizer.encode_pair(a, b)
+        expected = theirs(a, b)
+        assert ids == expected["input_ids"] and types == expected["token_type_ids"]
+        assert ids[0] == 101 and ids[-1] == 102
+    ids, types, mask = batch(tokenizer)
+    with torch.no_grad():
+        mlm, nsp = ours(ids, types, mask)
+        out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert max_diff(out.prediction_logits[mask.bool()], mlm[mask.bool()]) <= TOL
+    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+
+
 def test_pretraining_starts_from_an_imported_model(tmp_path, hf_pretraining, wiki_slice, capsys):
     from bertforge.cli import main
 
@@ -393,12 +422,12 @@ def test_import_refuses_what_is_not_a_bert(tmp_path, capsys, hf_pretraining, run
     (no_tokenizer / "vocab.txt").unlink()
     refused(no_tokenizer, "neither tokenizer.json nor vocab.txt")
 
-    google_order = broken_copy(tmp_path, folder, "google")
-    (google_order / "tokenizer.json").unlink()
-    tokens = (google_order / "vocab.txt").read_text().splitlines()
-    tokens = tokens[5:] + tokens[:5]  # specials at the end instead of ids 0-4
-    (google_order / "vocab.txt").write_text("\n".join(tokens) + "\n")
-    refused(google_order, "needs [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4")
+    no_mask = broken_copy(tmp_path, folder, "no_mask")
+    (no_mask / "tokenizer.json").unlink()
+    tokens = (no_mask / "vocab.txt").read_text().splitlines()
+    tokens[4] = "[MASK2]"
+    (no_mask / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    refused(no_mask, "the tokenizer lacks [MASK]")
 
     decoder = broken_copy(tmp_path, folder, "decoder")
     edit_config(decoder, is_decoder=True)

@@ -200,5 +200,15 @@ def test_bad_tokenizer_folders(trained, tmp_path):
     google_style.mkdir()
     tokens = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"]
     (google_style / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    with pytest.raises(BertforgeError, match="ids 0-4"):
+    google = load_tokenizer(google_style)  # Google's order: specials at 0 and 100-103
+    assert (google.pad_id, google.unk_id, google.cls_id, google.sep_id, google.mask_id) == (
+        0,
+        100,
+        101,
+        102,
+        103,
+    )
+    assert google.encode_pair("the", "dog") == ([101, 104, 102, 100, 102], [0, 0, 0, 1, 1])
+    (google_style / "vocab.txt").write_text("\n".join(tokens[:-2]) + "\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match="lacks \\[MASK\\]"):
         load_tokenizer(google_style)

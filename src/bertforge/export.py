@@ -11,8 +11,8 @@ Owns:
   `final/`), so pretraining can continue from it (`bertforge pretrain --init`);
 - `load_model`: model, tokenizer and config from either kind of folder (behind `bertforge.load`).
 
-Our tokenizer needs `[PAD] [UNK] [CLS] [SEP] [MASK]` at ids 0-4, so a model whose vocabulary
-puts them elsewhere (Google's original BERT checkpoints use 0 and 100-103) is refused on import.
+Special tokens may sit at any ids (Google's original BERT vocabularies put them at 0 and 100-103);
+a vocabulary without all five of `[PAD] [UNK] [CLS] [SEP] [MASK]` is refused on import.
 """
 
 from __future__ import annotations
@@ -262,11 +262,11 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
         raise BertforgeError(
             f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}; it holds no BERT tokenizer"
         )
-    if ids != list(range(len(SPECIAL_TOKENS))):
-        found = ", ".join(f"{token}={i}" for token, i in zip(SPECIAL_TOKENS, ids, strict=True))
+    missing = [token for token, i in zip(SPECIAL_TOKENS, ids, strict=True) if i is None]
+    if missing:
         raise BertforgeError(
-            f"{src}: the tokenizer has {found}; bertforge's tokenizer needs [PAD] [UNK] [CLS] [SEP] [MASK] "
-            "at ids 0-4, so this model cannot be imported as it is"
+            f"{src}: the tokenizer lacks {' '.join(missing)}; bertforge's BERT needs [PAD] [UNK] [CLS] "
+            "[SEP] [MASK], so this model cannot be imported as it is"
         )
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)

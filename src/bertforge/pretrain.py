@@ -66,6 +66,7 @@ def pretrain(
         else:
             tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir)
         config.model.vocab_size = tokenizer.vocab_size
+        config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
         validate(config)
         data = config.data
         train_shards = cached_shards(

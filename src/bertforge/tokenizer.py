@@ -1,7 +1,8 @@
 """The vocabulary: train a WordPiece or word-level tokenizer on a corpus, save it, load it.
 
 Owns `BertTokenizer`, a thin wrapper over a `tokenizers.Tokenizer` with BERT's special tokens
-`[PAD] [UNK] [CLS] [SEP] [MASK]` at ids 0-4, and the folder layout: `tokenizer.json` (loadable
+`[PAD] [UNK] [CLS] [SEP] [MASK]` (at ids 0-4 in the tokenizers trained here, wherever a loaded
+vocabulary puts them: Google's use 0 and 100-103), and the folder layout: `tokenizer.json` (loadable
 by `transformers.BertTokenizerFast(tokenizer_file=...)`), `vocab.txt` (one token per line in id
 order) and `bertforge_tokenizer.json` (the settings and a fingerprint of `tokenizer.json`).
 """
@@ -28,10 +29,13 @@ VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
 _TRAIN_BATCH = 1000  # sentences per batch handed to the Rust trainer
 _MODEL_KINDS = {"WordPiece": "wordpiece", "WordLevel": "wordlevel"}
+NEEDS_SPECIALS = (
+    "BERT needs [PAD] [UNK] [CLS] [SEP] [MASK] in its vocabulary: train a tokenizer with bertforge"
+)
 
 
 class BertTokenizer:
-    """A `tokenizers.Tokenizer` (`backend`) with BERT's special ids fixed at 0-4."""
+    """A `tokenizers.Tokenizer` (`backend`) with BERT's five special tokens and their ids."""
 
     def __init__(
         self,
@@ -41,14 +45,14 @@ class BertTokenizer:
         min_frequency: int | None = None,
         source: str = "the tokenizer",
     ):
-        _check_special_ids(backend, source)
+        special_ids = _special_ids(backend, source)
         self.backend = backend
         self.kind = kind
         self.lowercase = lowercase
         self.min_frequency = min_frequency
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(len(SPECIAL_TOKENS))
-        self.special_ids = tuple(range(len(SPECIAL_TOKENS)))
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = special_ids
+        self.special_ids = special_ids
         self.fingerprint = _fingerprint(self._json_bytes())
         self._continuation: np.ndarray | None = None
 
@@ -170,12 +174,13 @@ def _new_backend(kind: str, lowercase: bool, vocab: dict[str, int] | None = None
         clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
     )
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    # Added before training so that "[UNK]" in the text (WikiText's <unk>) is not counted as a word.
+    # Added before training so that "[UNK]" in the text (WikiText's <unk>) is not counted as a word;
+    # they take ids 0-4 in an empty vocabulary and keep their ids in a given one.
     backend.add_special_tokens(list(SPECIAL_TOKENS))
     backend.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", SPECIAL_TOKENS.index("[CLS]")), ("[SEP]", SPECIAL_TOKENS.index("[SEP]"))],
+        special_tokens=[(token, backend.token_to_id(token)) for token in ("[CLS]", "[SEP]")],
     )
     return backend
 
@@ -276,6 +281,9 @@ def _read_vocab(path: Path) -> dict[str, int]:
         raise BertforgeError(
             f"{path} has blank or repeated lines; a vocab.txt holds one distinct token per line"
         )
+    missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+    if missing:
+        raise BertforgeError(f"{path} lacks {' '.join(missing)}; {NEEDS_SPECIALS}")
     return vocab
 
 
@@ -293,14 +301,17 @@ def _normalizer_lowercase(described: dict) -> bool:
     return bool(normalizer.get("lowercase", True))
 
 
-def _check_special_ids(backend: Tokenizer, source: str) -> None:
+def _special_ids(backend: Tokenizer, source: str) -> tuple[int, ...]:
+    """The ids of `SPECIAL_TOKENS`, in that order; each must be in the vocabulary once."""
     found = {token: backend.token_to_id(token) for token in SPECIAL_TOKENS}
-    if list(found.values()) != list(range(len(SPECIAL_TOKENS))):
-        wrong = ", ".join(f"{token}={i}" for token, i in found.items())
-        raise BertforgeError(
-            f"{source} has special tokens at {wrong}; bertforge needs [PAD] [UNK] [CLS] [SEP] [MASK] at "
-            "ids 0-4: train a tokenizer with bertforge or reorder the vocabulary"
-        )
+    missing = [token for token, i in found.items() if i is None]
+    if missing:
+        raise BertforgeError(f"{source} lacks {' '.join(missing)}; {NEEDS_SPECIALS}")
+    ids = tuple(found.values())
+    if len(set(ids)) != len(ids):
+        shared = ", ".join(f"{token}={i}" for token, i in found.items())
+        raise BertforgeError(f"{source} gives two special tokens one id ({shared}); {NEEDS_SPECIALS}")
+    return ids
 
 
 def _fingerprint(data: bytes) -> str:
