@@ -139,3 +139,19 @@ def test_failed_preparation_leaves_nothing_behind(tokenizer, tmp_path):
     with pytest.raises(BertforgeError, match="does not exist"):
         prepare_shards(tmp_path / "missing.txt", tokenizer, tmp_path / "shards", show_progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["docs.jsonl"]
+
+
+def test_the_cache_reuses_shards_of_the_same_text_and_tokenizer(tokenizer, tmp_path):
+    from bertforge.cache import cached_shards
+
+    corpus = tmp_path / "valid.tokens"
+    shutil.copyfile(VALID, corpus)
+    first = cached_shards(corpus, tokenizer, "auto", tmp_path / "cache", show_progress=False)
+    assert first.meta["source"]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    written = (first.path / "meta.json").stat().st_mtime_ns
+    again = cached_shards(corpus, tokenizer, "auto", tmp_path / "cache", show_progress=False)
+    assert again.path == first.path and (again.path / "meta.json").stat().st_mtime_ns == written
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(" = Extra = \n\n one more line .\n")
+    changed = cached_shards(corpus, tokenizer, "auto", tmp_path / "cache", show_progress=False)
+    assert changed.path != first.path and changed.num_tokens > first.num_tokens

@@ -64,8 +64,9 @@ def cached_shards(
 ) -> TokenShards:
     """Tokenize the corpus into shards unless shards of the same text and tokenizer are cached."""
     fmt = resolved_format(corpus, format)
-    key = _key(content_hash(corpus), tokenizer.fingerprint, fmt)
+    corpus_sha256 = content_hash(corpus)
+    key = _key(corpus_sha256, tokenizer.fingerprint, fmt)
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
-        prepare_shards(corpus, tokenizer, folder, format=fmt, show_progress=show_progress)
+        prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256)
     return TokenShards.open(folder)

@@ -54,8 +54,12 @@ def prepare_shards(
     out_dir: str | Path,
     format: str = "auto",
     show_progress: bool = True,
+    corpus_sha256: str | None = None,
 ) -> dict:
-    """Tokenize `corpus` into a shard folder at `out_dir` and return its meta.json content."""
+    """Tokenize `corpus` into a shard folder at `out_dir` and return its meta.json content.
+
+    `corpus_sha256`: the corpus hash when the caller already has it (the cache does), to save a pass.
+    """
     corpus = Path(corpus)
     corpus_format = resolve_format(corpus, format)  # checks the file and the format name first
     dtype = token_dtype(tokenizer.vocab_size)
@@ -84,7 +88,7 @@ def prepare_shards(
             "source": {
                 "path": str(corpus.resolve()),
                 "bytes": corpus.stat().st_size,
-                "sha256": file_sha256(corpus),
+                "sha256": corpus_sha256 or file_sha256(corpus),
             },
             "corpus_format": corpus_format,
         }
