@@ -427,7 +427,7 @@ def test_import_refuses_what_is_not_a_bert(tmp_path, capsys, hf_pretraining, run
     tokens = (no_mask / "vocab.txt").read_text().splitlines()
     tokens[4] = "[MASK2]"
     (no_mask / "vocab.txt").write_text("\n".join(tokens) + "\n")
-    refused(no_mask, "the tokenizer lacks [MASK]")
+    refused(no_mask, "no_mask/vocab.txt lacks [MASK]")
 
     decoder = broken_copy(tmp_path, folder, "decoder")
     edit_config(decoder, is_decoder=True)

@@ -255,18 +255,9 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
             backend = Tokenizer.from_file(str(src / TOKENIZER_FILE))
         except Exception as error:  # the Rust side raises a bare Exception for any parse problem
             raise BertforgeError(f"{src / TOKENIZER_FILE} is not a valid tokenizer file ({error})") from None
-        ids = [backend.token_to_id(token) for token in SPECIAL_TOKENS]
-    elif (src / VOCAB_FILE).is_file():
-        ids = special_ids_in_vocab(src / VOCAB_FILE)
-    else:
+    elif not (src / VOCAB_FILE).is_file():
         raise BertforgeError(
             f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}; it holds no BERT tokenizer"
-        )
-    missing = [token for token, i in zip(SPECIAL_TOKENS, ids, strict=True) if i is None]
-    if missing:
-        raise BertforgeError(
-            f"{src}: the tokenizer lacks {' '.join(missing)}; bertforge's BERT needs [PAD] [UNK] [CLS] "
-            "[SEP] [MASK], so this model cannot be imported as it is"
         )
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
@@ -284,15 +275,6 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
             return load_tokenizer_folder(staged)
         except BertforgeError as error:
             raise BertforgeError(str(error).replace(str(staged), str(src))) from None
-
-
-def special_ids_in_vocab(path: Path) -> list[int | None]:
-    try:
-        tokens = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise BertforgeError(f"{path} is not UTF-8 text; a vocab.txt holds one token per line") from None
-    index = {token: i for i, token in reversed(list(enumerate(tokens)))}
-    return [index.get(token) for token in SPECIAL_TOKENS]
 
 
 def hf_lowercase(src: Path) -> bool:
