@@ -281,6 +281,8 @@ def _read_vocab(path: Path) -> dict[str, int]:
         raise BertforgeError(
             f"{path} has blank or repeated lines; a vocab.txt holds one distinct token per line"
         )
+    # Checked here, not only in BertTokenizer: _new_backend would append a missing special token
+    # at the end of the vocabulary, silently changing its size.
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:
         raise BertforgeError(f"{path} lacks {' '.join(missing)}; {NEEDS_SPECIALS}")
