@@ -96,13 +96,14 @@ def tiny_config(corpus: Path | None = None, valid: Path | None = None, **train) 
     config.tokenizer.vocab_size = 2000
     config.data.max_seq_length = 64
     config.data.eval_max_pairs = 64
-    config.data.corpus = str(corpus) if corpus else ""
+    config.data.corpus = [str(corpus)] if corpus else []
     config.data.valid = str(valid) if valid else ""
     config.train.batch_size = 8
     config.train.max_steps = 8
     config.train.eval_every = 4
     config.train.log_every = 1
     config.train.learning_rate = 1e-3
+    config.runtime.precision = "fp32"  # the same arithmetic on every machine; "auto" has its own tests
     for key, value in train.items():
         setattr(config.train, key, value)
     return config

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -145,7 +147,9 @@ def test_end_to_end_from_raw_text(tmp_path, wiki_slice, wiki_valid_slice):
     )
     assert evaluation.returncode == 0, evaluation.stderr
     metrics = json.loads(evaluation.stdout)
-    assert set(metrics) == {"mlm_loss", "perplexity", "mlm_accuracy", "nsp_loss", "nsp_accuracy"}
+    metric_names = {"mlm_loss", "perplexity", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "unigram_entropy"}
+    assert set(metrics) == metric_names
+    assert 3.0 < metrics["unigram_entropy"] < math.log(2000)  # a 2,000-piece vocabulary, far from uniform
     last_valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert metrics["mlm_loss"] == pytest.approx(last_valid["mlm_loss"], rel=1e-5)
 
@@ -286,3 +290,77 @@ def test_output_that_is_a_file_or_a_full_folder(tmp_path, capsys, wiki_slice, sm
     }[command]
     assert_clean_failure(capsys, [*argv, "--out", str(taken)], "not an empty folder")
     assert taken.read_text() == "not a folder"
+
+
+def write_parquet(path: Path, columns: dict) -> Path:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_pretrain_on_several_corpora_then_resume(tmp_path, capsys, wiki_slice):
+    """WikiText plus a folder of task text (gzipped lines and a Parquet column): all feed the tokenizer."""
+    extra = tmp_path / "task"
+    extra.mkdir()
+    reviews = "".join(f"The zorblax film number {i} was great. I liked it.\n\n" for i in range(300))
+    (extra / "reviews.txt.gz").write_bytes(gzip.compress(reviews.encode()))
+    bodies = [f"A quuxle story, part {i}. It ends well." for i in range(300)]
+    write_parquet(extra / "stories.parquet", {"label": list(range(300)), "body": bodies})
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    common = ["--cache-dir", str(cache), *TINY]
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--corpus", str(extra), "--text-column", "body"]
+    assert main([*argv, "--out", str(run), "--max-steps", "2", *common]) == 0
+    data = json.loads((run / "config.json").read_text())["data"]
+    assert data["corpus"] == [str(wiki_slice), str(extra)] and data["text_column"] == "body"
+    vocabulary = set((run / "tokenizer" / "vocab.txt").read_text().split())
+    assert {"zorblax", "quuxle"} <= vocabulary  # the tokenizer saw the gzip and Parquet files
+    assert len(list((cache / "shards").iterdir())) == 3  # one shard folder per file
+    capsys.readouterr()
+    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "3", *common]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+
+
+def bad_second_corpus(tmp_path: Path, case: str) -> str:
+    if case == "corrupt gzip":
+        text = "".join(f"Line {i} of a long text. It goes on.\n\n" for i in range(3000)).encode()
+        (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(text)[:4000])
+        return str(tmp_path / "cut.txt.gz")
+    if case == "parquet without the column":
+        return str(write_parquet(tmp_path / "docs.parquet", {"body": ["One.", "Two."]}))
+    if case == "empty file":
+        (tmp_path / "empty.txt").write_text("")
+        return str(tmp_path / "empty.txt")
+    return str(tmp_path / {"missing file": "missing.txt", "empty glob": "*.md"}[case])
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing file", "missing.txt does not exist"),
+        ("empty glob", "*.md' matches no file"),
+        ("empty file", "empty.txt is empty"),
+        ("corrupt gzip", "cut.txt.gz is not a readable gzip file"),
+        ("parquet without the column", "has no column 'text'; its columns are: body"),
+    ],
+)
+def test_a_bad_second_corpus_fails_cleanly(tmp_path, capsys, wiki_slice, case, message):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--corpus", bad_second_corpus(tmp_path, case)]
+    assert_clean_failure(capsys, [*argv, "--out", str(run), "--cache-dir", str(cache), *TINY], message)
+    assert not run.exists()
+    assert not [path for path in cache.rglob("*") if path.is_file()]  # no tokenizer, no shards
+
+
+def test_a_run_whose_config_holds_one_corpus_string_resumes(
+    tmp_path, capsys, tiny_pretrained_run, wiki_slice
+):
+    """config.json files written before data.corpus became a list hold a single string."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    saved = json.loads((run / "config.json").read_text())
+    saved["data"]["corpus"] = str(wiki_slice)
+    (run / "config.json").write_text(json.dumps(saved))
+    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"]) == 0
+    assert "trained 4 steps" in capsys.readouterr().out

@@ -1,11 +1,14 @@
 """Corpus readers, format detection, sentence splitting and input errors."""
 
+import gzip
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from bertforge.corpus import detect_format, read_documents, split_sentences
+from bertforge.corpus import detect_format, read_documents, resolve_corpus_files, split_sentences
 from bertforge.errors import BertforgeError
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
@@ -149,3 +152,134 @@ def test_unknown_format(tmp_path):
     path = write(tmp_path / "x.txt", "Hello.\n")
     message = error_message(path, "csv")
     assert "unknown corpus format 'csv'" in message and "wikitext" in message
+
+
+def gzipped(path: Path) -> Path:
+    target = path.with_name(path.name + ".gz")
+    target.write_bytes(gzip.compress(path.read_bytes()))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "format"),
+    [
+        ("tiny.tokens", " = First = \n \n One @-@ two . Three .\n \n = Second = \n \n Last .\n", "wikitext"),
+        ("plain.txt", "\ufeffFirst doc. Second sentence.\n\nNext doc.\n", "text"),
+        ("docs.jsonl", '{"text": "One. Two."}\n{"text": "Three."}\n', "jsonl"),
+    ],
+)
+def test_gzip_reads_like_the_plain_file(tmp_path, name, text, format):
+    plain = write(tmp_path / name, text)
+    packed = gzipped(plain)
+    assert detect_format(packed) == detect_format(plain) == format
+    seen = []
+    assert list(read_documents(packed, on_progress=seen.append)) == list(read_documents(plain))
+    assert sum(seen) == packed.stat().st_size  # progress counts the compressed bytes
+
+
+def test_corrupt_or_fake_gzip_and_undecodable_gzipped_text(tmp_path):
+    lines = "".join(f"Sentence number {i} is here. It has a twin {i * 7}.\n\n" for i in range(3000))
+    whole = gzip.compress(lines.encode())
+    truncated = tmp_path / "cut.txt.gz"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    assert detect_format(truncated) == "text"  # the first lines are intact
+    assert "is not a readable gzip file" in error_message(truncated)
+    fake = write(tmp_path / "fake.txt.gz", "plain text, not compressed\n")
+    assert "not a readable gzip file (Not a gzipped file" in error_message(fake)
+    latin1 = tmp_path / "latin1.txt.gz"
+    latin1.write_bytes(gzip.compress(b"fine\ncaf\xe9\n"))
+    assert "line 2" in error_message(latin1) and "UTF-8" in error_message(latin1)
+    empty = tmp_path / "empty.txt.gz"
+    empty.write_bytes(gzip.compress(b""))
+    assert "no text" in error_message(empty)
+
+
+def write_parquet(path: Path, columns: dict, row_group_size: int | None = None) -> Path:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return path
+
+
+def test_parquet_reader_reads_one_document_per_row_in_batches(tmp_path):
+    bodies = ["One. Two.\nA new paragraph", None, "   ", "Third doc."] + [
+        f"Row {i}. Ends." for i in range(3000)
+    ]
+    path = write_parquet(
+        tmp_path / "docs.parquet", {"id": list(range(len(bodies))), "body": bodies}, row_group_size=700
+    )
+    assert detect_format(path) == "parquet"
+    seen = []
+    documents = list(read_documents(path, text_column="body", on_progress=seen.append))
+    assert documents[:2] == [["One.", "Two.", "A new paragraph"], ["Third doc."]]
+    assert documents[-1] == ["Row 2999.", "Ends."] and len(documents) == 3002
+    assert sum(seen) == path.stat().st_size
+    assert list(read_documents(path, "parquet", text_column="body")) == documents
+
+
+def test_parquet_errors(tmp_path, monkeypatch):
+    path = write_parquet(tmp_path / "docs.parquet", {"id": [1, 2], "body": ["A.", "B."]})
+    message = error_message(path)  # the default column, "text", is not there
+    assert "has no column 'text'" in message and "id, body" in message and "--text-column" in message
+    with pytest.raises(BertforgeError, match="column 'id' holds int64, not text"):
+        read_documents(path, text_column="id")
+    assert "is a Parquet file but the corpus format is 'text'" in error_message(path, "text")
+    fake = write(tmp_path / "fake.parquet", "not parquet\n")
+    with pytest.raises(BertforgeError, match="fake.parquet is not a readable Parquet file"):
+        read_documents(fake)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(
+        BertforgeError, match=r"needs pyarrow; install it with `pip install 'bertforge\[parquet\]'`"
+    ):
+        read_documents(path, text_column="body")
+
+
+def test_jsonl_reads_the_text_column(tmp_path):
+    path = write(tmp_path / "docs.jsonl", '{"body": "One. Two."}\n{"body": "Three."}\n')
+    assert list(read_documents(path, text_column="body")) == [["One.", "Two."], ["Three."]]
+    assert 'no string "text" field' in error_message(path)
+
+
+def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in (
+        "data/b.txt",
+        "data/a.txt.gz",
+        "data/sub/c.jsonl",
+        "data/.hidden",
+        "data/.git/x",
+        "solo.txt",
+    ):
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        write(Path(name), "Some text.\n")
+    expected = [Path("data/a.txt.gz"), Path("data/b.txt"), Path("data/sub/c.jsonl")]
+    assert resolve_corpus_files("data") == expected
+    assert resolve_corpus_files(["solo.txt", "data/*.txt", "data", "./data/b.txt"]) == [
+        *expected,
+        Path("solo.txt"),
+    ]
+    assert resolve_corpus_files(["data/**/*.jsonl"]) == [Path("data/sub/c.jsonl")]
+    assert resolve_corpus_files(["data/s*"]) == [Path("data/sub/c.jsonl")]  # a matched folder is expanded
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        (["data/*.csv"], "corpus pattern 'data/*.csv' matches no file"),
+        (["empty"], "corpus folder empty holds no files"),
+        (["solo.txt", "missing.txt"], "corpus file missing.txt does not exist"),
+        (["blank.txt"], "corpus file blank.txt is empty"),
+        ([], "no corpus file given"),
+        ("", "no corpus file given"),
+    ],
+)
+def test_corpus_specs_that_name_no_file(tmp_path, monkeypatch, specs, message):
+    monkeypatch.chdir(tmp_path)
+    Path("data").mkdir()
+    Path("empty").mkdir()
+    write(Path("solo.txt"), "Text.\n")
+    write(Path("blank.txt"), "")
+    with pytest.raises(BertforgeError, match=re.escape(message)):
+        resolve_corpus_files(specs)

@@ -1,9 +1,11 @@
-"""Fine-tuning: the classifier's Hugging Face parity, learning a toy task, seeds, --from-scratch, resume."""
+"""Fine-tuning: the classifier's Hugging Face parity, learning a toy task, seeds, --from-scratch, resume,
+and the comparison of a pretrained arm with a from-scratch one."""
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,18 +14,23 @@ from conftest import HF_TINY_SIZES
 
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify, load_classifier, load_encoder
+from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
+from bertforge.errors import BertforgeError
 from bertforge.finetune import (
     EpochEvaluator,
     FinetuneTask,
+    Job,
     build_classifier,
     encode,
     finetune,
     finetuning_config,
+    read_task,
     scores,
 )
 from bertforge.labeled import read_labeled
 from bertforge.model import BertForSequenceClassification
+from bertforge.train import train
 
 transformers = pytest.importorskip("transformers")
 
@@ -284,8 +291,6 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_run(
     assert (tmp_path / "cut" / "checkpoints").is_dir() and not (tmp_path / "cut" / "final").exists()
     monkeypatch.setattr(EpochEvaluator, "__call__", original)
 
-    from bertforge.finetune import read_task
-
     finetune(*read_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert read_lines(full, "valid") == read_lines(cut, "valid")
@@ -296,3 +301,119 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_run(
         read_weights(cut / "final" / "model.safetensors"),
     )
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_best_epoch_predictions_are_saved_per_validation_example(tmp_path, tiny_pretrained_run, toy):
+    summary = finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=2), toy_config(), tmp_path / "run", show_progress=False
+    )
+    run, saved = summary["runs"][0], json.loads((tmp_path / "run" / "valid_predictions.json").read_text())
+    assert saved["epoch"] == run["best_epoch"] and saved["labels"] == ["music", "war"]
+    assert saved["true"] == [i % 2 for i in range(30)]  # the validation file's labels, in its order
+    correct = [p == t for p, t in zip(saved["predicted"], saved["true"], strict=True)]
+    assert sum(correct) / len(correct) == pytest.approx(run["best"]["accuracy"])
+    assert (
+        sum(p == 1 and t == 0 for p, t in zip(saved["predicted"], saved["true"], strict=True))
+        == (run["confusion"][0][1])
+    )
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+
+TWO_SEEDS = "ignore:2 seeds support no claim"
+
+
+def test_compare_with_scratch_pairs_the_arms_seed_by_seed(tmp_path, tiny_pretrained_run, toy):
+    task, out = toy_task(tiny_pretrained_run, toy, epochs=1, seeds=[1, 2]), tmp_path / "cmp"
+    with pytest.warns(UserWarning, match="use 5 or more"):
+        comparison = compare_with_scratch(task, toy_config(), out, show_progress=False)
+    assert json.loads((out / "finetune.json").read_text())["task"]["compare_scratch"] is True
+    assert json.loads((out / "comparison.json").read_text()) == json.loads(json.dumps(comparison))
+
+    accuracies = {}
+    for arm in ("pretrained", "scratch"):
+        assert json.loads((out / arm / "summary.json").read_text())["seeds"] == [1, 2]
+        for seed in (1, 2):
+            assert (out / arm / f"seed_{seed}" / "final").is_dir()
+            result = json.loads((out / arm / f"seed_{seed}" / "result.json").read_text())
+            accuracies[arm, seed] = result["best"]["accuracy"]
+    differences = [accuracies["pretrained", s] - accuracies["scratch", s] for s in (1, 2)]
+    assert comparison["pairs"] == [
+        {
+            "seed": s,
+            "pretrained": accuracies["pretrained", s],
+            "scratch": accuracies["scratch", s],
+            "difference": d,
+        }
+        for s, d in zip((1, 2), differences, strict=True)
+    ]
+    assert comparison["difference"]["median"] == pytest.approx(statistics.median(differences))
+    assert comparison["scratch"]["min"] == min(accuracies["scratch", s] for s in (1, 2))
+    assert comparison["bootstrap"]["gain"] == pytest.approx(sum(differences) / 2)
+    assert comparison["bootstrap"]["examples"] == 30 and 0 < comparison["bootstrap"]["p_value"] <= 1
+    sign = comparison["sign_test"]
+    assert sign["wins"] + sign["losses"] + sign["ties"] == 2 and sign["p_value"] in (0.5, 1.0)
+
+    config = toy_config()  # the scratch arm is exactly a --from-scratch run with the same seed
+    config.runtime.seed = 2
+    alone = tmp_path / "alone"
+    finetune(
+        toy_task(tiny_pretrained_run, toy, epochs=1, from_scratch=True), config, alone, show_progress=False
+    )
+    assert read_lines(alone, "valid") == read_lines(out / "scratch" / "seed_2", "valid")
+    assert read_lines(out / "pretrained" / "seed_2", "valid") != read_lines(alone, "valid")
+
+
+@pytest.mark.filterwarnings(TWO_SEEDS)
+def test_an_interrupted_comparison_resumes_without_running_finished_seeds_again(
+    tmp_path, tiny_pretrained_run, toy, monkeypatch
+):
+    task, out = toy_task(tiny_pretrained_run, toy, epochs=1, seeds=[1, 2]), tmp_path / "cmp"
+    original = Job.run
+
+    def interrupted(self, seed, run_dir, from_scratch):
+        if seed == 2 and from_scratch:
+            raise KeyboardInterrupt
+        return original(self, seed, run_dir, from_scratch)
+
+    monkeypatch.setattr(Job, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        compare_with_scratch(task, toy_config(), out, show_progress=False)
+    assert (out / "pretrained" / "seed_2" / "result.json").is_file() and not (
+        out / "scratch" / "seed_2"
+    ).exists()
+    assert not (out / "comparison.json").exists()
+    finished = {path: path.stat().st_mtime_ns for path in out.glob("*/seed_*/result.json")}
+    assert len(finished) == 3
+
+    monkeypatch.setattr(Job, "run", original)
+    trained = []
+
+    def counted(objective, config, run_dir, **kwargs):
+        trained.append(run_dir)
+        return train(objective, config, run_dir, **kwargs)
+
+    monkeypatch.setattr("bertforge.finetune.train", counted)
+    comparison = compare_with_scratch(*read_task(out), out, resume=True, show_progress=False)
+    assert trained == [out / "scratch" / "seed_2"]
+    assert {path: path.stat().st_mtime_ns for path in finished} == finished
+    assert [pair["seed"] for pair in comparison["pairs"]] == [1, 2]
+
+
+def test_compare_with_scratch_refuses_bad_combinations(tmp_path, tiny_pretrained_run, toy):
+    for overrides, message in (
+        (dict(seeds=[1, 2], from_scratch=True), "drop --from-scratch"),
+        (dict(seeds=[1]), "at least 2 seeds"),
+        (dict(seeds=None), "at least 2 seeds"),
+    ):
+        with pytest.raises(BertforgeError, match=message):
+            compare_with_scratch(
+                toy_task(tiny_pretrained_run, toy, **overrides), toy_config(), tmp_path / "c"
+            )
+    with pytest.raises(BertforgeError, match="compare_with_scratch"):
+        finetune(
+            toy_task(tiny_pretrained_run, toy, seeds=[1, 2], compare_scratch=True),
+            toy_config(),
+            tmp_path / "c",
+        )
+    assert not (tmp_path / "c").exists()

@@ -1,4 +1,5 @@
-"""`bertforge finetune` and `bertforge classify`: help, an end-to-end run, export parity, bad input."""
+"""`bertforge finetune` and `bertforge classify`: help, an end-to-end run, export parity, the comparison
+with a from-scratch arm, bad input."""
 
 from __future__ import annotations
 
@@ -85,7 +86,11 @@ def test_help_lists_the_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "finetune" in out and "classify" in out
-    for argv, flag in ((["finetune", "--help"], "--from-scratch"), (["classify", "--help"], "--json")):
+    for argv, flag in (
+        (["finetune", "--help"], "--from-scratch"),
+        (["finetune", "--help"], "--compare-scratch"),
+        (["classify", "--help"], "--json"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0 and flag in capsys.readouterr().out
@@ -164,6 +169,65 @@ def test_from_scratch_flag(tmp_path, tiny_pretrained_run, data):
     out = tmp_path / "scratch"
     assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--from-scratch")) == 0
     assert json.loads((out / "finetune.json").read_text())["task"]["from_scratch"] is True
+
+
+def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, tiny_pretrained_run, data):
+    out = tmp_path / "cmp"
+    argv = finetune_argv(
+        tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2", "--compare-scratch"
+    )
+    with pytest.warns(UserWarning, match="2 seeds support no claim"):
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert {"seeds", "pairs", "pretrained", "scratch", "difference", "sign_test", "bootstrap"} <= set(
+        comparison
+    )
+    for arm in ("pretrained", "scratch"):
+        assert json.loads((out / arm / "summary.json").read_text())["seeds"] == [1, 2]
+        for name in ("result.json", "valid_predictions.json", "final"):
+            assert (out / arm / "seed_1" / name).exists() and (out / arm / "seed_2" / name).exists()
+
+    rows = {line.split()[0]: line.split()[1:] for line in printed.splitlines() if line.strip()}
+    assert rows["seed"] == ["pretrained", "scratch", "difference"]
+    first = comparison["pairs"][0]
+    assert rows["1"] == [
+        f"{first['pretrained']:.4f}",
+        f"{first['scratch']:.4f}",
+        f"{first['difference']:+.4f}",
+    ]
+    assert rows["median"][2] == f"{comparison['difference']['median']:+.4f}"
+    assert rows["range"][:3] == [
+        f"{comparison['pretrained']['min']:.4f}",
+        "to",
+        f"{comparison['pretrained']['max']:.4f}",
+    ]
+    assert f"p = {comparison['sign_test']['p_value']:.4f}" in printed
+    assert "paired bootstrap over 16 validation examples (10,000 resamples)" in printed
+    assert "95% interval" in printed and "use 5 or more" in printed
+
+    with pytest.warns(UserWarning):
+        assert main(["finetune", "--out", str(out), "--resume", "--quiet"]) == 0  # nothing left to run
+    table = printed[printed.index("\nseed") :]
+    assert capsys.readouterr().out.endswith(table)
+    assert_clean_failure(
+        capsys, ["finetune", "--out", str(out), "--resume", "--compare-scratch"], "drop --compare-scratch"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--seeds", "1,2", "--compare-scratch", "--from-scratch"), "drop --from-scratch"),
+        (("--seeds", "1", "--compare-scratch"), "at least 2 seeds"),
+        (("--compare-scratch",), "needs --seeds"),
+    ],
+)
+def test_compare_scratch_refuses_bad_combinations(
+    tmp_path, capsys, tiny_pretrained_run, data, extra, message
+):
+    assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, tmp_path / "out", *extra), message)
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -1,5 +1,6 @@
 """Token shard preparation, reopening, and the checks that catch damaged folders."""
 
+import gzip
 import hashlib
 import json
 import shutil
@@ -11,7 +12,7 @@ import pytest
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import read_documents
 from bertforge.errors import BertforgeError
-from bertforge.shards import TokenShards, file_sha256, prepare_shards, token_dtype
+from bertforge.shards import ShardSet, TokenShards, concat_shards, file_sha256, prepare_shards, token_dtype
 from bertforge.tokenizer import BertTokenizer, train_tokenizer
 
 VALID = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.valid.tokens"
@@ -155,3 +156,94 @@ def test_the_cache_reuses_shards_of_the_same_text_and_tokenizer(tokenizer, tmp_p
         handle.write(" = Extra = \n\n one more line .\n")
     changed = cached_shards(corpus, tokenizer, "auto", tmp_path / "cache", show_progress=False)
     assert changed.path != first.path and changed.num_tokens > first.num_tokens
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tokenizer, prepared, tmp_path_factory) -> tuple[TokenShards, TokenShards]:
+    """A small corpus (the first articles of the validation text) and the whole validation text."""
+    folder = tmp_path_factory.mktemp("two")
+    small = folder / "small.tokens"
+    small.write_text(
+        "".join(VALID.read_text(encoding="utf-8").splitlines(keepends=True)[:400]), encoding="utf-8"
+    )
+    prepare_shards(small, tokenizer, folder / "small", show_progress=False)
+    return TokenShards.open(folder / "small"), TokenShards.open(prepared[1])
+
+
+def test_a_shard_set_holds_the_documents_of_each_folder_in_turn(two_corpora):
+    small, large = two_corpora
+    shards = concat_shards([small, large])
+    assert isinstance(shards, ShardSet) and concat_shards([large]) is large
+    assert shards.num_documents == small.num_documents + large.num_documents
+    assert shards.num_sentences == small.num_sentences + large.num_sentences
+    assert shards.num_tokens == len(shards.tokens) == small.num_tokens + large.num_tokens
+    assert (shards.vocab_size, shards.tokenizer_fingerprint) == (
+        large.vocab_size,
+        large.tokenizer_fingerprint,
+    )
+    for d in range(shards.num_documents):
+        part, index = (small, d) if d < small.num_documents else (large, d - small.num_documents)
+        assert [ids.tolist() for ids in shards.document(d)] == [ids.tolist() for ids in part.document(index)]
+    flat = np.concatenate([small.tokens, large.tokens])
+    for start, stop in (
+        (0, 5),
+        (small.num_tokens - 3, small.num_tokens + 4),
+        (len(flat) - 2, len(flat)),
+        (7, 7),
+    ):
+        assert shards.tokens[start:stop].tolist() == flat[start:stop].tolist()
+    assert shards.tokens[small.num_tokens : small.num_tokens + 3].base is not None  # a view, not a copy
+    assert (np.diff(shards.sentence_offsets) > 0).all() and (np.diff(shards.document_offsets) > 0).all()
+
+
+def test_pairs_over_a_shard_set_come_from_each_corpus_by_size(two_corpora, tokenizer):
+    from bertforge.pairs import PairDataset, build_pairs
+
+    small, large = two_corpora
+    shards = concat_shards([small, large])
+    flat = np.concatenate([small.tokens, large.tokens])
+    for nsp in (True, False):
+        pairs = build_pairs(shards, 64, 0.1, nsp, seed=3, epoch=0)
+        from_small = float(np.mean(pairs[:, 1] <= small.num_tokens))
+        assert from_small == pytest.approx(small.num_tokens / shards.num_tokens, rel=0.2), nsp
+        examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
+        for row in (0, 1, len(pairs) - 1):
+            a_start, a_end = pairs[row, :2]
+            assert (
+                examples[row]["input_ids"][1 : 1 + a_end - a_start].tolist() == flat[a_start:a_end].tolist()
+            )
+
+
+def test_a_shard_set_refuses_folders_of_different_tokenizers(two_corpora, tmp_path):
+    small, large = two_corpora
+    other = TokenShards.open(small.path)
+    other.meta = {**other.meta, "tokenizer_fingerprint": "another"}
+    with pytest.raises(BertforgeError, match="different tokenizers"):
+        concat_shards([large, other])
+
+
+def test_gzip_and_parquet_shards_match_the_plain_text(tokenizer, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from bertforge.cache import cached_shards
+
+    texts = ["The lobster is blue. It turns red.", "A second document.\nWith a second paragraph."]
+    plain = tmp_path / "docs.jsonl"
+    plain.write_text("".join(json.dumps({"body": text}) + "\n" for text in texts), encoding="utf-8")
+    packed = tmp_path / "docs.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    table = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": texts}), table)
+    made = [
+        cached_shards(path, tokenizer, "auto", tmp_path / "cache", False, "body")
+        for path in (plain, packed, table)
+    ]
+    assert [shards.meta["corpus_format"] for shards in made] == ["jsonl", "jsonl", "parquet"]
+    assert made[2].meta["text_column"] == "body"
+    for shards in made:
+        assert shards.tokens.tolist() == made[0].tokens.tolist()
+        assert shards.document_offsets.tolist() == made[0].document_offsets.tolist() == [0, 2, 4]
+    with pytest.raises(BertforgeError, match="no column 'text'"):
+        cached_shards(table, tokenizer, "auto", tmp_path / "cache", False)
+    assert len(list((tmp_path / "cache" / "shards").iterdir())) == 3  # the failed one left nothing

@@ -1,8 +1,10 @@
 """Content-addressed cache of trained tokenizers and prepared token shards.
 
 A key is a hash of what determines the result (corpus bytes, tokenizer settings or fingerprint,
-corpus format), so re-running on the same text reuses the work and changed text never hits a stale
-entry. The cache lives in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`.
+corpus format, and a text column other than "text" for jsonl and Parquet files), so re-running on
+the same text reuses the work and changed text never hits a stale entry. Shards are kept per
+corpus file: a run on several files reuses those of any file it has seen before. The cache lives
+in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import TokenizerConfig
-from bertforge.corpus import detect_format
+from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.shards import TokenShards, file_sha256, prepare_shards
 from bertforge.tokenizer import BertTokenizer, load_tokenizer, train_tokenizer
@@ -43,30 +45,43 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def resolved_format(path: Path, format: str) -> str:
-    return detect_format(path) if format == "auto" else format
+def _column_part(formats: list[str], text_column: str) -> list[str]:
+    """The text column as a key part when it matters; empty for the default, so older keys still hit."""
+    uses_column = any(fmt in COLUMN_FORMATS for fmt in formats)
+    return [text_column] if uses_column and text_column != DEFAULT_TEXT_COLUMN else []
 
 
 def cached_tokenizer(
-    corpus_files: list[Path], config: TokenizerConfig, format: str, cache_dir: Path
+    corpus_files: list[Path],
+    config: TokenizerConfig,
+    format: str,
+    cache_dir: Path,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> BertTokenizer:
-    """Train a tokenizer on the corpus unless one with the same inputs is cached."""
-    formats = [resolved_format(f, format) for f in corpus_files]
-    key = _key([content_hash(f) for f in corpus_files], asdict(config), formats)
+    """Train a tokenizer on all the corpus files unless one with the same inputs is cached."""
+    formats = [resolve_format(f, format) for f in corpus_files]
+    key = _key(
+        [content_hash(f) for f in corpus_files], asdict(config), formats, *_column_part(formats, text_column)
+    )
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer(folder)
-    return train_tokenizer(list(corpus_files), config, folder, format=format)
+    return train_tokenizer(list(corpus_files), config, folder, format=format, text_column=text_column)
 
 
 def cached_shards(
-    corpus: Path, tokenizer: BertTokenizer, format: str, cache_dir: Path, show_progress: bool = True
+    corpus: Path,
+    tokenizer: BertTokenizer,
+    format: str,
+    cache_dir: Path,
+    show_progress: bool = True,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> TokenShards:
-    """Tokenize the corpus into shards unless shards of the same text and tokenizer are cached."""
-    fmt = resolved_format(corpus, format)
+    """Tokenize one corpus file into shards unless shards of the same text and tokenizer are cached."""
+    fmt = resolve_format(corpus, format)
     corpus_sha256 = content_hash(corpus)
-    key = _key(corpus_sha256, tokenizer.fingerprint, fmt)
+    key = _key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column))
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
-        prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256)
+        prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
     return TokenShards.open(folder)

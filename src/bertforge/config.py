@@ -57,9 +57,11 @@ class TokenizerConfig:
 class DataConfig:
     """How text becomes training pairs and masked batches."""
 
-    corpus: str = ""  # training text (recorded so that --resume needs no paths)
+    # training text: files, folders or glob patterns (recorded so that --resume needs no paths)
+    corpus: list[str] = field(default_factory=list)
     valid: str = ""  # held-out text for evaluation ("" : no evaluation)
-    format: str = "auto"  # auto | wikitext | text | jsonl
+    format: str = "auto"  # auto | wikitext | text | jsonl | parquet
+    text_column: str = "text"  # the jsonl field or Parquet column that holds the text
     max_seq_length: int = 128
     short_seq_prob: float = 0.1
     nsp: bool = True
@@ -97,7 +99,7 @@ class RuntimeConfig:
     """Where and how the run executes; none of this changes the maths of a step."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (measured: `bertforge.precision`) | fp32 | bf16 | fp16
     compile: bool = False
     seed: int = 1234
     num_workers: int = 0
@@ -206,6 +208,11 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
 def _coerce(value, expected, name: str, origin: str):
     if isinstance(expected, types.UnionType):  # e.g. `int | None`
         expected = next(t for t in typing.get_args(expected) if t is not type(None))
+    if expected == list[str]:  # one string is a list of one (config.json files of older versions)
+        items = ([value] if value else []) if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(item, str) for item in items):
+            return list(items)
+        raise BertforgeError(f"{origin}: {name} must be a string or a list of strings, got {value!r}")
     accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[expected]
     # bool is a subclass of int in Python; `true` must not pass as a number.
     if isinstance(value, accepted) and (expected is bool or not isinstance(value, bool)):
@@ -216,9 +223,9 @@ def _coerce(value, expected, name: str, origin: str):
 CHOICES = {
     "model.hidden_act": ("gelu", "relu", "gelu_new", "silu", "tanh"),
     "tokenizer.kind": ("wordpiece", "wordlevel"),
-    "data.format": ("auto", "wikitext", "text", "jsonl"),
+    "data.format": ("auto", "wikitext", "text", "jsonl", "parquet"),
     "train.schedule": ("linear", "constant"),
-    "runtime.precision": ("fp32", "bf16", "fp16"),
+    "runtime.precision": ("auto", "fp32", "bf16", "fp16"),
 }
 
 

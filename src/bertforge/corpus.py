@@ -1,20 +1,27 @@
-"""Corpus readers: turn a text file into a stream of documents, each a list of sentences.
+"""Corpus readers: turn corpus files into a stream of documents, each a list of sentences.
 
-Owns format detection (WikiText, plain text with blank-line documents, JSON lines), the
-rule-based sentence splitter, undoing WikiText's tokenisation artifacts, and the error messages
-for unreadable input. Files are read line by line, so memory does not grow with the corpus.
+Owns resolving `--corpus` values (files, folders, glob patterns) into a list of files, format
+detection (WikiText, plain text with blank-line documents, JSON lines, Parquet), the rule-based
+sentence splitter, undoing WikiText's tokenisation artifacts, and the error messages for
+unreadable input. Text files are read line by line, gzip-compressed ones (`.gz`) decompressed on
+the fly, and Parquet files in batches of rows, so memory does not grow with the corpus.
 """
 
 from __future__ import annotations
 
+import glob
+import gzip
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
 
-FORMATS = ("auto", "wikitext", "text", "jsonl")
+FORMATS = ("auto", "wikitext", "text", "jsonl", "parquet")
+COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
+DEFAULT_TEXT_COLUMN = "text"
 
 # Terminal punctuation, then closing quotes/brackets (attached, or space-separated as in WikiText),
 # then an optional space-separated straight quote (closing or opening: decided by quote parity),
@@ -40,6 +47,57 @@ _WIKITEXT_HEADING = re.compile(r"(=(?: =)*) (.*) \1")  # on a stripped line: lev
 _WIKITEXT_TITLE_LINE = re.compile(r" = [^=](?:.*[^=])? = ?")  # the raw form of a level-1 heading
 _WIKITEXT_ARTIFACTS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("<unk>", "[UNK]"))
 _DETECT_LINES = 100
+_PARQUET_BATCH_ROWS = 1024
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+def resolve_corpus_files(specs: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The files named by corpus specs, sorted by absolute path, each once.
+
+    A spec is a file, a folder (every regular file below it, hidden files and folders skipped) or
+    a glob pattern (`data/*.txt`, `data/**/*.gz`). A folder or pattern without files is an error.
+    """
+    specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
+    specs = [str(spec) for spec in specs if str(spec)]
+    if not specs:
+        raise BertforgeError("no corpus file given; pass --corpus FILE (a file, a folder or a glob pattern)")
+    files: dict[Path, Path] = {}
+    for spec in specs:
+        for file in _spec_files(spec):
+            files.setdefault(file.resolve(), file)
+    return [files[key] for key in sorted(files)]
+
+
+def _spec_files(spec: str) -> list[Path]:
+    path = Path(spec)
+    if not path.exists() and _GLOB_CHARACTERS & set(spec):
+        matches = [Path(match) for match in sorted(glob.glob(spec, recursive=True))]
+        files = [file for match in matches for file in (_folder_files(match) if match.is_dir() else [match])]
+        if not files:
+            raise BertforgeError(f"corpus pattern {spec!r} matches no file; check the pattern")
+        return files
+    if path.is_dir():
+        files = _folder_files(path)
+        if not files:
+            raise BertforgeError(f"corpus folder {path} holds no files; check the path")
+        return files
+    return [_check_file(path)]
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+
+
+def is_gzip(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".gz"
+
+
+def is_parquet(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".parquet"
 
 
 def split_sentences(text: str) -> list[str]:
@@ -85,15 +143,21 @@ def _is_abbreviation(text: str, position: int) -> bool:
 
 
 class _Lines:
-    """The decoded lines of a UTF-8 file as (line number, text), counting the bytes read so far."""
+    """The decoded lines of a UTF-8 file as (line number, text); a `.gz` file is decompressed on the fly.
+
+    `bytes_read` counts the (decompressed) bytes read so far, `consumed` the bytes of the file
+    itself, for progress bars.
+    """
 
     def __init__(self, path: Path):
         self.path = path
-        self.bytes_read = 0
+        self.bytes_read = self.consumed = 0
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
+        compressed = is_gzip(self.path)
         with self.path.open("rb") as handle:
-            for number, raw in enumerate(handle, 1):
+            lines = self._gunzip(handle) if compressed else handle
+            for number, raw in enumerate(lines, 1):
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as error:
@@ -103,9 +167,78 @@ class _Lines:
                         f"e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
                     ) from None
                 self.bytes_read += len(raw)
+                self.consumed = handle.tell() if compressed else self.bytes_read
                 if number == 1:
                     line = line.removeprefix("\ufeff")
                 yield number, line.rstrip("\r\n")
+
+    def _gunzip(self, handle) -> Iterator[bytes]:
+        try:
+            yield from gzip.GzipFile(fileobj=handle, mode="rb")
+        except (OSError, EOFError, zlib.error) as error:
+            raise BertforgeError(
+                f"{self.path} is not a readable gzip file ({error}); check that it was copied whole "
+                f"(`gzip -t {self.path}`), or drop the .gz ending if it is plain text"
+            ) from None
+
+
+class _ParquetRows:
+    """The texts of one column of a Parquet file as (row number, text), read in batches of rows.
+
+    The file and its column are checked on creation. `consumed` estimates the file's bytes read
+    so far from the rows read (Parquet has no byte position), for progress bars.
+    """
+
+    def __init__(self, path: Path, column: str):
+        self.path, self.column = path, column
+        self.consumed = 0
+        self._pa = _pyarrow()
+        schema = self._open().schema_arrow
+        if column not in schema.names:
+            raise BertforgeError(
+                f"{path} has no column {column!r}; its columns are: {', '.join(schema.names)}; "
+                f"name the text column with --text-column (data.text_column)"
+            )
+        kind = schema.field(column).type
+        if not (self._pa.types.is_string(kind) or self._pa.types.is_large_string(kind)):
+            raise BertforgeError(
+                f"{path}: column {column!r} holds {kind}, not text; name the text column with --text-column"
+            )
+
+    def _open(self):
+        try:
+            return self._pa.parquet.ParquetFile(self.path)
+        except (OSError, self._pa.ArrowException) as error:
+            raise self._unreadable(error) from None
+
+    def _unreadable(self, error: Exception) -> BertforgeError:
+        return BertforgeError(f"{self.path} is not a readable Parquet file ({error}); check the file")
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        parquet = self._open()
+        size, rows = self.path.stat().st_size, max(parquet.metadata.num_rows, 1)
+        number = 0
+        try:
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[self.column]):
+                for text in batch.column(0).to_pylist():
+                    number += 1
+                    self.consumed = size * number // rows
+                    if text is not None:
+                        yield number, text
+        except (OSError, self._pa.ArrowException) as error:
+            raise self._unreadable(error) from None
+
+
+def _pyarrow():
+    """pyarrow with its parquet module, imported on first use: it is an optional dependency."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401  (makes `pyarrow.parquet` an attribute)
+    except ImportError:
+        raise BertforgeError(
+            "reading Parquet files needs pyarrow; install it with `pip install 'bertforge[parquet]'`"
+        ) from None
+    return pyarrow
 
 
 def _check_file(path: str | Path) -> Path:
@@ -120,12 +253,15 @@ def _check_file(path: str | Path) -> Path:
 
 
 def detect_format(path: str | Path) -> str:
-    """Guess a corpus file's format: jsonl, wikitext or text.
+    """Guess a corpus file's format: parquet, jsonl, wikitext or text.
 
-    "jsonl" when the first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line
-    occurs among the first non-blank lines, otherwise "text".
+    "parquet" for a `.parquet` file; otherwise, looking through gzip compression, "jsonl" when the
+    first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line occurs among the
+    first non-blank lines, else "text".
     """
     path = _check_file(path)
+    if is_parquet(path):
+        return "parquet"
     seen = 0
     for _, line in _Lines(path):
         if not line.strip():
@@ -148,16 +284,23 @@ def _is_json_object(line: str) -> bool:
 
 
 def read_documents(
-    path: str | Path, format: str = "auto", on_progress: Callable[[int], None] | None = None
+    path: str | Path,
+    format: str = "auto",
+    on_progress: Callable[[int], None] | None = None,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> Iterator[list[str]]:
     """Stream the documents of a corpus file, each a non-empty list of sentences.
 
-    `format` is one of auto, wikitext, text, jsonl. `on_progress(n)` is called with the number
-    of bytes consumed since its last call (for progress bars). The path and format are checked
-    at once; decoding and JSON errors surface while iterating.
+    `format` is one of auto, wikitext, text, jsonl, parquet. `text_column` names the field of a
+    JSON line or the column of a Parquet file that holds the text. `on_progress(n)` is called with
+    the number of the file's bytes consumed since its last call (for progress bars). The path,
+    the format and a Parquet file's column are checked at once; decoding and JSON errors surface
+    while iterating.
     """
     path = _check_file(path)
-    return _stream(path, _READERS[resolve_format(path, format)], on_progress)
+    format = resolve_format(path, format)
+    source = _ParquetRows(path, text_column) if format == "parquet" else _Lines(path)
+    return _stream(path, _READERS[format](source, text_column), source, on_progress)
 
 
 def resolve_format(path: str | Path, format: str = "auto") -> str:
@@ -165,25 +308,30 @@ def resolve_format(path: str | Path, format: str = "auto") -> str:
     path = _check_file(path)
     if format not in FORMATS:
         raise BertforgeError(f"unknown corpus format {format!r}; choose one of: {', '.join(FORMATS)}")
+    if is_parquet(path) and format not in ("auto", "parquet"):
+        raise BertforgeError(
+            f"{path} is a Parquet file but the corpus format is {format!r}; use --format auto or parquet"
+        )
     return detect_format(path) if format == "auto" else format
 
 
-def _stream(path: Path, reader, on_progress: Callable[[int], None] | None) -> Iterator[list[str]]:
-    lines = _Lines(path)
+def _stream(
+    path: Path, documents: Iterator[list[str]], source, on_progress: Callable[[int], None] | None
+) -> Iterator[list[str]]:
     reported = count = 0
-    for document in reader(lines):
+    for document in documents:
         count += 1
         if on_progress is not None:
-            on_progress(lines.bytes_read - reported)
-            reported = lines.bytes_read
+            on_progress(source.consumed - reported)
+            reported = source.consumed
         yield document
     if on_progress is not None:
-        on_progress(lines.bytes_read - reported)
+        on_progress(source.consumed - reported)
     if count == 0:
         raise BertforgeError(f"corpus file {path} has no text (only blank lines or headings); check the file")
 
 
-def _wikitext_documents(lines: _Lines) -> Iterator[list[str]]:
+def _wikitext_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
     document: list[str] = []
     for _, line in lines:
         text = clean_wikitext(line).strip()  # before stripping: a line may end in " @,@ "
@@ -207,7 +355,7 @@ def clean_wikitext(text: str) -> str:
     return text
 
 
-def _text_documents(lines: _Lines) -> Iterator[list[str]]:
+def _text_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
     paragraph: list[str] = []
     for _, line in lines:
         text = line.strip()
@@ -220,28 +368,45 @@ def _text_documents(lines: _Lines) -> Iterator[list[str]]:
         yield split_sentences(" ".join(paragraph))
 
 
-def _jsonl_documents(lines: _Lines) -> Iterator[list[str]]:
+def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
     for number, line in lines:
         if not line.strip():
             continue
-        document = _sentences_of_paragraphs(_jsonl_text(line, number, lines.path).splitlines())
+        document = _sentences_of_paragraphs(_jsonl_text(line, number, lines.path, column).splitlines())
         if document:
             yield document
 
 
-def _jsonl_text(line: str, number: int, path: Path) -> str:
-    hint = 'each line must be one JSON object with a string "text" field, e.g. {"text": "..."}'
+def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
+    field = json.dumps(column)
+    hint = f'each line must be one JSON object with a string {field} field, e.g. {{{field}: "..."}}'
+    if column != DEFAULT_TEXT_COLUMN:
+        hint += " (the field is data.text_column)"
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise BertforgeError(f"{path}, line {number}: not valid JSON ({error.msg}); {hint}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise BertforgeError(f'{path}, line {number}: no string "text" field; {hint}')
-    return record["text"]
+    if not isinstance(record, dict) or not isinstance(record.get(column), str):
+        raise BertforgeError(f"{path}, line {number}: no string {field} field; {hint}")
+    return record[column]
+
+
+def _parquet_documents(rows: _ParquetRows, _column: str) -> Iterator[list[str]]:
+    """One document per row; a row's lines are paragraphs, as in a JSON line's text."""
+    for _, text in rows:
+        document = _sentences_of_paragraphs(text.splitlines())
+        if document:
+            yield document
 
 
 def _sentences_of_paragraphs(paragraphs: Iterable[str]) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-_READERS = {"wikitext": _wikitext_documents, "text": _text_documents, "jsonl": _jsonl_documents}
+# format -> reader(source, text_column); only jsonl needs the column (a Parquet source holds its own).
+_READERS = {
+    "wikitext": _wikitext_documents,
+    "text": _text_documents,
+    "jsonl": _jsonl_documents,
+    "parquet": _parquet_documents,
+}

@@ -1,4 +1,5 @@
-"""Held-out pretraining metrics: MLM loss, perplexity, MLM accuracy, NSP loss and NSP accuracy.
+"""Held-out pretraining metrics: MLM loss, perplexity, MLM accuracy, NSP loss and NSP accuracy,
+and the text's unigram entropy as the reference an MLM loss must get below.
 
 Evaluation always masks 15% of the tokens and draws its pairs with fixed seeds, whatever the
 training settings, so two evaluations of one model on one text agree exactly and the numbers of
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bertforge.batches import MaskedBatches, pretraining_collator
@@ -36,6 +38,18 @@ def evaluation_batches(shards: TokenShards, tokenizer: BertTokenizer, data: Data
     collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
     batches = MaskedBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
     return [batches[i] for i in range(len(batches))]
+
+
+def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
+    """Entropy (nats) of the text's token frequencies, special tokens excluded.
+
+    The held-out MLM loss of a model that knows only how often each token occurs: a loss below it
+    means the model uses the context around a masked token.
+    """
+    counts = np.bincount(np.asarray(shards.tokens), minlength=shards.vocab_size).astype(np.float64)
+    counts[list(special_ids)] = 0.0
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
 
 
 @torch.inference_mode()
@@ -75,7 +89,9 @@ def evaluate_model(
     show_progress: bool = True,
 ) -> dict[str, float]:
     """Evaluate a saved model (run folder, `final/`, checkpoint, imported or exported folder) on a
-    corpus with its own tokenizer, at its training sequence length unless `max_length` is given."""
+    corpus with its own tokenizer, at its training sequence length unless `max_length` is given.
+
+    Returns the metrics and, as a reference for `mlm_loss`, the text's `unigram_entropy`."""
     model, tokenizer, config = load_model(model_path)
     data = config.data
     if max_length is not None:
@@ -90,4 +106,5 @@ def evaluate_model(
     shards = cached_shards(Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress)
     batches = evaluation_batches(shards, tokenizer, data)
     model.to(resolve_device(device))
-    return pretraining_metrics(model, batches, precision)
+    metrics = pretraining_metrics(model, batches, precision)
+    return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}

@@ -4,7 +4,9 @@ Owns the fine-tuning objective (cross-entropy on the pooled [CLS] output, Devlin
 section 4.1), its data (tokenized once, shuffled per epoch from (seed, epoch)), the per-epoch
 evaluation (accuracy, macro F1, confusion matrix), keeping the best epoch, several seeds with their
 median and spread, and the run folder. The optimisation itself is `bertforge.train`'s loop, the
-same as pretraining's: one evaluation and one checkpoint at the end of every epoch.
+same as pretraining's: one evaluation and one checkpoint at the end of every epoch. The comparison
+of a pretrained and a from-scratch arm (`--compare-scratch`) is `bertforge.comparison`'s; it runs
+its seeds through the `Job` set up here.
 
 Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/summary.json`):
 
@@ -16,6 +18,7 @@ Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/
     best/, best.json  the best epoch so far (while training)
     final/          the classifier of the best epoch (see `bertforge.classifier`)
     result.json     best and last epoch's metrics, the time it took; its presence marks a finished run
+    valid_predictions.json  the best epoch's prediction for every validation example, in file order
     curves.png      loss, accuracy and macro F1 per epoch
 
 Nothing is written until the model folder and both data files have been read and checked.
@@ -28,6 +31,8 @@ import math
 import os
 import shutil
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 
 from bertforge import distributed
 from bertforge.batches import MaskedBatches
+from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
 from bertforge.classifier import load_encoder, save_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
@@ -46,7 +52,8 @@ from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, 
 from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.plots import plot_finetuning
-from bertforge.runtime import apply_threads, autocast, to_device
+from bertforge.precision import resolve_precision
+from bertforge.runtime import apply_threads, autocast, resolve_device, to_device
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
@@ -57,7 +64,8 @@ RESULT = "result.json"
 BEST = "best.json"
 EVAL_BATCH_SIZE = 64
 # What a run writes into its folder; cleared before a run that has no checkpoint starts afresh.
-RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, "curves.png")
+PREDICTIONS = "valid_predictions.json"
+RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, PREDICTIONS, "curves.png")
 
 
 @dataclass
@@ -74,6 +82,7 @@ class FinetuneTask:
     epochs: int = 3
     seeds: list[int] | None = None  # None: one run in --out itself, seeded by runtime.seed
     from_scratch: bool = False  # same architecture and tokenizer, random initialisation
+    compare_scratch: bool = False  # both arms per seed (`bertforge.comparison`)
 
 
 def finetuning_config() -> RunConfig:
@@ -93,13 +102,32 @@ def finetune(
     task: FinetuneTask, config: RunConfig, out: Path, resume: bool = False, show_progress: bool = True
 ) -> dict:
     """Fine-tune once per seed; return each run's result and the median and spread over seeds."""
+    if task.compare_scratch:
+        raise BertforgeError(
+            "this task compares with a from-scratch arm; run it with comparison.compare_with_scratch"
+        )
     out = Path(out)
+    job, created = start(task, config, out, resume, show_progress)
+    runs = seed_runs(task, job.config, out)
+    with removed_unless_progress(out, created, [run_dir for _, run_dir in runs]):
+        results = [job.run(seed, run_dir, task.from_scratch) for seed, run_dir in runs]
+    summary = summarize_seeds(results)
+    if task.seeds:
+        atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def start(
+    task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show_progress: bool
+) -> tuple[Job, bool]:
+    """Read and check the model, the data and the settings, then (unless resuming) create `out` with
+    its `finetune.json`: the `Job` that trains the seeds, and whether `out` was created."""
     check_out_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = load_encoder(Path(task.model))
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
-    config.data.corpus, config.data.valid = task.train, task.valid
+    config.data.corpus, config.data.valid = [task.train], task.valid
     check_max_length(config, task)
     train_data, valid_data, labels = read_task_data(task)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
@@ -110,23 +138,28 @@ def finetune(
     set_epochs(config, task.epochs, len(train_set))
     validate(config)
     apply_threads(config.runtime)
+    choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
+    if choice is not None and show_progress:
+        print(choice.describe(), flush=True)
 
     created = not out.exists()
     if not resume:
         out.mkdir(parents=True, exist_ok=True)
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         atomic_write_text(out / TASK, json.dumps(payload, indent=2) + "\n")
-    job = Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
+    return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress), created
+
+
+@contextmanager
+def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> Iterator[None]:
+    """On failure, remove `out` if this call created it and no run in it finished or reached a
+    checkpoint: leave no half-made run behind, but everything `--resume` can continue."""
     try:
-        results = [job.run(seed, run_dir) for seed, run_dir in seed_runs(task, config, out)]
+        yield
     except BaseException:
-        if created and not has_progress(task, config, out):
-            shutil.rmtree(out, ignore_errors=True)  # nothing to resume: leave no half-made run behind
+        if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
+            shutil.rmtree(out, ignore_errors=True)
         raise
-    summary = summarize_seeds(results)
-    if task.seeds:
-        atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
@@ -157,6 +190,13 @@ def check_task(task: FinetuneTask) -> None:
         raise BertforgeError(f"--format {task.format!r} is not one of: {', '.join(FORMATS)}")
     if task.seeds is not None and (not task.seeds or len(set(task.seeds)) < len(task.seeds)):
         raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {task.seeds}")
+    if task.compare_scratch and task.from_scratch:
+        raise BertforgeError("--compare-scratch trains the from-scratch arm itself; drop --from-scratch")
+    if task.compare_scratch and len(task.seeds or []) < 2:
+        raise BertforgeError(
+            "--compare-scratch pairs the arms seed by seed and needs --seeds with at least 2 seeds "
+            "(5 or more for any claim), e.g. --seeds 1,2,3,4,5"
+        )
 
 
 def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
@@ -167,11 +207,6 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
             f"--max-length must be between {least + 1} and the model's max_position_embeddings "
             f"({positions}), got {length}"
         )
-
-
-def has_progress(task: FinetuneTask, config: RunConfig, out: Path) -> bool:
-    """Whether any run in `out` finished or reached a checkpoint."""
-    return any(list_checkpoints(d) or (d / RESULT).is_file() for _, d in seed_runs(task, config, out))
 
 
 def check_same_data(out: Path, hashes: dict[str, str]) -> None:
@@ -283,25 +318,28 @@ def summarize_training(totals: dict[str, float]) -> dict[str, float]:
 @torch.inference_mode()
 def evaluate_classifier(
     model: torch.nn.Module, batches: list[dict], num_labels: int, precision: str = "fp32"
-) -> tuple[dict[str, float], list[list[int]]]:
-    """Loss, accuracy and macro F1 over all batches, and the confusion matrix (rows: true, columns:
-    predicted)."""
+) -> tuple[dict[str, float], list[list[int]], list[int]]:
+    """Loss, accuracy and macro F1 over all batches, the confusion matrix (rows: true, columns:
+    predicted) and the predicted label id of every example, in order."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     confusion = torch.zeros(num_labels * num_labels, dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
+    predictions = []
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
             logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum")
-        confusion += torch.bincount(labels * num_labels + logits.argmax(-1), minlength=num_labels**2)
+        predicted = logits.argmax(-1)  # (B,)
+        confusion += torch.bincount(labels * num_labels + predicted, minlength=num_labels**2)
+        predictions.append(predicted)
     model.train(was_training)
     matrix = confusion.view(num_labels, num_labels).cpu()
     metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
-    return metrics, matrix.tolist()
+    return metrics, matrix.tolist(), torch.cat(predictions).tolist() if predictions else []
 
 
 def scores(confusion: torch.Tensor) -> dict[str, float]:
@@ -340,11 +378,13 @@ class Job:
     ) -> None:
         self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
         self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
+        self.valid_labels = [example["label"] for example in valid_set]
         collate = ClassificationCollator(tokenizer.pad_id)
         batches = MaskedBatches(valid_set, EVAL_BATCH_SIZE, collate, seed=0, epoch=0, drop_last=False)
         self.valid_batches = [batches[i] for i in range(len(batches))]
 
-    def run(self, seed: int, run_dir: Path) -> dict:
+    def run(self, seed: int, run_dir: Path, from_scratch: bool) -> dict:
+        """Train `seed` in `run_dir` (from random weights if `from_scratch`); its result."""
         if (run_dir / RESULT).is_file():
             return read_json(run_dir / RESULT)  # finished before an interruption
         config = replace(self.config, runtime=replace(self.config.runtime, seed=seed))
@@ -353,7 +393,7 @@ class Job:
             clear_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_json(config, run_dir / CONFIG)
-        pretrained = None if checkpoints or self.task.from_scratch else self.encoder
+        pretrained = None if checkpoints or from_scratch else self.encoder
         model = build_classifier(config, len(self.labels), pretrained, source=self.task.model)
         evaluator = EpochEvaluator(self, config, run_dir)
         objective = Objective(
@@ -375,6 +415,7 @@ class Job:
         steps = config.train.eval_every
         plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", steps)
         best = read_json(run_dir / BEST)
+        self.save_predictions(run_dir, best)
         result = {
             "seed": seed,
             "epochs": self.task.epochs,
@@ -389,6 +430,19 @@ class Job:
         atomic_write_text(run_dir / RESULT, json.dumps(result, indent=2) + "\n")
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return result
+
+    def save_predictions(self, run_dir: Path, best: dict) -> None:
+        """The best epoch's predicted and true label ids for the validation set, as label-id lists in
+        file order, with the label names (absent for a run begun before predictions were kept)."""
+        if "predictions" not in best:
+            return
+        record = {
+            "epoch": best["epoch"],
+            "labels": self.labels,
+            "true": self.valid_labels,
+            "predicted": best["predictions"],
+        }
+        atomic_write_text(run_dir / PREDICTIONS, json.dumps(record) + "\n")
 
 
 def build_classifier(
@@ -419,7 +473,8 @@ def clear_run(run_dir: Path) -> None:
 class EpochEvaluator:
     """The objective's `evaluate`: validation metrics at the end of each epoch (epoch 0: before any
     step), the confusion matrix as a "confusion" line of metrics.jsonl, and the best epoch so far
-    saved to `best/` (highest accuracy, then lowest loss), so that it survives an interruption."""
+    saved to `best/` (highest accuracy, then lowest loss), so that it survives an interruption; its
+    metrics, confusion matrix and per-example predictions go to `best.json` in one write."""
 
     def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
         self.job, self.config, self.run_dir = job, config, run_dir
@@ -430,7 +485,7 @@ class EpochEvaluator:
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         labels = self.job.labels
-        metrics, confusion = evaluate_classifier(
+        metrics, confusion, predictions = evaluate_classifier(
             model, self.job.valid_batches, len(labels), self.config.runtime.precision
         )
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -445,7 +500,7 @@ class EpochEvaluator:
         )
         if epoch >= 1 and self.improves(metrics):
             save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
-            self.best = {"epoch": epoch, **metrics, "confusion": confusion}
+            self.best = {"epoch": epoch, **metrics, "confusion": confusion, "predictions": predictions}
             atomic_write_text(self.run_dir / BEST, json.dumps(self.best) + "\n")
         return {"epoch": epoch, **metrics}
 

@@ -24,16 +24,18 @@ from bertforge.batches import MaskedBatches, pretraining_collator
 from bertforge.cache import cached_shards, cached_tokenizer, default_cache_dir
 from bertforge.checkpoint import CONFIG, list_checkpoints, save_model_folder
 from bertforge.config import RunConfig, save_json, validate
+from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError
-from bertforge.evaluate import evaluation_batches, pretraining_metrics
+from bertforge.evaluate import evaluation_batches, pretraining_metrics, unigram_entropy
 from bertforge.export import init_from
 from bertforge.io import is_occupied
 from bertforge.losses import pretraining_loss, pretraining_sums, summarize
 from bertforge.model import BertForPreTraining
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
+from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device
-from bertforge.shards import TokenShards
+from bertforge.shards import ShardSet, TokenShards, concat_shards
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 
@@ -47,7 +49,8 @@ def pretrain(
     show_progress: bool = True,
     init: Path | None = None,
 ) -> dict:
-    """Train (or resume) a run in `out`; return the final step, time, tokens and validation metrics.
+    """Train (or resume) a run in `out`; return the final step, time, tokens, validation metrics and
+    the validation text's unigram entropy (the MLM loss to beat).
 
     `init`: a model folder (ours, imported or exported) to start from; its model and tokenizer
     sections replace the config's, and the corpus is tokenized with its tokenizer.
@@ -55,33 +58,47 @@ def pretrain(
     out = Path(out)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     check_run_folder(out, resume)
+    if isinstance(config.data.corpus, (str, Path)):  # a library caller's single path
+        config.data.corpus = [str(config.data.corpus)] if str(config.data.corpus) else []
     validate(config)
     apply_threads(config.runtime)
     # Under torchrun: join the process group; every rank has checked `out` before rank 0 writes there.
     world = distributed.setup(resolve_device(config.runtime.device))
     with distributed.local_main_first():  # one process per node fills the cache, the others read it
+        data = config.data
+        corpus_files = resolve_corpus_files(data.corpus)  # checks every file before any work
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
         else:
-            tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir)
+            tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir, corpus_files)
         config.model.vocab_size = tokenizer.vocab_size
         config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
         validate(config)
-        data = config.data
-        train_shards = cached_shards(
-            corpus_path(data.corpus, "corpus"), tokenizer, data.format, cache_dir, show_progress
+        choose_run_precision(config, world, cache_dir, show_progress)
+        train_shards = concat_shards(
+            [
+                cached_shards(file, tokenizer, data.format, cache_dir, show_progress, data.text_column)
+                for file in corpus_files
+            ]
         )
         build_pairs(
             train_shards, data.max_seq_length, data.short_seq_prob, data.nsp, config.runtime.seed, 0
         )  # checks
-        valid_batches = []
+        valid_batches, reference = [], {}
         if data.valid:
             valid_shards = cached_shards(
-                corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress
+                corpus_path(data.valid, "valid"),
+                tokenizer,
+                data.format,
+                cache_dir,
+                show_progress,
+                data.text_column,
             )
             valid_batches = evaluation_batches(valid_shards, tokenizer, data)
+            reference = {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
 
+    agree_on_precision(config)  # outside the block above: every rank must reach this collective
     created = not out.exists()
     if not resume and world.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -95,14 +112,14 @@ def pretrain(
         if created and world.is_main and not list_checkpoints(out):
             shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
         raise
-    return result
+    return {**result, **reference}
 
 
 def train_and_save(
     config: RunConfig,
     out: Path,
     tokenizer: BertTokenizer,
-    train_shards: TokenShards,
+    train_shards: TokenShards | ShardSet,
     valid_batches: list[dict],
     resume: bool,
     show_progress: bool,
@@ -129,6 +146,14 @@ def train_and_save(
     return result
 
 
+def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progress: bool) -> None:
+    """Resolve `runtime.precision = "auto"` before the config is saved (measured once per node)."""
+    device = distributed.local_device(resolve_device(config.runtime.device), world)
+    choice = resolve_precision(config, device, cache_dir)
+    if choice is not None and show_progress and world.is_main:
+        print(choice.describe(), flush=True)
+
+
 def check_run_folder(out: Path, resume: bool) -> None:
     if resume:
         if not (out / CONFIG).is_file():
@@ -145,18 +170,23 @@ def corpus_path(path: str, name: str) -> Path:
 
 
 def run_tokenizer(
-    config: RunConfig, out: Path, tokenizer_dir: Path | None, resume: bool, cache_dir: Path
+    config: RunConfig,
+    out: Path,
+    tokenizer_dir: Path | None,
+    resume: bool,
+    cache_dir: Path,
+    corpus_files: list[Path],
 ) -> BertTokenizer:
-    """The run's own tokenizer when resuming, a given one, or one trained (and cached) on the corpus."""
+    """The run's own tokenizer when resuming, a given one, or one trained (and cached) on the corpus files."""
     if resume:
         return load_tokenizer(out / "tokenizer")
     if tokenizer_dir:
         return load_tokenizer(Path(tokenizer_dir))
-    corpus = corpus_path(config.data.corpus, "corpus")
-    return cached_tokenizer([corpus], config.tokenizer, config.data.format, cache_dir)
+    data = config.data
+    return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
 
 
-def epoch_batches(shards: TokenShards, tokenizer: BertTokenizer, config: RunConfig):
+def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig):
     """epoch -> micro-batches of freshly drawn pairs (Google's algorithm) with dynamic masking."""
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun

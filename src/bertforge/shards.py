@@ -6,6 +6,9 @@ each sentence starts in it; `document_offsets.bin` (int64, num_documents + 1) sa
 sentences each document holds; `meta.json` records the counts, the tokenizer fingerprint and the
 source file's content hash. Preparation streams the corpus in batches, so memory stays flat as
 the corpus grows, and writes the folder atomically.
+
+Also owns `ShardSet`, several shard folders (one per corpus file) seen as one corpus, and
+`concat_shards`, which builds it.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import hashlib
 import itertools
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 from tqdm import tqdm
 
-from bertforge.corpus import read_documents, resolve_format
+from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, read_documents, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory
 from bertforge.tokenizer import BertTokenizer
@@ -55,10 +59,12 @@ def prepare_shards(
     format: str = "auto",
     show_progress: bool = True,
     corpus_sha256: str | None = None,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> dict:
     """Tokenize `corpus` into a shard folder at `out_dir` and return its meta.json content.
 
     `corpus_sha256`: the corpus hash when the caller already has it (the cache does), to save a pass.
+    `text_column`: the field of a jsonl file or the column of a Parquet file that holds the text.
     """
     corpus = Path(corpus)
     corpus_format = resolve_format(corpus, format)  # checks the file and the format name first
@@ -73,7 +79,8 @@ def prepare_shards(
         disable=not show_progress,
     )
     with progress, atomic_directory(Path(out_dir)) as tmp, _ShardWriter(tmp, dtype) as writer:
-        for batch in _document_batches(read_documents(corpus, corpus_format, on_progress=progress.update)):
+        documents = read_documents(corpus, corpus_format, progress.update, text_column)
+        for batch in _document_batches(documents):
             writer.add(batch, tokenizer)
         if writer.num_documents == 0:
             raise BertforgeError(f"{corpus} gave no tokens; check that it holds text in the expected format")
@@ -92,6 +99,8 @@ def prepare_shards(
             },
             "corpus_format": corpus_format,
         }
+        if corpus_format in COLUMN_FORMATS:
+            meta["text_column"] = text_column
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
 
@@ -194,6 +203,101 @@ class TokenShards:
         first, last = self.document_offsets[d], self.document_offsets[d + 1]
         bounds = self.sentence_offsets[first : last + 1]
         return [self.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class ShardSet:
+    """Several shard folders seen as one corpus: the documents of the first, then of the next, ...
+
+    It has the attributes training reads from a `TokenShards` (`tokens`, `sentence_offsets`,
+    `document_offsets`, the counts, `document(d)`), so pairs are drawn from all documents at once
+    and each folder contributes in proportion to its size. The offsets are shifted and
+    concatenated in memory (8 bytes per sentence and per document); the token arrays stay
+    memory-mapped, one per folder, behind `ConcatTokens`.
+    """
+
+    def __init__(self, parts: Sequence[TokenShards]):
+        assert parts, "a shard set needs at least one shard folder"
+        if len({part.tokenizer_fingerprint for part in parts}) > 1:
+            raise BertforgeError(
+                f"the shard folders {', '.join(str(part.path) for part in parts)} were made with different "
+                "tokenizers; prepare them all with the same one"
+            )
+        self.parts = list(parts)
+        token_starts = np.cumsum([0] + [part.num_tokens for part in parts])  # (P+1,)
+        sentence_starts = np.cumsum([0] + [part.num_sentences for part in parts])  # (P+1,)
+        self.tokens = ConcatTokens([part.tokens for part in parts], token_starts)
+        self.sentence_offsets = _concat_offsets([part.sentence_offsets for part in parts], token_starts)
+        self.document_offsets = _concat_offsets([part.document_offsets for part in parts], sentence_starts)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.sentence_offsets) - 1
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_offsets) - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.parts[0].vocab_size
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return self.parts[0].tokenizer_fingerprint
+
+    def document(self, d: int) -> list[np.ndarray]:
+        """The token ids of each sentence of document `d`."""
+        first, last = self.document_offsets[d], self.document_offsets[d + 1]
+        bounds = self.sentence_offsets[first : last + 1]
+        return [self.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _concat_offsets(offsets: list[np.ndarray], shifts: np.ndarray) -> np.ndarray:
+    """Offset arrays of consecutive parts as one: each part's entries after its leading 0, shifted."""
+    shifted = [part[1:] + shift for part, shift in zip(offsets, shifts[:-1], strict=True)]
+    return np.concatenate([np.zeros(1, np.int64), *shifted])
+
+
+class ConcatTokens:
+    """Token arrays of several shard folders, indexed as if concatenated, without copying them.
+
+    Supports `len()`, `.dtype` and contiguous slices, which is what `pairs.PairDataset` reads. A
+    slice within one array (every sentence and document range is) is a view of that array;
+    one across arrays is copied together.
+    """
+
+    def __init__(self, arrays: Sequence[np.ndarray], starts: np.ndarray):
+        assert len(starts) == len(arrays) + 1, "starts holds each array's first index and the total"
+        self.arrays = list(arrays)
+        self.starts = np.asarray(starts, dtype=np.int64)  # (P+1,)
+        self.dtype = np.result_type(*self.arrays)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError(f"ConcatTokens takes slices, not {type(key).__name__}")
+        start, stop, step = key.indices(len(self))
+        assert step == 1, "ConcatTokens takes contiguous slices"
+        stop = max(start, stop)
+        last = len(self.arrays) - 1
+        first = min(int(np.searchsorted(self.starts, start, "right")) - 1, last)
+        final = max(min(int(np.searchsorted(self.starts, stop, "left")) - 1, last), first)
+        pieces = [
+            self.arrays[p][max(start - self.starts[p], 0) : min(stop, self.starts[p + 1]) - self.starts[p]]
+            for p in range(first, final + 1)
+        ]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def concat_shards(parts: Sequence[TokenShards]) -> TokenShards | ShardSet:
+    """One corpus from the shards of several files; a single folder is returned as it is."""
+    return parts[0] if len(parts) == 1 else ShardSet(parts)
 
 
 def _damaged(path: Path, why: str) -> BertforgeError:

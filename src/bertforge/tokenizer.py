@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertforge.config import TokenizerConfig
-from bertforge.corpus import read_documents
+from bertforge.corpus import DEFAULT_TEXT_COLUMN, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_bytes
 
@@ -143,13 +143,19 @@ def train_tokenizer(
     out_dir: str | Path,
     format: str = "auto",
     show_progress: bool = True,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> BertTokenizer:
-    """Learn a vocabulary from the sentences of `corpus_files` and save it into `out_dir`."""
+    """Learn a vocabulary from the sentences of `corpus_files` and save it into `out_dir`.
+
+    Each file is read in `format` (detected per file for "auto"); `text_column` names the text
+    field of jsonl and Parquet files.
+    """
     if config.kind not in KINDS:
         raise BertforgeError(f"tokenizer.kind = {config.kind!r} is not one of: {', '.join(KINDS)}")
     if not corpus_files:
         raise BertforgeError("no corpus files given to train the tokenizer on; pass at least one text file")
-    streams = [read_documents(path, format) for path in corpus_files]  # checks every file before training
+    # Opening every stream checks every file (and Parquet column) before training starts.
+    streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
     backend = _new_backend(config.kind, config.lowercase)
     backend.train_from_iterator(_sentence_batches(streams), trainer=_trainer(config, show_progress))
     if config.kind == "wordlevel":

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from bertforge import distributed
 from bertforge.batches import batch_seed
+from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import (
     list_checkpoints,
     load_checkpoint,
@@ -39,6 +40,7 @@ from bertforge.checkpoint import (
 from bertforge.config import RunConfig, TrainConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
+from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import autocast, resolve_device, to_device
 
 
@@ -202,6 +204,9 @@ class Trainer:
         self.device = distributed.local_device(device, self.world)
         self.plan = distributed.batch_plan(self.train_cfg, self.world.world_size)
         self.model = objective.model.to(self.device)
+        if self.runtime.precision == "auto":  # callers that save a config resolve it first (pretrain)
+            resolve_precision(config, self.device, default_cache_dir())
+            agree_on_precision(config)
         self.optimizer = build_optimizer(self.model, self.train_cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.runtime.precision == "fp16" else None
         self.schedule = Schedule(self.train_cfg)

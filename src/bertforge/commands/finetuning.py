@@ -1,7 +1,8 @@
 """Commands for classification: `finetune` (train a classifier) and `classify` (use one).
 
 Each handler builds its inputs from the arguments and calls one library function
-(`bertforge.finetune.finetune`, `bertforge.classifier.classify`); printing happens here.
+(`bertforge.finetune.finetune`, with `--compare-scratch` `bertforge.comparison.compare_with_scratch`,
+`bertforge.classifier.classify`); printing happens here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
 RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
+    "compare_scratch",
     *("precision", "device", "set"),
 )
 
@@ -63,7 +65,17 @@ def add_finetune_command(commands) -> None:
         "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
     )
     p.add_argument("--from-scratch", action="store_true", help="same architecture and tokenizer, random init")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument(
+        "--compare-scratch",
+        action="store_true",
+        help="with --seeds: per seed, fine-tune --model and the same model from scratch (OUT/pretrained/, "
+        "OUT/scratch/) and compare them with paired tests (OUT/comparison.json)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
+    )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument(
         "--set",
@@ -123,6 +135,7 @@ def finetune_inputs(args):
         epochs=FinetuneTask.epochs if args.epochs is None else args.epochs,
         seeds=args.seeds,
         from_scratch=args.from_scratch,
+        compare_scratch=args.compare_scratch,
     )
     config = finetuning_config()
     flags = {
@@ -143,6 +156,8 @@ def run_finetune(args) -> int:
     from bertforge.finetune import finetune
 
     task, config = finetune_inputs(args)
+    if task.compare_scratch:
+        return run_comparison(args, task, config)
     summary = finetune(task, config, args.out, resume=args.resume, show_progress=not args.quiet)
     for run in summary["runs"]:
         minutes = run["elapsed_s"] / 60
@@ -167,6 +182,61 @@ def run_finetune(args) -> int:
         print(f"plots:    {args.out / 'curves.png'}")
         print(f"metrics:  {args.out / 'metrics.jsonl'}")
     return 0
+
+
+def run_comparison(args, task, config) -> int:
+    from bertforge.comparison import COMPARISON, compare_with_scratch
+
+    comparison = compare_with_scratch(
+        task, config, args.out, resume=args.resume, show_progress=not args.quiet
+    )
+    print()
+    print(comparison_table(comparison))
+    print(f"time:        {comparison['elapsed_s'] / 60:.1f} min for {2 * len(task.seeds)} runs")
+    print(f"runs:        {args.out / 'pretrained'}, {args.out / 'scratch'}")
+    print(f"comparison:  {args.out / COMPARISON}")
+    return 0
+
+
+def comparison_table(comparison: dict) -> str:
+    """Per-seed accuracies of both arms and their difference, each column's median and range, and the
+    two paired tests."""
+    from bertforge.comparison import SEEDS_FOR_A_CLAIM, few_seeds_note
+
+    columns = ("pretrained", "scratch", "difference")
+    formats = (".4f", ".4f", "+.4f")
+
+    def row(name, values) -> str:
+        return f"{name:<8}" + "".join(
+            f"{format(value, spec):>20}" for value, spec in zip(values, formats, strict=True)
+        )
+
+    lines = [f"{'seed':<8}" + "".join(f"{name:>20}" for name in columns)]
+    lines += [row(str(pair["seed"]), [pair[name] for name in columns]) for pair in comparison["pairs"]]
+    lines.append(row("median", [comparison[name]["median"] for name in columns]))
+    ranges = [
+        f"{comparison[n]['min']:{f}} to {comparison[n]['max']:{f}}"
+        for n, f in zip(columns, formats, strict=True)
+    ]
+    lines.append(f"{'range':<8}" + "".join(f"{r:>20}" for r in ranges))
+    sign, boot = comparison["sign_test"], comparison["bootstrap"]
+    lines.append(
+        f"sign test over seeds (exact, two-sided): pretrained better on {sign['wins']}, worse on "
+        f"{sign['losses']}, {sign['ties']} ties dropped: p = {sign['p_value']:.4f}"
+    )
+    lines.append(
+        f"paired bootstrap over {boot['examples']:,} validation examples ({boot['resamples']:,} resamples): "
+        f"gain {boot['gain']:+.4f}, {boot['confidence']:.0%} interval {boot['low']:+.4f} to "
+        f"{boot['high']:+.4f}, p {format_p(boot['p_value'], boot['resamples'])}"
+    )
+    if len(comparison["seeds"]) < SEEDS_FOR_A_CLAIM:
+        lines.append(f"note: {few_seeds_note(len(comparison['seeds']))}")
+    return "\n".join(lines)
+
+
+def format_p(p_value: float, resamples: int) -> str:
+    """`= p`, or `< 2/resamples` when no resample crossed zero (the bootstrap's resolution)."""
+    return f"< {2 / resamples:.4g}" if p_value == 0 else f"= {p_value:.4f}"
 
 
 def format_scores(metrics: dict[str, float]) -> str:

@@ -18,7 +18,9 @@ from bertforge.config import (
 from bertforge.errors import BertforgeError
 from bertforge.io import check_new_folder
 
-FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
+FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl", "parquet")
+FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
+TEXT_COLUMN_HELP = 'the JSON-lines field or Parquet column holding the text (default "text")'
 
 
 def register(commands) -> None:
@@ -36,14 +38,20 @@ def add_tokenizer_command(commands) -> None:
         help="learn a WordPiece or word-level vocabulary",
         description="Learn a vocabulary; specials [PAD] [UNK] [CLS] [SEP] [MASK] get ids 0-4.",
     )
-    p.add_argument("--corpus", type=Path, nargs="+", required=True, help="text files to learn from")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        required=True,
+        help="files to learn from: files, folders or quoted glob patterns (.gz and .parquet included)",
+    )
     p.add_argument("--kind", choices=("wordpiece", "wordlevel"), default="wordpiece")
     p.add_argument("--vocab-size", type=int, default=TokenizerConfig.vocab_size)
     p.add_argument(
         "--min-freq", type=int, default=TokenizerConfig.min_frequency, help="minimum word frequency"
     )
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--text-column", default="text", help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
     p.set_defaults(handler=run_tokenizer_train)
 
@@ -56,7 +64,8 @@ def add_prepare_command(commands) -> None:
     )
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--text-column", default="text", help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(handler=run_prepare)
 
@@ -68,7 +77,12 @@ def add_pretrain_command(commands) -> None:
         description="Train the tokenizer and shards when missing (cached by content), then pretrain. "
         "Settings apply in order: defaults, --preset, --config, flags, --set.",
     )
-    p.add_argument("--corpus", type=Path, help="training text (WikiText, plain text or JSON lines)")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        help="training text: a file (WikiText, plain text, JSON lines, Parquet; .gz read as it is), a "
+        "folder (every file in it) or a quoted glob pattern; repeat to train on several corpora",
+    )
     p.add_argument("--valid", type=Path, help="held-out text for evaluation")
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size after Turc et al. 2019")
@@ -85,12 +99,17 @@ def add_pretrain_command(commands) -> None:
         help="start from this model (a bertforge model, or one from import-hf or export); its size and "
         "tokenizer replace any other model settings",
     )
-    p.add_argument("--format", choices=FORMAT_CHOICES)
+    p.add_argument("--format", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--text-column", help=TEXT_COLUMN_HELP)
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=float, help="time budget; the LR schedule ends when it runs out")
     p.add_argument("--batch-size", type=int, help="sequences per optimizer step (train.batch_size)")
     p.add_argument("--lr", type=float, help="peak learning rate (train.learning_rate)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
+    )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int)
     p.add_argument("--no-nsp", action="store_true", help="MLM only: contiguous text fills whole sequences")
@@ -128,6 +147,7 @@ def add_evaluate_command(commands) -> None:
 
 
 def run_tokenizer_train(args) -> int:
+    from bertforge.corpus import resolve_corpus_files
     from bertforge.tokenizer import train_tokenizer
 
     config = TokenizerConfig(
@@ -135,7 +155,8 @@ def run_tokenizer_train(args) -> int:
     )
     validate(RunConfig(tokenizer=config))
     check_new_folder(args.out)
-    tokenizer = train_tokenizer(args.corpus, config, args.out, format=args.format)
+    files = resolve_corpus_files(args.corpus)
+    tokenizer = train_tokenizer(files, config, args.out, format=args.format, text_column=args.text_column)
     print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
     return 0
 
@@ -145,7 +166,13 @@ def run_prepare(args) -> int:
     from bertforge.tokenizer import load_tokenizer
 
     check_new_folder(args.out)
-    meta = prepare_shards(args.corpus, load_tokenizer(args.tokenizer), args.out, format=args.format)
+    meta = prepare_shards(
+        args.corpus,
+        load_tokenizer(args.tokenizer),
+        args.out,
+        format=args.format,
+        text_column=args.text_column,
+    )
     print(
         f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
         f"{meta['num_tokens']} tokens written to {args.out}"
@@ -168,9 +195,10 @@ def pretrain_config(args) -> RunConfig:
         if args.config:
             apply_mapping(config, load_toml(args.config), origin=str(args.config))
     flags = {
-        "data.corpus": str(args.corpus) if args.corpus else None,
+        "data.corpus": args.corpus,  # every --corpus value, as given: --resume resolves them again
         "data.valid": str(args.valid) if args.valid else None,
         "data.format": args.format,
+        "data.text_column": args.text_column,
         "data.nsp": False if args.no_nsp else None,
         "train.max_steps": args.max_steps,
         "train.max_minutes": args.max_minutes,
@@ -219,7 +247,7 @@ def run_pretrain(args) -> int:
     print(f"({rate:,.0f} real tokens/s)")
     metrics = {k: v for k, v in result.items() if k not in ("step", "elapsed_s", "tokens")}
     if metrics:
-        print("held-out: " + format_metrics(metrics))
+        print_metrics(metrics, label="held-out: ")
     print(f"model:    {args.out / 'final'}")
     print(f"plots:    {args.out / 'loss.png'}")
     print(f"metrics:  {args.out / 'metrics.jsonl'}")
@@ -240,8 +268,22 @@ def run_evaluate(args) -> int:
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
     )
-    print(json.dumps(metrics) if args.json else format_metrics(metrics))
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print_metrics(metrics)
     return 0
+
+
+def print_metrics(metrics: dict[str, float], label: str = "") -> None:
+    """The metrics on one line, then the unigram entropy as the reference for `mlm_loss`."""
+    metrics = dict(metrics)
+    entropy = metrics.pop("unigram_entropy", None)
+    print(label + format_metrics(metrics))
+    if entropy is not None:
+        indent = " " * len(label)
+        print(f"{indent}reference: unigram entropy {entropy:.4f}, the MLM loss of a model that knows only "
+              "how often each token occurs; below it, the model uses context")
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

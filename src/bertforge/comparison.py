@@ -1,0 +1,123 @@
+"""The downstream comparison behind `bertforge finetune --compare-scratch`: what pretraining bought.
+
+For every seed, two fine-tuning runs with the same data, recipe and seed: the pretrained arm (the
+encoder of `task.model`) and the from-scratch arm (the same architecture and tokenizer from random
+weights; the same head, example order and dropout, see `finetune.build_classifier`). Then paired
+statistics from `bertforge.stats` on the best epoch's validation accuracy: the per-seed
+differences and their median, an exact sign test over seeds (training randomness) and a paired
+bootstrap over validation examples (the evaluation set's sampling noise).
+
+Each run's best epoch is chosen on the validation set that also scores it, alike in both arms: the
+accuracies are optimistic, the comparison of the two procedures is even-handed.
+
+Comparison folder (`--out OUT`):
+
+    finetune.json                 the task and settings (what `--resume` reads)
+    pretrained/seed_N/            a fine-tuning run (see `bertforge.finetune`), with its
+                                  valid_predictions.json
+    pretrained/summary.json       the arm's median and spread over seeds
+    scratch/seed_N/, scratch/summary.json   the same for the from-scratch arm
+    comparison.json               the pairs, each arm's summary and the paired tests
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bertforge.checkpoint import read_json
+from bertforge.config import RunConfig
+from bertforge.errors import BertforgeError
+from bertforge.finetune import (
+    PREDICTIONS,
+    RESULT,
+    SUMMARY,
+    FinetuneTask,
+    removed_unless_progress,
+    start,
+    summarize_seeds,
+)
+from bertforge.io import atomic_write_text
+from bertforge.stats import paired_bootstrap, sign_test, summary
+
+ARMS = ("pretrained", "scratch")
+COMPARISON = "comparison.json"
+SEEDS_FOR_A_CLAIM = 5
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+
+def compare_with_scratch(
+    task: FinetuneTask, config: RunConfig, out: Path, resume: bool = False, show_progress: bool = True
+) -> dict:
+    """Fine-tune both arms on every seed of `task.seeds` (at least 2), seed by seed; write each arm's
+    summary.json and `comparison.json`, and return the comparison. Finished runs are not run again."""
+    task, out = replace(task, compare_scratch=True), Path(out)
+    job, created = start(task, config, out, resume, show_progress)
+    if len(task.seeds) < SEEDS_FOR_A_CLAIM:
+        warnings.warn(few_seeds_note(len(task.seeds)), stacklevel=2)
+    folders = [(seed, arm, run_folder(out, arm, seed)) for seed in task.seeds for arm in ARMS]
+    with removed_unless_progress(out, created, [folder for _, _, folder in folders]):
+        results = {arm: [] for arm in ARMS}
+        for seed, arm, folder in folders:
+            results[arm].append(job.run(seed, folder, from_scratch=arm == "scratch"))
+    for arm in ARMS:
+        atomic_write_text(out / arm / SUMMARY, json.dumps(summarize_seeds(results[arm]), indent=2) + "\n")
+    comparison = compare_runs(out, task.seeds)
+    atomic_write_text(out / COMPARISON, json.dumps(comparison, indent=2) + "\n")
+    return comparison
+
+
+def few_seeds_note(count: int) -> str:
+    return (
+        f"{count} seeds support no claim about pretraining; use {SEEDS_FOR_A_CLAIM} or more (even then "
+        "the exact sign test reaches p < 0.05 only from 6 seeds that all agree)"
+    )
+
+
+def run_folder(out: Path, arm: str, seed: int) -> Path:
+    return Path(out) / arm / f"seed_{seed}"
+
+
+def compare_runs(
+    out: Path, seeds: list[int], resamples: int = BOOTSTRAP_RESAMPLES, bootstrap_seed: int = BOOTSTRAP_SEED
+) -> dict:
+    """The paired statistics of the finished runs of both arms in `out`."""
+    results = {arm: [read_json(run_folder(out, arm, seed) / RESULT) for seed in seeds] for arm in ARMS}
+    pretrained, scratch = ([r["best"]["accuracy"] for r in results[arm]] for arm in ARMS)
+    differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
+    pairs = zip(seeds, pretrained, scratch, differences, strict=True)
+    correct = correctness(out, seeds)
+    return {
+        "metric": "accuracy",  # of each run's best epoch on the validation set
+        "seeds": list(seeds),
+        "pairs": [{"seed": s, "pretrained": a, "scratch": b, "difference": d} for s, a, b, d in pairs],
+        "pretrained": summary(pretrained),
+        "scratch": summary(scratch),
+        "difference": summary(differences),
+        "sign_test": sign_test(differences),
+        "bootstrap": paired_bootstrap(correct["pretrained"], correct["scratch"], resamples, bootstrap_seed),
+        "elapsed_s": sum(r["elapsed_s"] for arm in ARMS for r in results[arm]),
+    }
+
+
+def correctness(out: Path, seeds: list[int]) -> dict[str, np.ndarray]:
+    """arm -> (seeds, examples) booleans: whether the best epoch of each run got each example right."""
+    truth, correct = None, {}
+    for arm in ARMS:
+        rows = []
+        for seed in seeds:
+            path = run_folder(out, arm, seed) / PREDICTIONS
+            if not path.is_file():
+                raise BertforgeError(f"{path} is missing; fine-tune that seed again to compare it")
+            record = read_json(path)
+            truth = record["true"] if truth is None else truth
+            if record["true"] != truth:
+                raise BertforgeError(f"{path} was made on other validation data than the other runs")
+            rows.append(np.asarray(record["predicted"]) == np.asarray(record["true"]))
+        correct[arm] = np.stack(rows)
+    return correct

@@ -1,0 +1,111 @@
+"""Statistics for comparing two training recipes: pure functions on lists and numpy arrays.
+
+- `sign_test`: the exact two-sided sign test (a binomial test with p = 1/2) over paired seeds.
+  It asks whether one arm beats the other more often across training randomness (initialisation,
+  data order, dropout) than chance would have it; it uses only the signs of the per-seed
+  differences, so it assumes nothing about their distribution. Ties are dropped. With n seeds the
+  smallest p-value it can give is 2 / 2**n: six seeds that all agree are needed for p < 0.05.
+- `paired_bootstrap`: a paired bootstrap over evaluation examples (Efron & Tibshirani 1993;
+  Berg-Kirkpatrick et al. 2012 for NLP). It resamples the examples with replacement, keeping each
+  example's outcomes under both arms together, and asks whether the accuracy gain of these trained
+  models is larger than the sampling noise of a finite evaluation set. It does not cover the
+  variation between seeds; the sign test does.
+- `summary`: median, range, mean and standard deviation of a list of numbers.
+
+No scipy: the binomial tail is summed exactly with `math.comb`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+BOOTSTRAP_CHUNK = 1000  # resamples drawn at once (bounds the index array's memory)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Count, median, min, max, mean and sample standard deviation (0 for a single value)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("summary of an empty list")
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def sign_test(differences: Sequence[float]) -> dict[str, float]:
+    """Exact two-sided sign test of paired differences (a - b); zero differences (ties) are dropped.
+
+    p = min(1, 2 * P(X <= min(wins, losses))) for X ~ Binomial(wins + losses, 1/2); 1 when all tie.
+    """
+    wins = sum(1 for d in differences if d > 0)
+    losses = sum(1 for d in differences if d < 0)
+    n = wins + losses
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2**n
+    return {
+        "wins": wins,
+        "losses": losses,
+        "ties": len(differences) - n,
+        "p_value": min(1.0, 2 * tail),
+    }
+
+
+def paired_bootstrap(
+    correct_a: np.ndarray,
+    correct_b: np.ndarray,
+    resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, float]:
+    """The gain in accuracy of arm a over arm b, its bootstrap interval and a two-sided p-value.
+
+    `correct_a` and `correct_b` hold whether each example was classified correctly, shaped
+    (examples,) or (seeds, examples) with the same seeds in the same order; with several seeds the
+    accuracy is averaged over them. Examples are resampled with replacement `resamples` times
+    from `seed`. The p-value is twice the fraction of resamples whose gain has the opposite sign
+    to the observed one (zero counting as opposite), capped at 1; 1 when the observed gain is 0.
+    The interval holds the central `confidence` of the resampled gains (percentile method).
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    a, b = np.atleast_2d(np.asarray(correct_a, float)), np.atleast_2d(np.asarray(correct_b, float))
+    if a.shape != b.shape or a.shape[1] == 0:
+        raise ValueError(f"both arms need outcomes on the same examples, got {a.shape} and {b.shape}")
+    per_example = (a - b).mean(axis=0)  # (examples,): the gain on each example, averaged over seeds
+    observed = float(per_example.mean())
+    gains = resampled_means(per_example, resamples, seed)
+    if observed == 0:
+        p_value = 1.0
+    else:
+        flipped = np.count_nonzero(gains <= 0) if observed > 0 else np.count_nonzero(gains >= 0)
+        p_value = min(1.0, 2 * flipped / resamples)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(gains, [tail, 100 - tail])
+    return {
+        "gain": observed,
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "p_value": p_value,
+        "examples": int(per_example.size),
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+
+def resampled_means(values: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The mean of `values` resampled with replacement, `resamples` times: (resamples,)."""
+    rng = np.random.default_rng(seed)
+    means = []
+    for start in range(0, resamples, BOOTSTRAP_CHUNK):
+        count = min(BOOTSTRAP_CHUNK, resamples - start)
+        means.append(values[rng.integers(0, values.size, size=(count, values.size))].mean(axis=1))
+    return np.concatenate(means)
