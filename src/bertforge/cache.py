@@ -4,7 +4,8 @@ A key is a hash of what determines the result (corpus bytes, tokenizer settings 
 corpus format, and a text column other than "text" for jsonl and Parquet files), so re-running on
 the same text reuses the work and changed text never hits a stale entry. Shards are kept per
 corpus file: a run on several files reuses those of any file it has seen before. The cache lives
-in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`.
+in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`. An entry is built under a lock of its own
+(`.KEY.lock` beside it): of two runs on a cold cache one builds it, the other waits and reuses it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
+from bertforge.io import entry_lock
 from bertforge.shards import TokenShards, file_sha256, prepare_shards
 from bertforge.tokenizer import BertTokenizer, load_tokenizer, train_tokenizer
 
@@ -66,7 +68,10 @@ def cached_tokenizer(
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer(folder)
-    return train_tokenizer(list(corpus_files), config, folder, format=format, text_column=text_column)
+    with entry_lock(folder):
+        if (folder / "tokenizer.json").is_file():  # built by another process while this one waited
+            return load_tokenizer(folder)
+        return train_tokenizer(list(corpus_files), config, folder, format=format, text_column=text_column)
 
 
 def cached_shards(
@@ -83,5 +88,7 @@ def cached_shards(
     key = _key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column))
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
-        prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
+        with entry_lock(folder):
+            if not (folder / "meta.json").is_file():  # built by another process while this one waited
+                prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
     return TokenShards.open(folder)

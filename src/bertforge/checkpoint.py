@@ -5,18 +5,21 @@ A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resu
     model.safetensors   weights; tied aliases (the MLM decoder) are dropped, as Hugging Face does
     optimizer.pt        optimizer and grad-scaler state: tensors and plain values only, so it loads
                         with `torch.load(weights_only=True)`
-    state.json          step, data position, elapsed time, RNG states, last metrics
+    state.json          step, data position, elapsed time, RNG states, last metrics, and the
+                        sha256 of each other file (checked on load; older checkpoints lack them)
     config.json         the effective run config
 
 A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files.
 Every folder is written beside its final name and renamed into place, so a crash never leaves a
-half-written checkpoint that `--resume` would pick up.
+half-written checkpoint that `--resume` would pick up; a checkpoint damaged later (a flipped bit,
+a truncated file) fails its hash check and is reported as `DamagedCheckpoint`.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +32,7 @@ from bertforge.config import RunConfig, load_json, save_json
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_text
 from bertforge.model import TIED_KEYS, BertForPreTraining
+from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 
 WEIGHTS = "model.safetensors"
@@ -37,6 +41,11 @@ STATE = "state.json"
 CONFIG = "config.json"
 LABELS = "labels.json"  # a classifier folder's label names, in id order
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
+HASHED = (WEIGHTS, OPTIMIZER, CONFIG)  # a checkpoint's files whose sha256 state.json records
+
+
+class DamagedCheckpoint(BertforgeError):
+    """A checkpoint or model file that is missing, unreadable, or not what was written."""
 
 
 def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -55,11 +64,11 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete")
+        raise DamagedCheckpoint(f"{path} is missing; the model folder is incomplete")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise BertforgeError(
+        raise DamagedCheckpoint(
             f"{path} is damaged and cannot be read ({error}); use another checkpoint"
         ) from None
 
@@ -136,10 +145,25 @@ def save_checkpoint(
         save_weights(model, tmp / WEIGHTS)
         extra = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None}
         torch.save(extra, tmp / OPTIMIZER)
-        payload = dict(state, step=step, rng=rng_states())
-        atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
         save_json(config, tmp / CONFIG)
+        hashes = {name: file_sha256(tmp / name) for name in HASHED}
+        payload = dict(state, step=step, rng=rng_states(), sha256=hashes)
+        atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
     return target
+
+
+def verify_files(path: Path, state: dict, names: tuple[str, ...] = HASHED) -> None:
+    """Check `names` in checkpoint folder `path` against the sha256 its state.json recorded."""
+    recorded = state.get("sha256") or {}  # absent in checkpoints written before hashes were kept
+    for name in names:
+        if name not in recorded:
+            continue
+        if not (path / name).is_file():
+            raise DamagedCheckpoint(f"{path / name} is missing; the checkpoint is incomplete")
+        if file_sha256(path / name) != recorded[name]:
+            raise DamagedCheckpoint(
+                f"checkpoint {path} is damaged: {name} differs from what was written (sha256 mismatch)"
+            )
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -162,16 +186,20 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
 ) -> dict:
-    """Restore model, optimizer, scaler and RNG from a checkpoint folder; return its state dict."""
+    """Restore model, optimizer, scaler and RNG from a checkpoint folder; return its state dict.
+
+    Every file is checked against its recorded hash before anything is loaded.
+    """
     state = read_state(path)
+    verify_files(path, state)
     load_weights(model, path / WEIGHTS)
     try:
         extra = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
         optimizer.load_state_dict(extra["optimizer"])
     except FileNotFoundError:
-        raise BertforgeError(f"{path / OPTIMIZER} is missing; the checkpoint is incomplete") from None
-    except (RuntimeError, KeyError, ValueError, EOFError) as error:
-        raise BertforgeError(
+        raise DamagedCheckpoint(f"{path / OPTIMIZER} is missing; the checkpoint is incomplete") from None
+    except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as error:
+        raise DamagedCheckpoint(
             f"{path / OPTIMIZER} is damaged or from another model ({error}); use another checkpoint"
         ) from None
     if scaler is not None and extra.get("scaler"):
@@ -184,11 +212,11 @@ def read_state(path: Path) -> dict:
     try:
         state = json.loads((path / STATE).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BertforgeError(f"{path / STATE} is missing; the checkpoint is incomplete") from None
+        raise DamagedCheckpoint(f"{path / STATE} is missing; the checkpoint is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path / STATE} is damaged ({error}); use another checkpoint") from None
+        raise DamagedCheckpoint(f"{path / STATE} is damaged ({error}); use another checkpoint") from None
     if not isinstance(state, dict) or "step" not in state or "rng" not in state:
-        raise BertforgeError(f"{path / STATE} does not hold a bertforge training state")
+        raise DamagedCheckpoint(f"{path / STATE} does not hold a bertforge training state")
     return state
 
 
@@ -219,6 +247,8 @@ def find_model_folder(path: Path) -> tuple[Path, Path]:
 def load_pretrained(path: Path) -> tuple[BertForPreTraining, BertTokenizer, RunConfig]:
     """Model (on CPU, eval mode), tokenizer and config from any folder `find_model_folder` accepts."""
     folder, tokenizer_dir = find_model_folder(path)
+    if (folder / STATE).is_file():  # a checkpoint: its files must be those that were written
+        verify_files(folder, read_state(folder), (WEIGHTS, CONFIG))
     config = read_config(folder)
     tokenizer = load_tokenizer(tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder)

@@ -47,7 +47,7 @@ from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints,
 from bertforge.classifier import load_encoder, save_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text, is_occupied
+from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
@@ -66,6 +66,8 @@ EVAL_BATCH_SIZE = 64
 # What a run writes into its folder; cleared before a run that has no checkpoint starts afresh.
 PREDICTIONS = "valid_predictions.json"
 RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, PREDICTIONS, "curves.png")
+# Run folders this process holds, from `start` to the end of `removed_unless_progress`.
+_owned: dict[Path, RunFolderLock] = {}
 
 
 @dataclass
@@ -121,7 +123,23 @@ def start(
     task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show_progress: bool
 ) -> tuple[Job, bool]:
     """Read and check the model, the data and the settings, then (unless resuming) create `out` with
-    its `finetune.json`: the `Job` that trains the seeds, and whether `out` was created."""
+    its `finetune.json`: the `Job` that trains the seeds, and whether `out` was created.
+
+    From here until `removed_unless_progress` ends, this process owns `out` (see `RunFolderLock`).
+    """
+    out = Path(out)
+    lock = RunFolderLock(out).acquire()
+    try:
+        job = prepare(task, config, out, resume, show_progress)
+    except BaseException:
+        lock.release()
+        raise
+    _owned[out.resolve()] = lock
+    return job, lock.created
+
+
+def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show_progress: bool) -> Job:
+    """`start` in a folder this process owns."""
     check_out_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
@@ -142,12 +160,10 @@ def start(
     if choice is not None and show_progress:
         print(choice.describe(), flush=True)
 
-    created = not out.exists()
     if not resume:
-        out.mkdir(parents=True, exist_ok=True)
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         atomic_write_text(out / TASK, json.dumps(payload, indent=2) + "\n")
-    return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress), created
+    return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
 
 
 @contextmanager
@@ -160,6 +176,10 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
             shutil.rmtree(out, ignore_errors=True)
         raise
+    finally:
+        lock = _owned.pop(Path(out).resolve(), None)
+        if lock is not None:
+            lock.release()
 
 
 def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:

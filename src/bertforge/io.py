@@ -1,14 +1,18 @@
-"""Atomic file and folder writes: write beside the target, then rename over it.
+"""Atomic file and folder writes, and the locks that give a folder one writer at a time.
 
-A run interrupted mid-write leaves either the old file or the new one, never half of one, and
-temporary siblings (`.NAME.tmp-*`) are removed when the write fails.
+Writes go beside the target, then are renamed over it: a run interrupted mid-write leaves either
+the old file or the new one, never half of one, and temporary siblings (`.NAME.tmp-*`) are removed
+when the write fails. Locks are OS file locks (`flock`) on a file that holds the owner's PID: the
+kernel frees them when their owner dies, so a killed run never leaves a stale lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +43,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 def is_occupied(path: Path) -> bool:
     """True when `path` is a file or a folder with something in it: an output that must not be overwritten."""
     path = Path(path)
-    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if not path.exists():
+        return False
+    return not path.is_dir() or any(entry.name != LOCK_FILE for entry in path.iterdir())
 
 
 def check_new_folder(out: Path) -> None:
@@ -67,3 +73,118 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+LOCK_FILE = ".lock"  # a run folder's lock; ignored by `is_occupied`
+
+
+class FileLock:
+    """An exclusive `flock` on `path`, which holds the owner's PID while it is held."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self, wait: bool) -> bool:
+        """Take the lock (waiting for it when `wait`); False when another process holds it."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the previous owner removed the file after we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return True
+
+    def owner(self) -> str:
+        """The holder's PID as written in the lock file ("unknown" while it is being written)."""
+        try:
+            return self.path.read_text(encoding="utf-8").strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def release(self) -> None:
+        """Remove the lock file while still holding it (waiters then retry on a new file), then unlock."""
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
+
+
+class RunFolderLock:
+    """One owner per run folder: `FOLDER/.lock`, held from `acquire` to `release`.
+
+    `acquire` creates the folder if needed (`created` says whether it did) and refuses, with one
+    line naming the owner's PID, a folder another process holds; `release` removes the lock file,
+    and the folder too when this lock created it and nothing else was written there.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.created = not self.folder.exists()
+        self.lock = FileLock(self.folder / LOCK_FILE)
+
+    def acquire(self) -> RunFolderLock:
+        if self.folder.exists() and not self.folder.is_dir():
+            raise BertforgeError(f"{self.folder} is a file; --out must name a folder")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            taken = self.lock.acquire(wait=False)
+        except OSError as error:
+            raise BertforgeError(
+                f"cannot lock {self.folder} ({error.strerror}); choose another --out"
+            ) from None
+        if not taken:
+            raise BertforgeError(
+                f"{self.folder} is in use by another bertforge run (process {self.lock.owner()}); "
+                "wait for it to finish or choose another --out"
+            )
+        return self
+
+    def release(self) -> None:
+        self.lock.release()
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only when empty
+
+    def __enter__(self) -> RunFolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def entry_lock(folder: Path) -> Iterator[None]:
+    """Hold `.NAME.lock` beside a shared cache entry `folder` while it is checked and built, so that
+    a second process waits for the first to build it and then reuses it."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder.parent / f".{folder.name}.lock")
+    if not lock.acquire(wait=False):
+        print(
+            f"bertforge: waiting for process {lock.owner()} to finish building {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+        lock.acquire(wait=True)
+    try:
+        yield
+    finally:
+        lock.release()

@@ -5,6 +5,9 @@ Owns `BertTokenizer`, a thin wrapper over a `tokenizers.Tokenizer` with BERT's s
 vocabulary puts them: Google's use 0 and 100-103), and the folder layout: `tokenizer.json` (loadable
 by `transformers.BertTokenizerFast(tokenizer_file=...)`), `vocab.txt` (one token per line in id
 order) and `bertforge_tokenizer.json` (the settings and a fingerprint of `tokenizer.json`).
+
+Training is deterministic: the same corpus and settings give the same files byte for byte (see
+`_continuation_pieces` for how WordPiece training is made so).
 """
 
 from __future__ import annotations
@@ -154,12 +157,21 @@ def train_tokenizer(
         raise BertforgeError(f"tokenizer.kind = {config.kind!r} is not one of: {', '.join(KINDS)}")
     if not corpus_files:
         raise BertforgeError("no corpus files given to train the tokenizer on; pass at least one text file")
-    # Opening every stream checks every file (and Parquet column) before training starts.
-    streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
+
+    def sentences() -> Iterator[list[str]]:
+        # Opening every stream checks every file (and Parquet column) before training starts.
+        streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
+        return _sentence_batches(streams)
+
+    batches = sentences()
+    pieces = _continuation_pieces(batches, config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
-    backend.train_from_iterator(_sentence_batches(streams), trainer=_trainer(config, show_progress))
+    trainer = _trainer(config, show_progress, pieces)
+    backend.train_from_iterator(sentences() if pieces else batches, trainer=trainer)
     if config.kind == "wordlevel":
         _close_id_gaps(backend)
+    else:  # the pieces were the trainer's special tokens; in the tokenizer they are plain vocabulary
+        backend = _new_backend(config.kind, config.lowercase, backend.get_vocab(with_added_tokens=False))
     if backend.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):
         raise BertforgeError(
             f"the corpus gave no words seen at least tokenizer.min_frequency = {config.min_frequency} "
@@ -191,11 +203,26 @@ def _new_backend(kind: str, lowercase: bool, vocab: dict[str, int] | None = None
     return backend
 
 
-def _trainer(config: TokenizerConfig, show_progress: bool):
+def _continuation_pieces(batches: Iterator[list[str]], config: TokenizerConfig) -> list[str]:
+    """Every `##c` piece of the corpus, sorted: a first pass of the trainer with no merges.
+
+    `tokenizers`' WordPiece trainer numbers the `##c` pieces in the order of a hash map seeded anew
+    in each process, and breaks ties between equally frequent merges by those numbers, so its vocabulary
+    differs from run to run. Given to the real pass as special tokens, right after the five of BERT,
+    the pieces get fixed ids, and the rest of the training (characters in code point order, merges
+    by count then ids) is deterministic.
+    """
+    backend = _new_backend(config.kind, config.lowercase)
+    survey = TokenizerConfig(kind=config.kind, vocab_size=0, lowercase=config.lowercase)
+    backend.train_from_iterator(batches, trainer=_trainer(survey, show_progress=False))
+    return sorted(token for token in backend.get_vocab(with_added_tokens=False) if token.startswith("##"))
+
+
+def _trainer(config: TokenizerConfig, show_progress: bool, pieces: Sequence[str] = ()):
     options = dict(
         vocab_size=config.vocab_size,
         min_frequency=config.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *pieces],
         show_progress=show_progress,
     )
     if config.kind == "wordpiece":

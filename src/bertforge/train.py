@@ -6,6 +6,12 @@ time budget, gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 wi
 optional `torch.compile` (falling back to eager mode when it fails), periodic evaluation,
 `metrics.jsonl`, atomic checkpoints and exact resume.
 
+A run that diverges stops with one line naming the step: a non-finite training loss, gradient norm
+(checked on the clipping norm already computed, without a host sync per step), weights or validation
+metric is caught at every log line and before every evaluation and checkpoint, so no non-finite
+weights are ever saved and the last good checkpoint stays. `--resume` skips damaged checkpoints
+(hash mismatch, unreadable files) with a warning and continues from the newest intact one.
+
 Under torchrun the same loop trains with DistributedDataParallel (see `bertforge.distributed`):
 rank r takes micro-batches r, r + W, r + 2W, ... of the same deterministic epoch, gradients are
 all-reduced once per optimizer step (`no_sync` on the other micro-batches), logged sums and token
@@ -30,6 +36,7 @@ from bertforge import distributed
 from bertforge.batches import batch_seed
 from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import (
+    DamagedCheckpoint,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
@@ -153,13 +160,19 @@ class MetricsLog:
             atomic_write_text(self.path, "".join(json.dumps(line) + "\n" for line in kept))
 
     def append(self, record: dict) -> None:
+        """Strict JSON: a non-finite number is written as null (bare NaN is not JSON)."""
+        finite = {key: None if _nonfinite(value) else value for key, value in record.items()}
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(finite, allow_nan=False) + "\n")
 
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _nonfinite(value) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def compile_model(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
@@ -223,6 +236,9 @@ class Trainer:
         self.state.update(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
         self.clock = time.perf_counter() - self.state["elapsed_s"]
         self.window = Window()
+        self.checked_step = self.state["step"]  # the last step whose loss, gradients and weights were finite
+        # False once a step's gradient norm was non-finite (fp16's scaler skips those steps itself).
+        self.grads_finite = torch.ones((), dtype=torch.bool, device=self.device)
 
     def restore(self) -> None:
         checkpoints = list_checkpoints(self.run_dir)
@@ -230,11 +246,11 @@ class Trainer:
             raise BertforgeError(
                 f"{self.run_dir} has no checkpoint to resume from; start again without --resume"
             )
-        self.state = load_checkpoint(checkpoints[-1], self.model, self.optimizer, self.scaler)
+        path = self.load_newest_intact(checkpoints)
         saved = self.state.get("micro_batch", self.plan.micro_batch)
         if saved != self.plan.micro_batch:
             raise BertforgeError(
-                f"{checkpoints[-1]} was trained with micro-batches of {saved} sequences on "
+                f"{path} was trained with micro-batches of {saved} sequences on "
                 f"{self.state.get('world_size', 1)} process(es), but {self.world.world_size} would use "
                 f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
                 f"or with --set train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
@@ -242,6 +258,23 @@ class Trainer:
         self.restore_rank_rng(self.state.pop("rank_rng", None))
         if self.world.is_main:
             self.log.truncate_after(self.state["step"])
+
+    def load_newest_intact(self, checkpoints: list[Path]) -> Path:
+        """Load the newest checkpoint that passes its checks into the run, warning about newer damaged
+        ones (they are overwritten when the run reaches their step again); return its path."""
+        damaged = []
+        for path in reversed(checkpoints):
+            try:
+                self.state = load_checkpoint(path, self.model, self.optimizer, self.scaler)
+            except DamagedCheckpoint as error:
+                damaged.append(str(error))
+                continue
+            if damaged:
+                warnings.warn(f"{'; '.join(damaged)}; resuming from {path.name} instead", stacklevel=4)
+            return path
+        raise BertforgeError(
+            f"no intact checkpoint to resume from: {'; '.join(damaged)}; start a new run in another --out"
+        )
 
     def restore_rank_rng(self, saved: list | None) -> None:
         """Ranks above 0 continue their own dropout stream (load_checkpoint restored rank 0's)."""
@@ -313,7 +346,9 @@ class Trainer:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.train_cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.max_grad_norm)
+            if not self.scaler:  # stays on the device: checked with the weights, in one sync
+                self.grads_finite &= torch.isfinite(norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -349,15 +384,24 @@ class Trainer:
         step = self.state["step"]
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done
+        evaluate = step % self.train_cfg.eval_every == 0 or done
+        log = step % self.train_cfg.log_every == 0 or checkpoint
         # The window also closes at checkpoints so a resumed run logs the same windows.
-        if step % self.train_cfg.log_every == 0 or checkpoint:
+        if log:
             record, tokens = self.window.flush(self.objective.summarize, lr)
+            if not math.isfinite(record["loss"]):
+                raise self.diverged("the training loss")
+        if log or evaluate:
+            self.check_finite()  # before anything of this step is logged, evaluated or saved
+        if log:
             self.state["tokens"] += tokens
             if self.world.is_main:
                 self.log.append({"step": step, "split": "train", **record})
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if (step % self.train_cfg.eval_every == 0 or done) and self.world.is_main:
+        if evaluate and self.world.is_main:
             self.state["last_valid"] = self.objective.evaluate(self.model)
+            if any(_nonfinite(value) for value in self.state["last_valid"].values()):
+                raise self.diverged("the validation metrics")
             self.log.append({"step": step, "split": "valid", **self.state["last_valid"]})
             if self.state["last_valid"]:  # empty without validation text
                 bar.write(
@@ -367,6 +411,26 @@ class Trainer:
             self.save_checkpoint(step)
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
+
+    def check_finite(self) -> None:
+        """Raise when a gradient norm since the last check, or a weight now, is non-finite."""
+        weights = [torch.isfinite(p).all() for p in self.model.parameters()]
+        grads_ok, weights_ok = torch.stack([self.grads_finite, torch.stack(weights).all()]).tolist()
+        if not grads_ok:
+            raise self.diverged("the gradients")
+        if not weights_ok:
+            raise self.diverged("the weights")
+        self.checked_step = self.state["step"]
+
+    def diverged(self, what: str) -> BertforgeError:
+        step, last = self.state["step"], self.checked_step
+        when = f"at step {step}" if last >= step - 1 else f"between steps {last + 1} and {step}"
+        fp16 = "; with fp16 precision try bf16" if self.runtime.precision == "fp16" else ""
+        return BertforgeError(
+            f"training diverged {when}: {what} became non-finite (NaN or infinity); the learning rate "
+            f"is likely too high (train.learning_rate = {self.train_cfg.learning_rate:g}): lower it{fp16}. "
+            "Nothing non-finite was saved; earlier checkpoints are kept"
+        )
 
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the checkpoint, with every rank's RNG state; the others wait for it."""
@@ -413,8 +477,4 @@ class Window:
         self.sums = {}
         self.new_tokens = 0
         self.restart()
-        if not math.isfinite(loss):
-            raise BertforgeError(
-                f"the training loss became {loss}; lower train.learning_rate or use fp32/bf16 precision"
-            )
         return record, int(new_tokens)
