@@ -32,6 +32,18 @@ def test_presets_follow_turc_et_al(name):
     validate(config)
 
 
+def test_presets_set_their_learning_rate_and_a_config_file_still_wins(tmp_path):
+    config = RunConfig()
+    apply_preset(config, "tiny")
+    assert config.train.learning_rate == 2e-3
+    apply_preset(config, "base")
+    assert config.train.learning_rate == 1e-4  # Devlin et al. 2019
+    (tmp_path / "run.toml").write_text('preset = "mini"\n[train]\nlearning_rate = 3e-4\n')
+    config = RunConfig()
+    apply_mapping(config, load_toml(tmp_path / "run.toml"), origin="run.toml")
+    assert config.model.hidden_size == 256 and config.train.learning_rate == 3e-4
+
+
 def test_preset_table():
     assert (
         PRESETS["mini"] == (4, 256, 4) and PRESETS["base"] == (12, 768, 12) and PRESETS["tiny"] == (2, 128, 2)

@@ -48,6 +48,7 @@ def test_no_weight_decay_on_biases_and_layernorm():
 def test_validation_loss_falls_on_wikitext(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=80, eval_every=40, batch_size=16)
     config.train.learning_rate = 3e-3
+    config.train.mlm_bias_init = "zero"  # from ln(V): the loop must learn the frequencies too
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     valid = read_lines(tmp_path / "run", "valid")
     assert [v["step"] for v in valid] == [0, 40, 80]

@@ -85,6 +85,7 @@ class TrainConfig:
     warmup_steps: int = 0  # 0: warmup_ratio * max_steps
     warmup_ratio: float = 0.06
     schedule: str = "linear"  # linear | constant
+    mlm_bias_init: str = "unigram"  # unigram (log token frequencies of the corpus) | zero (Hugging Face's)
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_minutes: float = 0.0  # 0: no time budget; otherwise the schedule ends when time runs out
@@ -135,9 +136,20 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "base": (12, 768, 12),
 }
 
+# Peak learning rate per size: post-LN BERT collapses into predicting the most frequent token
+# above about 3e-3 (tiny) and 2e-3 (mini) on WikiText-2 (docs/time-to-quality.md); tiny and mini
+# are the fastest measured rates that stay clear of it, base is Devlin et al.'s 1e-4.
+PRESET_LEARNING_RATES: dict[str, float] = {
+    "tiny": 2e-3,
+    "mini": 1e-3,
+    "small": 5e-4,
+    "medium": 2e-4,
+    "base": 1e-4,
+}
+
 
 def apply_preset(config: RunConfig, name: str) -> None:
-    """Set the model's size fields from a named preset."""
+    """Set the model's size fields and the size's peak learning rate from a named preset."""
     if name not in PRESETS:
         raise BertforgeError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     layers, hidden, heads = PRESETS[name]
@@ -145,6 +157,7 @@ def apply_preset(config: RunConfig, name: str) -> None:
     config.model.hidden_size = hidden
     config.model.num_attention_heads = heads
     config.model.intermediate_size = 4 * hidden
+    config.train.learning_rate = PRESET_LEARNING_RATES[name]
 
 
 def load_toml(path: str | Path) -> dict:
@@ -225,6 +238,7 @@ CHOICES = {
     "tokenizer.kind": ("wordpiece", "wordlevel"),
     "data.format": ("auto", "wikitext", "text", "jsonl", "parquet"),
     "train.schedule": ("linear", "constant"),
+    "train.mlm_bias_init": ("unigram", "zero"),
     "runtime.precision": ("auto", "fp32", "bf16", "fp16"),
 }
 

@@ -21,7 +21,7 @@ from bertforge.export import load_model
 from bertforge.losses import pretraining_sums, summarize
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device
-from bertforge.shards import TokenShards
+from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
 
 EVAL_SEED = 20181011  # the date of the BERT paper, for a seed nobody tunes
@@ -46,7 +46,7 @@ def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
     The held-out MLM loss of a model that knows only how often each token occurs: a loss below it
     means the model uses the context around a masked token.
     """
-    counts = np.bincount(np.asarray(shards.tokens), minlength=shards.vocab_size).astype(np.float64)
+    counts = token_counts(shards).astype(np.float64)
     counts[list(special_ids)] = 0.0
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())

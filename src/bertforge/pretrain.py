@@ -9,14 +9,17 @@ Run folder layout (`--out DIR`):
     final/              model.safetensors, config.json and the tokenizer: the trained model
     loss.png            train and validation curves
 
-Nothing is written into the run folder until the corpus has been read, tokenized and checked.
+Nothing is written into the run folder until the corpus has been read, tokenized and checked,
+except `.lock`: the running process's PID, held with an OS lock for the whole run (removed at the end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bertforge import distributed
@@ -28,14 +31,14 @@ from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import evaluation_batches, pretraining_metrics, unigram_entropy
 from bertforge.export import init_from
-from bertforge.io import is_occupied
+from bertforge.io import RunFolderLock, is_occupied
 from bertforge.losses import pretraining_loss, pretraining_sums, summarize
 from bertforge.model import BertForPreTraining
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device
-from bertforge.shards import ShardSet, TokenShards, concat_shards
+from bertforge.shards import ShardSet, TokenShards, concat_shards, token_counts
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 
@@ -56,6 +59,25 @@ def pretrain(
     sections replace the config's, and the corpus is tokenized with its tokenizer.
     """
     out = Path(out)
+    lock = RunFolderLock(out)
+    # One run per folder; under torchrun rank 0 owns it for all ranks.
+    with lock if distributed.launched().is_main else contextlib.nullcontext():
+        return run_pretraining(
+            config, out, tokenizer_dir, resume, cache_dir, show_progress, init, lock.created
+        )
+
+
+def run_pretraining(
+    config: RunConfig,
+    out: Path,
+    tokenizer_dir: Path | None,
+    resume: bool,
+    cache_dir: Path | None,
+    show_progress: bool,
+    init: Path | None,
+    created: bool,
+) -> dict:
+    """`pretrain` in a folder this process owns; `created`: the folder did not exist before the call."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     check_run_folder(out, resume)
     if isinstance(config.data.corpus, (str, Path)):  # a library caller's single path
@@ -99,7 +121,6 @@ def pretrain(
             reference = {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
 
     agree_on_precision(config)  # outside the block above: every rank must reach this collective
-    created = not out.exists()
     if not resume and world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         tokenizer.save(out / "tokenizer")
@@ -129,6 +150,8 @@ def train_and_save(
     model = BertForPreTraining(config.model)
     if init_state is not None:  # `pretrain --init`: start from a saved model's weights
         model.load_state_dict(init_state)
+    elif config.train.mlm_bias_init == "unigram" and not resume:
+        init_mlm_bias(model, train_shards, tokenizer.special_ids)
     objective = Objective(
         model=model,
         batches=epoch_batches(train_shards, tokenizer, config),
@@ -152,6 +175,24 @@ def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progres
     choice = resolve_precision(config, device, cache_dir)
     if choice is not None and show_progress and world.is_main:
         print(choice.describe(), flush=True)
+
+
+def init_mlm_bias(
+    model: BertForPreTraining, shards: TokenShards | ShardSet, special_ids: tuple[int, ...]
+) -> None:
+    """Start the MLM output bias at the log frequencies of the training tokens.
+
+    The model then predicts word frequencies from step 0 ("init well", Karpathy 2019) instead of
+    spending its first steps learning them through the tied embeddings. Adam moves the bias by about
+    the learning rate per step, so from zero it needs thousands of steps to span the ~10 nats
+    between frequent and rare tokens; measured here, the prior also lets post-LN BERT train at
+    learning rates that otherwise collapse it into predicting the most frequent token.
+    """
+    counts = token_counts(shards).astype(np.float64)
+    counts[list(special_ids)] = 0.0  # never a label
+    log_prior = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: all finite
+    with torch.no_grad():
+        model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))
 
 
 def check_run_folder(out: Path, resume: bool) -> None:
