@@ -17,4 +17,3 @@ def test_unigram_entropy_of_known_counts_ignores_special_tokens():
     shards = SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=10)
     expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
     assert unigram_entropy(shards, (0, 1, 2, 3, 4)) == pytest.approx(expected)
-

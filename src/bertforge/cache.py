@@ -22,7 +22,7 @@ from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock
 from bertforge.shards import TokenShards, file_sha256, prepare_shards
-from bertforge.tokenizer import BertTokenizer, load_tokenizer, train_tokenizer
+from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
 
 
 def default_cache_dir() -> Path:
@@ -63,7 +63,11 @@ def cached_tokenizer(
     """Train a tokenizer on all the corpus files unless one with the same inputs is cached."""
     formats = [resolve_format(f, format) for f in corpus_files]
     key = _key(
-        [content_hash(f) for f in corpus_files], asdict(config), formats, *_column_part(formats, text_column)
+        [content_hash(f) for f in corpus_files],
+        asdict(config),
+        formats,
+        *_column_part(formats, text_column),
+        f"trainer-v{TRAINING_VERSION}",  # a vocabulary from an older trainer is not reused
     )
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():

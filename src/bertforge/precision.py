@@ -30,7 +30,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
-PROBE_REPEATS = 5
+PROBE_ROUNDS = 7  # alternating fp32 and bf16 passes; the median ratio is taken
 
 
 @dataclass
@@ -93,27 +93,33 @@ def cpu_choice(speedup: float, cached: bool = False) -> Choice:
 
 
 def measure_bf16_speedup(model: ModelConfig) -> float:
-    """fp32 time / bf16 time for one pass over the encoder's matmul shapes (QKV/output, FFN in and out)."""
+    """fp32 time / bf16 time for one pass over the encoder's matmul shapes (QKV/output, FFN in and out).
+
+    The two precisions alternate, and the result is the median of the per-round ratios, so a load
+    that comes and goes on a shared machine weighs on both sides of each ratio alike.
+    """
     n, h, i = PROBE_TOKENS, model.hidden_size, model.intermediate_size
     shapes = [(n, h, h), (n, h, i), (n, i, h)]
-    return time_matmuls(shapes, torch.float32) / time_matmuls(shapes, torch.bfloat16)
+    fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
+    time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
+    ratios = sorted(time_pass(fp32) / time_pass(bf16) for _ in range(PROBE_ROUNDS))
+    return ratios[len(ratios) // 2]
 
 
-def time_matmuls(shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> float:
-    """Seconds for one product of each (m, k, n) shape: the median of PROBE_REPEATS after a warm-up."""
+def matmul_operands(shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
     generator = torch.Generator().manual_seed(0)
-    operands = [
+    return [
         (torch.randn(m, k, generator=generator).to(dtype), torch.randn(k, n, generator=generator).to(dtype))
         for m, k, n in shapes
     ]
-    times = []
-    for repeat in range(PROBE_REPEATS + 1):
-        start = time.perf_counter()
-        for a, b in operands:
-            torch.mm(a, b)
-        if repeat:  # the first pass warms the kernels and caches
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+
+
+def time_pass(operands: list[tuple[torch.Tensor, ...]]) -> float:
+    """Seconds for one product of each pair of operands."""
+    start = time.perf_counter()
+    for a, b in operands:
+        torch.mm(a, b)
+    return time.perf_counter() - start
 
 
 def cpu_name() -> str:
@@ -126,8 +132,14 @@ def cpu_name() -> str:
 def machine_key(model: ModelConfig) -> str:
     """What decides the probe's result: CPU model and flags, torch, threads, the matmul shapes."""
     flags = next((line for line in _cpuinfo().splitlines() if line.startswith("flags")), "")
-    parts = [cpu_name(), flags, torch.__version__, torch.get_num_threads(), model.hidden_size,
-             model.intermediate_size]
+    parts = [
+        cpu_name(),
+        flags,
+        torch.__version__,
+        torch.get_num_threads(),
+        model.hidden_size,
+        model.intermediate_size,
+    ]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 

@@ -30,6 +30,7 @@ KINDS = ("wordpiece", "wordlevel")
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
+TRAINING_VERSION = 2  # 2: deterministic WordPiece training; caches key on it
 _TRAIN_BATCH = 1000  # sentences per batch handed to the Rust trainer
 _MODEL_KINDS = {"WordPiece": "wordpiece", "WordLevel": "wordlevel"}
 NEEDS_SPECIALS = (

@@ -429,8 +429,14 @@ class Trainer:
         return BertforgeError(
             f"training diverged {when}: {what} became non-finite (NaN or infinity); the learning rate "
             f"is likely too high (train.learning_rate = {self.train_cfg.learning_rate:g}): lower it{fp16}. "
-            "Nothing non-finite was saved; earlier checkpoints are kept"
+            f"Nothing non-finite was saved; {self.kept_checkpoints()}"
         )
+
+    def kept_checkpoints(self) -> str:
+        checkpoints = list_checkpoints(self.run_dir)
+        if not checkpoints:
+            return "no checkpoint had been written yet"
+        return f"the last good checkpoint, {checkpoints[-1].name}, is kept"
 
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the checkpoint, with every rank's RNG state; the others wait for it."""

@@ -282,8 +282,10 @@ def print_metrics(metrics: dict[str, float], label: str = "") -> None:
     print(label + format_metrics(metrics))
     if entropy is not None:
         indent = " " * len(label)
-        print(f"{indent}reference: unigram entropy {entropy:.4f}, the MLM loss of a model that knows only "
-              "how often each token occurs; below it, the model uses context")
+        print(
+            f"{indent}reference: unigram entropy {entropy:.4f}, the MLM loss of a model that knows only "
+            "how often each token occurs; below it, the model uses context"
+        )
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
