@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -17,3 +18,18 @@ def test_unigram_entropy_of_known_counts_ignores_special_tokens():
     shards = SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=10)
     expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
     assert unigram_entropy(shards, (0, 1, 2, 3, 4)) == pytest.approx(expected)
+
+
+def test_evaluate_reads_the_named_text_column(tmp_path, tiny_pretrained_run, wiki_valid_slice, capsys):
+    from bertforge.cli import main
+    from bertforge.corpus import read_documents
+
+    lines = [" ".join(document) for document in read_documents(wiki_valid_slice)]
+    corpus = tmp_path / "valid.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "body": text}) + "\n" for i, text in enumerate(lines)))
+    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(corpus), "--json", "--quiet"]
+    assert main([*argv, "--text-column", "body"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["mlm_loss"] > 0 and metrics["unigram_entropy"] > 0
+    assert main(argv) == 2  # the default column, "text", is not in these records
+    assert '"text"' in capsys.readouterr().err

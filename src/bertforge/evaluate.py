@@ -16,6 +16,7 @@ import torch
 from bertforge.batches import MaskedBatches, pretraining_collator
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
+from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.export import load_model
 from bertforge.losses import pretraining_sums, summarize
@@ -87,6 +88,7 @@ def evaluate_model(
     max_length: int | None = None,
     cache_dir: Path | None = None,
     show_progress: bool = True,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> dict[str, float]:
     """Evaluate a saved model (run folder, `final/`, checkpoint, imported or exported folder) on a
     corpus with its own tokenizer, at its training sequence length unless `max_length` is given.
@@ -103,7 +105,9 @@ def evaluate_model(
         data.max_seq_length = max_length
     if max_pairs is not None:
         data.eval_max_pairs = max_pairs
-    shards = cached_shards(Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress)
+    shards = cached_shards(
+        Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress, text_column
+    )
     batches = evaluation_batches(shards, tokenizer, data)
     model.to(resolve_device(device))
     metrics = pretraining_metrics(model, batches, precision)

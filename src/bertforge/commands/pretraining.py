@@ -138,6 +138,7 @@ def add_evaluate_command(commands) -> None:
         help="tokens per pair (default: the model's training length); "
         "to compare runs trained at different lengths",
     )
+    p.add_argument("--text-column", default="text", help="the text column of a Parquet or JSON-lines corpus")
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -267,6 +268,7 @@ def run_evaluate(args) -> int:
         max_length=args.max_length,
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
+        text_column=args.text_column,
     )
     if args.json:
         print(json.dumps(metrics))
