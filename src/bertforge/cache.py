@@ -4,7 +4,8 @@ A key is a hash of what determines the result (corpus bytes, tokenizer settings 
 corpus format, and a text column other than "text" for jsonl and Parquet files), so re-running on
 the same text reuses the work and changed text never hits a stale entry. Shards are kept per
 corpus file: a run on several files reuses those of any file it has seen before. The cache lives
-in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`. An entry is built under a lock of its own
+in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`. Shards are checked on open: an id beyond the
+tokenizer's vocabulary names the entry as damaged. An entry is built under a lock of its own
 (`.KEY.lock` beside it): of two runs on a cold cache one builds it, the other waits and reuses it.
 """
 
@@ -95,4 +96,16 @@ def cached_shards(
         with entry_lock(folder):
             if not (folder / "meta.json").is_file():  # built by another process while this one waited
                 prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
-    return TokenShards.open(folder)
+    return checked_ids(TokenShards.open(folder), tokenizer)
+
+
+def checked_ids(shards: TokenShards, tokenizer: BertTokenizer) -> TokenShards:
+    """Refuse cached shards holding ids the tokenizer does not have (flipped bits, a tampered entry):
+    they would index past the embeddings in the middle of training."""
+    top = shards.max_token_id()
+    if top >= tokenizer.vocab_size:
+        raise BertforgeError(
+            f"damaged cache entry {shards.path}: it holds token id {top}, but the tokenizer has "
+            f"{tokenizer.vocab_size} tokens; delete that folder (it is rebuilt on the next run)"
+        )
+    return shards

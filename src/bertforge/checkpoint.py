@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertforge.config import RunConfig, load_json, save_json
+from bertforge.config import RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_text
 from bertforge.model import TIED_KEYS, BertForPreTraining
@@ -90,18 +90,24 @@ def check_and_load_state(model: torch.nn.Module, weights: dict[str, torch.Tensor
         )
     for name, shape in expected.items():
         if given[name].shape != shape:
-            hint = (
-                " (the vocabulary sizes differ: tokenizer and model do not match)"
-                if "word_emb" in name
-                else ""
-            )
             raise BertforgeError(
                 f"{source}: {name} has shape {tuple(given[name].shape)} but the model expects "
-                f"{tuple(shape)}{hint}"
+                f"{tuple(shape)}{shape_hint(name, given[name].shape, shape)}"
             )
     model.load_state_dict(given, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def shape_hint(name: str, given: torch.Size, expected: torch.Size) -> str:
+    """Which setting a misshapen tensor points at: only the word embeddings' rows are the vocabulary."""
+    if "word_embeddings" in name and len(given) == len(expected) == 2:
+        if given[0] != expected[0]:
+            return " (the vocabulary sizes differ: tokenizer and model do not match)"
+        return (
+            f" (model.hidden_size is {expected[1]} but the weights have {given[1]}: was config.json edited?)"
+        )
+    return " (the config's model sizes do not match these weights: was config.json edited?)"
 
 
 def encode_rng(state: torch.Tensor) -> str:
@@ -144,7 +150,8 @@ def save_checkpoint(
     with atomic_directory(target) as tmp:
         save_weights(model, tmp / WEIGHTS)
         extra = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None}
-        torch.save(extra, tmp / OPTIMIZER)
+        with (tmp / OPTIMIZER).open("wb") as handle:  # a full disk then surfaces as Python's OSError
+            torch.save(extra, handle)
         save_json(config, tmp / CONFIG)
         hashes = {name: file_sha256(tmp / name) for name in HASHED}
         payload = dict(state, step=step, rng=rng_states(), sha256=hashes)
@@ -199,8 +206,9 @@ def load_checkpoint(
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path / OPTIMIZER} is missing; the checkpoint is incomplete") from None
     except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as error:
+        cause = str(error).split(". ")[0]  # torch's reasons run on for several sentences
         raise DamagedCheckpoint(
-            f"{path / OPTIMIZER} is damaged or from another model ({error}); use another checkpoint"
+            f"{path / OPTIMIZER} is damaged or from another model ({cause}); use another checkpoint"
         ) from None
     if scaler is not None and extra.get("scaler"):
         scaler.load_state_dict(extra["scaler"])
@@ -221,7 +229,14 @@ def read_state(path: Path) -> dict:
 
 
 def read_config(folder: Path) -> RunConfig:
-    return load_json(folder / CONFIG)
+    """A run, checkpoint or model folder's config, its model section checked (an edited or damaged
+    one is named as such, not reported later as weights that do not fit)."""
+    config = load_json(folder / CONFIG)
+    try:
+        validate_model(config.model)
+    except BertforgeError as error:
+        raise BertforgeError(f"{folder / CONFIG}: {error}; the file was edited or is damaged") from None
+    return config
 
 
 def find_model_folder(path: Path) -> tuple[Path, Path]:

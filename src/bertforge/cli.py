@@ -2,7 +2,8 @@
 
 Each command group lives in `bertforge.commands.<group>` and registers its subcommands; a handler
 parses its arguments, builds a config and calls exactly one library function. User mistakes
-(`BertforgeError`) print one line on stderr and exit with status 2, no traceback.
+(`BertforgeError`) print one line on stderr and exit with status 2, no traceback; so does an
+`OSError` that reaches the top (an unreadable input, a disk that refused a write).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from bertforge import __version__
 from bertforge.commands import finetuning, inference, pretraining
 from bertforge.errors import BertforgeError
+from bertforge.io import describe_os_error
 
 COMMAND_GROUPS = (pretraining, inference, finetuning)
 
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except BertforgeError as error:
         print(f"bertforge: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(

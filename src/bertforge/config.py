@@ -243,14 +243,12 @@ CHOICES = {
 }
 
 
-def validate(config: RunConfig) -> None:
-    """Raise `BertforgeError` naming the first impossible setting."""
-    m, t, d, tr, rt = config.model, config.tokenizer, config.data, config.train, config.runtime
-    for name, allowed in CHOICES.items():
-        section, key = name.split(".")
-        value = getattr(getattr(config, section), key)
-        if value not in allowed:
-            raise BertforgeError(f"{name} = {value!r} is not one of: {', '.join(allowed)}")
+MAX_POSITIONS = 1 << 16  # BERT uses 512; attention's cost grows with the square of the length
+MAX_PARAMETERS = 10**10  # BERT-large has 3.4e8; beyond this a typo is likelier than a plan
+
+
+def validate_model(m: ModelConfig) -> None:
+    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
     positive = {
         "model.vocab_size": m.vocab_size,
         "model.hidden_size": m.hidden_size,
@@ -259,6 +257,58 @@ def validate(config: RunConfig) -> None:
         "model.intermediate_size": m.intermediate_size,
         "model.max_position_embeddings": m.max_position_embeddings,
         "model.type_vocab_size": m.type_vocab_size,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise BertforgeError(f"{name} must be positive, got {value}")
+    if m.max_position_embeddings > MAX_POSITIONS:
+        raise BertforgeError(
+            f"model.max_position_embeddings = {m.max_position_embeddings} is above {MAX_POSITIONS:,}; "
+            "BERT uses 512 (attention's cost grows with the square of the length)"
+        )
+    if (count := parameter_count(m)) > MAX_PARAMETERS:
+        raise BertforgeError(
+            f"the model sizes give about {count:.2g} parameters ({count * 4 / 2**30:,.0f} GiB in fp32), "
+            f"above bertforge's limit of {MAX_PARAMETERS / 1e9:.0f} billion; check the model.* settings"
+        )
+    if m.hidden_size % m.num_attention_heads:
+        raise BertforgeError(
+            f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_attention_heads "
+            f"({m.num_attention_heads})"
+        )
+    for name, value in {
+        "model.hidden_dropout_prob": m.hidden_dropout_prob,
+        "model.attention_probs_dropout_prob": m.attention_probs_dropout_prob,
+    }.items():
+        if not 0.0 <= value < 1.0:
+            raise BertforgeError(f"{name} must be in [0, 1), got {value}")
+    for name, value in {
+        "model.layer_norm_eps": m.layer_norm_eps,
+        "model.initializer_range": m.initializer_range,
+    }.items():
+        if not value > 0.0 or not math.isfinite(value):
+            raise BertforgeError(f"{name} must be a positive number, got {value}")
+    if not 0 <= m.pad_token_id < m.vocab_size:
+        raise BertforgeError(f"model.pad_token_id ({m.pad_token_id}) must be a token id below vocab_size")
+
+
+def parameter_count(m: ModelConfig) -> int:
+    """Weights of the encoder and heads, roughly: embeddings, then per layer attention and feed-forward."""
+    hidden, inner = m.hidden_size, m.intermediate_size
+    embeddings = (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * hidden
+    return embeddings + m.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
+
+
+def validate(config: RunConfig) -> None:
+    """Raise `BertforgeError` naming the first impossible setting."""
+    m, t, d, tr, rt = config.model, config.tokenizer, config.data, config.train, config.runtime
+    validate_model(m)
+    for name, allowed in CHOICES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(config, section), key)
+        if value not in allowed:
+            raise BertforgeError(f"{name} = {value!r} is not one of: {', '.join(allowed)}")
+    positive = {
         "tokenizer.vocab_size": t.vocab_size,
         "tokenizer.min_frequency": t.min_frequency,
         "train.batch_size": tr.batch_size,
@@ -273,11 +323,6 @@ def validate(config: RunConfig) -> None:
             raise BertforgeError(f"{name} must be positive, got {value}")
     if t.vocab_size <= 5:
         raise BertforgeError(f"tokenizer.vocab_size ({t.vocab_size}) must exceed the 5 special tokens")
-    if m.hidden_size % m.num_attention_heads:
-        raise BertforgeError(
-            f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_attention_heads "
-            f"({m.num_attention_heads})"
-        )
     if d.max_seq_length > m.max_position_embeddings:
         raise BertforgeError(
             f"data.max_seq_length ({d.max_seq_length}) is above model.max_position_embeddings "
@@ -294,18 +339,11 @@ def validate(config: RunConfig) -> None:
     }.items():
         if not 0.0 <= value < 1.0 or (name == "data.mlm_probability" and value == 0.0):
             raise BertforgeError(f"{name} must be in (0, 1), got {value}")
-    for name, value in {
-        "model.hidden_dropout_prob": m.hidden_dropout_prob,
-        "model.attention_probs_dropout_prob": m.attention_probs_dropout_prob,
-        "train.warmup_ratio": tr.warmup_ratio,
-    }.items():
-        if not 0.0 <= value < 1.0:
-            raise BertforgeError(f"{name} must be in [0, 1), got {value}")
+    if not 0.0 <= tr.warmup_ratio < 1.0:
+        raise BertforgeError(f"train.warmup_ratio must be in [0, 1), got {tr.warmup_ratio}")
     for name, value in {
         "train.learning_rate": tr.learning_rate,
         "train.adam_epsilon": tr.adam_epsilon,
-        "model.layer_norm_eps": m.layer_norm_eps,
-        "model.initializer_range": m.initializer_range,
     }.items():
         if not value > 0.0 or not math.isfinite(value):
             raise BertforgeError(f"{name} must be a positive number, got {value}")
@@ -327,8 +365,6 @@ def validate(config: RunConfig) -> None:
             f"train.batch_size ({tr.batch_size}) must be divisible by train.gradient_accumulation_steps "
             f"({tr.gradient_accumulation_steps})"
         )
-    if not 0 <= m.pad_token_id < m.vocab_size:
-        raise BertforgeError(f"model.pad_token_id ({m.pad_token_id}) must be a token id below vocab_size")
 
 
 def max_predictions(data: DataConfig) -> int:

@@ -301,13 +301,18 @@ def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenize
 
 
 def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors` or `pytorch_model.bin`, sharded or not (`.index.json`)."""
+    """All tensors of `model.safetensors` or `pytorch_model.bin`, sharded or not (`.index.json`).
+
+    Only files inside `src` are read: an index naming `../x` or `/x`, or a symlink that leads out
+    of the folder, is refused (a downloaded folder must not make bertforge read other files).
+    """
     for name in (WEIGHTS, HF_BIN):
         index = src / f"{name}.index.json"
         if index.is_file():
-            return {k: v for shard in shard_files(index) for k, v in read_weight_file(shard).items()}
+            shards = [inside(src, shard) for shard in shard_files(inside(src, index))]
+            return {k: v for shard in shards for k, v in read_weight_file(shard).items()}
         if (src / name).is_file():
-            return read_weight_file(src / name)
+            return read_weight_file(inside(src, src / name))
     raise BertforgeError(
         f"{src} has no weights: expected {WEIGHTS} or {HF_BIN} (TensorFlow and Flax weights are not read)"
     )
@@ -316,9 +321,31 @@ def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
 def shard_files(index: Path) -> list[Path]:
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return [index.parent / name for name in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values()))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as error:
         raise BertforgeError(f"{index} is damaged ({error})") from None
+    for name in names:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise BertforgeError(
+                f"{index} names the weight file {name!r}, outside its folder; "
+                "an index may name only files beside it"
+            )
+    return [index.parent / name for name in names]
+
+
+def inside(src: Path, path: Path) -> Path:
+    """`path`, refused when it resolves (through symlinks) outside `src`. A Hugging Face cache
+    snapshot (`.../snapshots/REV/`) links its files into the repository's `blobs/`: allowed."""
+    root, target = src.resolve(), path.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":
+        allowed.append(root.parent.parent / "blobs")
+    if not any(folder in target.parents for folder in allowed):
+        raise BertforgeError(
+            f"{path} leads to {target}, outside {src}; bertforge reads weights only from inside "
+            "the model folder (copy the file in instead of linking it)"
+        )
+    return path
 
 
 def read_weight_file(path: Path) -> dict[str, torch.Tensor]:

@@ -2,15 +2,19 @@
 
 Writes go beside the target, then are renamed over it: a run interrupted mid-write leaves either
 the old file or the new one, never half of one, and temporary siblings (`.NAME.tmp-*`) are removed
-when the write fails. Locks are OS file locks (`flock`) on a file that holds the owner's PID: the
-kernel frees them when their owner dies, so a killed run never leaves a stale lock.
+when the write fails. A write the disk refuses (full, read-only, no permission) raises
+`WriteError`: one line naming the path and the cause. Locks are OS file locks (`flock`) on a file
+that holds the owner's PID: the kernel frees them when their owner dies, so a killed run never
+leaves a stale lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -20,20 +24,98 @@ from pathlib import Path
 from bertforge.errors import BertforgeError
 
 
+class WriteError(BertforgeError, OSError):
+    """A write refused by the disk. Also an `OSError`, so that callers who tolerate a failed write
+    (an optional cache file) still do."""
+
+    def __init__(self, path: Path, code: int) -> None:
+        super().__init__(f"cannot write {path}: {REASONS.get(code, os.strerror(code))}")
+        self.errno = code
+
+
+REASONS = {
+    errno.ENOSPC: "no space left on device; free some space there or write elsewhere",
+    errno.EDQUOT: "disk quota exceeded; free some space there or write elsewhere",
+    errno.EFBIG: "the file is too large for that file system; write elsewhere",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+    errno.EACCES: "permission denied; write elsewhere",
+    errno.EPERM: "permission denied; write elsewhere",
+}
+
+
+def os_errno(error: BaseException) -> int | None:
+    """The OS error code behind `error`: its own, a chained `OSError`'s, or the "(os error N)" that
+    Rust libraries (safetensors, tokenizers) put in their messages; None when there is none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:
+            return error.errno
+        if match := re.search(r"\(os error (\d+)\)", str(error)):
+            return int(match.group(1))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def write_error(path: Path, error: BaseException) -> WriteError | None:
+    """`WriteError` for a failed write of `path` when the disk refused it, else None (a bug or a
+    user error of its own keeps its type). An `OSError` about another file is not a write of `path`."""
+    if isinstance(error, BertforgeError):
+        return None
+    code = os_errno(error)
+    if code not in REASONS:
+        return None
+    filename = getattr(error, "filename", None)
+    if isinstance(filename, str) and not _on_the_way(Path(path), Path(filename)):
+        return None
+    return WriteError(path, code)
+
+
+def _on_the_way(path: Path, other: Path) -> bool:
+    """Whether writing `path` touches `other`: a folder on its way, or a file beside it or within."""
+    path, other = path.resolve(), other.resolve()
+    return other == path or other in path.parents or path.parent in other.parents
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for an `OSError` that no writer turned into a `WriteError`."""
+    where = f"{error.filename}: " if error.filename else ""
+    return where + REASONS.get(error.errno, error.strerror or str(error))
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a disk's refusal inside the block into a `WriteError` naming `path`."""
+    try:
+        yield
+    except Exception as error:
+        failure = write_error(path, error)
+        if failure is None:
+            raise
+        raise failure from error
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append `text` to `path` (a log; a crash may tear its last line, which readers repair)."""
+    with writing(path), Path(path).open("a", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -50,6 +132,8 @@ def is_occupied(path: Path) -> bool:
 
 def check_new_folder(out: Path) -> None:
     """Refuse an output folder that already holds something."""
+    if Path(out).is_file():
+        raise BertforgeError(f"{out} is a file; --out must name a new folder")
     if is_occupied(out):
         raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new --out")
 
@@ -58,21 +142,22 @@ def check_new_folder(out: Path) -> None:
 def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `path`; on success it replaces `path`, on failure it is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            # Rename the old folder aside first so that `path` is never missing a complete copy for long.
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            yield tmp
+            if path.exists():
+                # Rename the old folder aside first so that `path` is never missing a complete copy for long.
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.replace(path, old / path.name)
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 LOCK_FILE = ".lock"  # a run folder's lock; ignored by `is_occupied`
@@ -175,9 +260,16 @@ def entry_lock(folder: Path) -> Iterator[None]:
     """Hold `.NAME.lock` beside a shared cache entry `folder` while it is checked and built, so that
     a second process waits for the first to build it and then reuses it."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(folder.parent / f".{folder.name}.lock")
-    if not lock.acquire(wait=False):
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        taken = lock.acquire(wait=False)
+    except OSError as error:
+        raise BertforgeError(
+            f"cannot write to the cache folder {folder.parent} ({error.strerror}); "
+            "set BERTFORGE_CACHE to a writable folder"
+        ) from None
+    if not taken:
         print(
             f"bertforge: waiting for process {lock.owner()} to finish building {folder}",
             file=sys.stderr,

@@ -205,6 +205,11 @@ class TokenShards:
         bounds = self.sentence_offsets[first : last + 1]
         return [self.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
+    def max_token_id(self) -> int:
+        """The largest token id held, read in blocks so that memory stays flat."""
+        blocks = range(0, self.num_tokens, _COUNT_BLOCK)
+        return max(int(np.max(self.tokens[start : start + _COUNT_BLOCK])) for start in blocks)
+
 
 class ShardSet:
     """Several shard folders seen as one corpus: the documents of the first, then of the next, ...

@@ -4,7 +4,9 @@ An `Objective` says what is trained (model, batches per epoch, loss, evaluation)
 how: AdamW without decay on biases and LayerNorm, linear warmup then linear decay over steps or a
 time budget, gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
 optional `torch.compile` (falling back to eager mode when it fails), periodic evaluation,
-`metrics.jsonl`, atomic checkpoints and exact resume.
+`metrics.jsonl`, atomic checkpoints and exact resume. A checkpoint the disk refuses stops the run
+with one line, the previous checkpoint intact; a last line of `metrics.jsonl` torn by a crash is
+dropped on resume.
 
 A run that diverges stops with one line naming the step: a non-finite training loss, gradient norm
 (checked on the clipping norm already computed, without a host sync per step), weights or validation
@@ -46,7 +48,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import RunConfig, TrainConfig
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import WriteError, append_text, atomic_write_text
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import autocast, resolve_device, to_device
 
@@ -154,21 +156,38 @@ class MetricsLog:
         self.path = path
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop lines the interrupted run wrote after its last checkpoint."""
+        """On resume, drop lines the interrupted run wrote after its last checkpoint, and a last line
+        torn by a crash in the middle of writing it."""
         if self.path.exists():
-            kept = [line for line in self.read() if line["step"] <= step]
+            kept = [line for line in self.read(repair=True) if line["step"] <= step]
             atomic_write_text(self.path, "".join(json.dumps(line) + "\n" for line in kept))
 
     def append(self, record: dict) -> None:
         """Strict JSON: a non-finite number is written as null (bare NaN is not JSON)."""
         finite = {key: None if _nonfinite(value) else value for key, value in record.items()}
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(finite, allow_nan=False) + "\n")
+        append_text(self.path, json.dumps(finite, allow_nan=False) + "\n")
 
-    def read(self) -> list[dict]:
+    def read(self, repair: bool = False) -> list[dict]:
+        """The records; with `repair`, an unreadable last line (torn by a crash) is left out."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line]
+        lines = [
+            line for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if line
+        ]
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            elif not (repair and number == len(lines)):
+                raise BertforgeError(
+                    f"{self.path} line {number} is not a metrics record; the file is damaged "
+                    "(repair or delete that line)"
+                )
+        return records
 
 
 def _nonfinite(value) -> bool:
@@ -445,7 +464,13 @@ class Trainer:
         if self.world.distributed:
             state["rank_rng"] = distributed.gather_objects(rng_states())
         if self.world.is_main:
-            save_checkpoint(self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config)
+            try:
+                save_checkpoint(
+                    self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config
+                )
+            except WriteError as error:
+                then = "then continue with --resume" if list_checkpoints(self.run_dir) else "start again"
+                raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
             prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
         distributed.barrier()
 

@@ -271,6 +271,8 @@ def run_classify(args) -> int:
     from bertforge.classifier import classify, load_classifier
     from bertforge.runtime import resolve_device
 
+    if args.batch_size < 1:
+        raise BertforgeError(f"--batch-size must be at least 1, got {args.batch_size}")
     texts = classify_inputs(args)
     model, tokenizer, labels, config = load_classifier(args.model)
     model.to(resolve_device(args.device))

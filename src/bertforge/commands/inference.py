@@ -226,6 +226,8 @@ def run_embed(args) -> int:
     from bertforge.infer import embed
     from bertforge.io import atomic_write_bytes
 
+    if args.out.is_dir():
+        raise BertforgeError(f"--out {args.out} is a folder; give a file name ending in .npy")
     if args.out.suffix != ".npy":
         raise BertforgeError(f"--out {args.out} must end in .npy (a NumPy array file)")
     texts = read_lines(args.input, "one text per line")
