@@ -9,10 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertforge import shards as shards_module
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import read_documents
 from bertforge.errors import BertforgeError
-from bertforge.shards import ShardSet, TokenShards, concat_shards, file_sha256, prepare_shards, token_dtype
+from bertforge.shards import (
+    ShardSet,
+    TokenShards,
+    concat_shards,
+    file_sha256,
+    prepare_shards,
+    token_counts,
+    token_dtype,
+)
 from bertforge.tokenizer import BertTokenizer, train_tokenizer
 
 VALID = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.valid.tokens"
@@ -194,6 +203,14 @@ def test_a_shard_set_holds_the_documents_of_each_folder_in_turn(two_corpora):
         assert shards.tokens[start:stop].tolist() == flat[start:stop].tolist()
     assert shards.tokens[small.num_tokens : small.num_tokens + 3].base is not None  # a view, not a copy
     assert (np.diff(shards.sentence_offsets) > 0).all() and (np.diff(shards.document_offsets) > 0).all()
+
+
+def test_token_counts_of_a_shard_set_are_the_sum_of_its_folders(two_corpora, monkeypatch):
+    small, large = two_corpora
+    expected = np.bincount(np.concatenate([small.tokens, large.tokens]), minlength=large.vocab_size)
+    assert token_counts(concat_shards([small, large])).tolist() == expected.tolist()
+    monkeypatch.setattr(shards_module, "_COUNT_BLOCK", 7)  # blocks that end mid-sentence count the same
+    assert token_counts(large).tolist() == np.bincount(large.tokens, minlength=large.vocab_size).tolist()
 
 
 def test_pairs_over_a_shard_set_come_from_each_corpus_by_size(two_corpora, tokenizer):
