@@ -16,6 +16,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
 if sys.version_info >= (3, 11):
@@ -236,7 +237,7 @@ def _coerce(value, expected, name: str, origin: str):
 CHOICES = {
     "model.hidden_act": ("gelu", "relu", "gelu_new", "silu", "tanh"),
     "tokenizer.kind": ("wordpiece", "wordlevel"),
-    "data.format": ("auto", "wikitext", "text", "jsonl", "parquet"),
+    "data.format": FORMATS,
     "train.schedule": ("linear", "constant"),
     "train.mlm_bias_init": ("unigram", "zero"),
     "runtime.precision": ("auto", "fp32", "bf16", "fp16"),
@@ -249,18 +250,17 @@ MAX_PARAMETERS = 10**10  # BERT-large has 3.4e8; beyond this a typo is likelier 
 
 def validate_model(m: ModelConfig) -> None:
     """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
-    positive = {
-        "model.vocab_size": m.vocab_size,
-        "model.hidden_size": m.hidden_size,
-        "model.num_hidden_layers": m.num_hidden_layers,
-        "model.num_attention_heads": m.num_attention_heads,
-        "model.intermediate_size": m.intermediate_size,
-        "model.max_position_embeddings": m.max_position_embeddings,
-        "model.type_vocab_size": m.type_vocab_size,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise BertforgeError(f"{name} must be positive, got {value}")
+    require_positive(
+        {
+            "model.vocab_size": m.vocab_size,
+            "model.hidden_size": m.hidden_size,
+            "model.num_hidden_layers": m.num_hidden_layers,
+            "model.num_attention_heads": m.num_attention_heads,
+            "model.intermediate_size": m.intermediate_size,
+            "model.max_position_embeddings": m.max_position_embeddings,
+            "model.type_vocab_size": m.type_vocab_size,
+        }
+    )
     if m.max_position_embeddings > MAX_POSITIONS:
         raise BertforgeError(
             f"model.max_position_embeddings = {m.max_position_embeddings} is above {MAX_POSITIONS:,}; "
@@ -276,20 +276,37 @@ def validate_model(m: ModelConfig) -> None:
             f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_attention_heads "
             f"({m.num_attention_heads})"
         )
-    for name, value in {
-        "model.hidden_dropout_prob": m.hidden_dropout_prob,
-        "model.attention_probs_dropout_prob": m.attention_probs_dropout_prob,
-    }.items():
-        if not 0.0 <= value < 1.0:
-            raise BertforgeError(f"{name} must be in [0, 1), got {value}")
-    for name, value in {
-        "model.layer_norm_eps": m.layer_norm_eps,
-        "model.initializer_range": m.initializer_range,
-    }.items():
-        if not value > 0.0 or not math.isfinite(value):
-            raise BertforgeError(f"{name} must be a positive number, got {value}")
+    require_fraction(
+        {
+            "model.hidden_dropout_prob": m.hidden_dropout_prob,
+            "model.attention_probs_dropout_prob": m.attention_probs_dropout_prob,
+        }
+    )
+    require_positive_number(
+        {"model.layer_norm_eps": m.layer_norm_eps, "model.initializer_range": m.initializer_range}
+    )
     if not 0 <= m.pad_token_id < m.vocab_size:
         raise BertforgeError(f"model.pad_token_id ({m.pad_token_id}) must be a token id below vocab_size")
+
+
+def require_positive(values: dict[str, float]) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise BertforgeError(f"{name} must be positive, got {value}")
+
+
+def require_fraction(values: dict[str, float]) -> None:
+    """Each value in [0, 1)."""
+    for name, value in values.items():
+        if not 0.0 <= value < 1.0:
+            raise BertforgeError(f"{name} must be in [0, 1), got {value}")
+
+
+def require_positive_number(values: dict[str, float]) -> None:
+    """Each value positive and finite (NaN and infinity refused)."""
+    for name, value in values.items():
+        if not value > 0.0 or not math.isfinite(value):
+            raise BertforgeError(f"{name} must be a positive number, got {value}")
 
 
 def parameter_count(m: ModelConfig) -> int:
@@ -308,19 +325,18 @@ def validate(config: RunConfig) -> None:
         value = getattr(getattr(config, section), key)
         if value not in allowed:
             raise BertforgeError(f"{name} = {value!r} is not one of: {', '.join(allowed)}")
-    positive = {
-        "tokenizer.vocab_size": t.vocab_size,
-        "tokenizer.min_frequency": t.min_frequency,
-        "train.batch_size": tr.batch_size,
-        "train.gradient_accumulation_steps": tr.gradient_accumulation_steps,
-        "train.max_steps": tr.max_steps,
-        "train.log_every": tr.log_every,
-        "train.eval_every": tr.eval_every,
-        "train.keep_checkpoints": tr.keep_checkpoints,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise BertforgeError(f"{name} must be positive, got {value}")
+    require_positive(
+        {
+            "tokenizer.vocab_size": t.vocab_size,
+            "tokenizer.min_frequency": t.min_frequency,
+            "train.batch_size": tr.batch_size,
+            "train.gradient_accumulation_steps": tr.gradient_accumulation_steps,
+            "train.max_steps": tr.max_steps,
+            "train.log_every": tr.log_every,
+            "train.eval_every": tr.eval_every,
+            "train.keep_checkpoints": tr.keep_checkpoints,
+        }
+    )
     if t.vocab_size <= 5:
         raise BertforgeError(f"tokenizer.vocab_size ({t.vocab_size}) must exceed the 5 special tokens")
     if d.max_seq_length > m.max_position_embeddings:
@@ -339,14 +355,8 @@ def validate(config: RunConfig) -> None:
     }.items():
         if not 0.0 <= value < 1.0 or (name == "data.mlm_probability" and value == 0.0):
             raise BertforgeError(f"{name} must be in (0, 1), got {value}")
-    if not 0.0 <= tr.warmup_ratio < 1.0:
-        raise BertforgeError(f"train.warmup_ratio must be in [0, 1), got {tr.warmup_ratio}")
-    for name, value in {
-        "train.learning_rate": tr.learning_rate,
-        "train.adam_epsilon": tr.adam_epsilon,
-    }.items():
-        if not value > 0.0 or not math.isfinite(value):
-            raise BertforgeError(f"{name} must be a positive number, got {value}")
+    require_fraction({"train.warmup_ratio": tr.warmup_ratio})
+    require_positive_number({"train.learning_rate": tr.learning_rate, "train.adam_epsilon": tr.adam_epsilon})
     for name, value in {
         "train.weight_decay": tr.weight_decay,
         "train.max_grad_norm": tr.max_grad_norm,

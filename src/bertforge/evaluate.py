@@ -47,8 +47,7 @@ def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
     The held-out MLM loss of a model that knows only how often each token occurs: a loss below it
     means the model uses the context around a masked token.
     """
-    counts = token_counts(shards).astype(np.float64)
-    counts[list(special_ids)] = 0.0
+    counts = token_counts(shards, exclude=special_ids).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 

@@ -188,8 +188,7 @@ def init_mlm_bias(
     between frequent and rare tokens; measured here, the prior also lets post-LN BERT train at
     learning rates that otherwise collapse it into predicting the most frequent token.
     """
-    counts = token_counts(shards).astype(np.float64)
-    counts[list(special_ids)] = 0.0  # never a label
+    counts = token_counts(shards, exclude=special_ids).astype(np.float64)
     log_prior = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: all finite
     with torch.no_grad():
         model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))

@@ -37,7 +37,7 @@ META_FILE = "meta.json"
 _BATCH_CHARACTERS = 2_000_000  # about 500k tokens per tokenizer call
 _BATCH_DOCUMENTS = 4096
 _TOKEN_DTYPES = ("uint16", "uint32")
-_COUNT_BLOCK = 1 << 24  # tokens per bincount in token_counts
+_COUNT_BLOCK = 1 << 24  # tokens read at once by max_token_id and token_counts
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -306,14 +306,16 @@ def concat_shards(parts: Sequence[TokenShards]) -> TokenShards | ShardSet:
     return parts[0] if len(parts) == 1 else ShardSet(parts)
 
 
-def token_counts(shards: TokenShards | ShardSet) -> np.ndarray:
-    """How often each token id occurs, (vocab_size,) int64, counted in blocks so memory stays flat."""
+def token_counts(shards: TokenShards | ShardSet, exclude: Sequence[int] = ()) -> np.ndarray:
+    """How often each token id occurs, (vocab_size,) int64, counted in blocks so memory stays flat;
+    the ids in `exclude` (special tokens, which are never MLM labels) count 0."""
     parts = shards.parts if isinstance(shards, ShardSet) else [shards]
     counts = np.zeros(shards.vocab_size, dtype=np.int64)
     for part in parts:
         for start in range(0, part.num_tokens, _COUNT_BLOCK):
             block = np.asarray(part.tokens[start : start + _COUNT_BLOCK])
             counts += np.bincount(block, minlength=shards.vocab_size)[: shards.vocab_size]
+    counts[list(exclude)] = 0
     return counts
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bertforge.config import CHOICES
 from bertforge.errors import BertforgeError
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
@@ -73,7 +74,7 @@ def add_finetune_command(commands) -> None:
     )
     p.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
+        choices=CHOICES["runtime.precision"],
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")

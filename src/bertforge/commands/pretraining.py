@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from bertforge.config import (
+    CHOICES,
     PRESETS,
     RunConfig,
     TokenizerConfig,
@@ -15,12 +16,15 @@ from bertforge.config import (
     load_toml,
     validate,
 )
+from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
 from bertforge.io import check_new_folder
 
-FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl", "parquet")
+FORMAT_CHOICES = FORMATS
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
-TEXT_COLUMN_HELP = 'the JSON-lines field or Parquet column holding the text (default "text")'
+TEXT_COLUMN_HELP = (
+    f'the JSON-lines field or Parquet column holding the text (default "{DEFAULT_TEXT_COLUMN}")'
+)
 
 
 def register(commands) -> None:
@@ -51,7 +55,7 @@ def add_tokenizer_command(commands) -> None:
     )
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
-    p.add_argument("--text-column", default="text", help=TEXT_COLUMN_HELP)
+    p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
     p.set_defaults(handler=run_tokenizer_train)
 
@@ -65,7 +69,7 @@ def add_prepare_command(commands) -> None:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
-    p.add_argument("--text-column", default="text", help=TEXT_COLUMN_HELP)
+    p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(handler=run_prepare)
 
@@ -107,7 +111,7 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate (train.learning_rate)")
     p.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
+        choices=CHOICES["runtime.precision"],
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
@@ -138,7 +142,7 @@ def add_evaluate_command(commands) -> None:
         help="tokens per pair (default: the model's training length); "
         "to compare runs trained at different lengths",
     )
-    p.add_argument("--text-column", default="text", help="the text column of a Parquet or JSON-lines corpus")
+    p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
