@@ -123,3 +123,15 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     lrs = [x["lr"] for x in read_lines(tmp_path / "run", "train")]
     assert lrs[-1] < max(lrs)  # the schedule decayed within the budget
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_time_budget_progress_bar_counts_the_budget_not_the_step_limit(
+    tmp_path, wiki_slice, small_tokenizer_dir, capsys
+):
+    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.05)
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=True)
+    err = capsys.readouterr().err
+    last = err.rstrip().split("\r")[-1]
+    assert "of the time budget" in last and last.startswith("100%")  # the budget, not 1e6 steps, is done
+    assert "step=" in last
+    assert "1000000" not in err

@@ -326,20 +326,14 @@ class Trainer:
             self.world.rank,
             self.world.world_size,
         )
-        bar = tqdm(
-            total=self.train_cfg.max_steps,
-            initial=self.state["step"],
-            unit="step",
-            disable=not show_progress or not self.world.is_main,
-            dynamic_ncols=True,
-        )
+        bar = self.progress_bar(show_progress)
         while True:
             now = self.elapsed()
             if self.schedule.progress(self.state["step"], now) >= 1.0:
                 break
             lr = self.schedule.learning_rate(self.schedule.progress(self.state["step"] + 1, now))
             self.optimizer_step(stream, lr)
-            bar.update(1)
+            self.advance(bar, now)
             self.after_step(lr, bar)
         bar.close()
         return {
@@ -348,6 +342,33 @@ class Trainer:
             "tokens": self.state["tokens"],
             **self.state["last_valid"],
         }
+
+    def progress_bar(self, show_progress: bool) -> tqdm:
+        """A bar in steps, or in seconds when a time budget is set, so its ETA is the run's own."""
+        disable = not show_progress or not self.world.is_main
+        if not self.schedule.budget_s:
+            return tqdm(
+                total=self.train_cfg.max_steps,
+                initial=self.state["step"],
+                unit="step",
+                disable=disable,
+                dynamic_ncols=True,
+            )
+        return tqdm(
+            total=round(self.schedule.budget_s),
+            unit="s",
+            disable=disable,
+            dynamic_ncols=True,
+            bar_format="{l_bar}{bar}| {elapsed}<{remaining} of the time budget{postfix}",
+        )
+
+    def advance(self, bar: tqdm, elapsed_s: float) -> None:
+        """Move the bar to the run's progress (steps or budget, whichever is further)."""
+        if self.schedule.budget_s:
+            seconds = round(self.schedule.progress(self.state["step"], elapsed_s) * bar.total)
+            bar.update(seconds - bar.n)  # tqdm redraws at most every mininterval
+        else:
+            bar.update(1)
 
     def optimizer_step(self, stream: Iterator, lr: float) -> None:
         """Accumulate gradients over this rank's micro-batches of one step, then clip and update."""
@@ -416,7 +437,9 @@ class Trainer:
             self.state["tokens"] += tokens
             if self.world.is_main:
                 self.log.append({"step": step, "split": "train", **record})
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.set_postfix(
+                    step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
+                )
         if evaluate and self.world.is_main:
             self.state["last_valid"] = self.objective.evaluate(self.model)
             if any(_nonfinite(value) for value in self.state["last_valid"].values()):
