@@ -1,0 +1,274 @@
+"""GPT-1, the decoder-only transformer of Radford et al. 2018 ("Improving Language Understanding by
+Generative Pre-Training"), and its next-token objective.
+
+The same network as Hugging Face `transformers.OpenAIGPTLMHeadModel`: token embeddings plus learned
+position embeddings (no token types, no LayerNorm after the sum), embedding dropout, post-LayerNorm
+blocks (x = LN(x + attn(x)); x = LN(x + mlp(x))), causal self-attention and a language-model head
+(no bias) tied to the token embeddings. It is configured by bertforge's `ModelConfig`, so the same
+presets apply (`type_vocab_size` and `pad_token_id` are unused by the network).
+
+The blocks are BERT's (`bertforge.model`): the attention output, feed-forward and LayerNorm modules
+are reused as they are, so the parameter names follow BERT's (`gpt.layer.0.attention.self.query`);
+`bertforge.gpt_convert` maps them to Hugging Face's (`transformer.h.0.attn.c_attn`). Only the
+attention itself differs: `CausalSelfAttention` runs `scaled_dot_product_attention` with
+`is_causal=True` when there is no padding mask, and can extend a `KVCache` for generation.
+
+GPT-1's activation is the tanh approximation of GELU, bertforge's `hidden_act = "gelu_new"`
+(`GPT_HIDDEN_ACT`; Hugging Face's OpenAIGPT calls it "gelu"); `hidden_act = "gelu"` here means the
+exact erf form, as everywhere in bertforge, which OpenAIGPT cannot express.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertforge.config import ModelConfig
+from bertforge.errors import BertforgeError
+from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
+from bertforge.model import BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput, init_weights
+
+GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
+
+# Alias -> owner for the tied LM head, as `model.TIED_KEYS` for BERT: savers drop the alias.
+GPT_TIED_KEYS: dict[str, str] = {"lm_head.weight": "gpt.embeddings.word_embeddings.weight"}
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, one (k, v) pair per layer, for generation.
+
+    Each k and v is (B, nh, P, hd), P = `length`, the number of cached positions.
+    """
+
+    def __init__(self, num_layers: int):
+        self.layers: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        first = self.layers[0]
+        return 0 if first is None else first[0].shape[2]
+
+    def extend(self, index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new positions' k, v (B, nh, T, hd) to layer `index`; return all (B, nh, P+T, hd)."""
+        past = self.layers[index]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.layers[index] = (k, v)
+        return k, v
+
+
+def causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, training: bool
+) -> Tensor:
+    """Attention of q (B, nh, T, hd) over k, v (B, nh, S, hd) -> (B, nh, T, hd).
+
+    mask None: plain causal attention (S == T), through SDPA's `is_causal=True` kernels. Otherwise a
+    boolean mask broadcastable to (B, nh, T, S), True where a query may attend to a key; it must
+    already hold the causal part. Dropout on CPU uses bertforge's cheaper masks (`fast_ops`).
+    """
+    if mask is None:
+        if not training or p == 0.0 or q.device.type != "cpu":
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()  # (T, S)
+    return attention(q, k, v, mask, p, training)
+
+
+def build_attention_mask(attention_mask: Tensor | None, length: int, past: int, device) -> Tensor | None:
+    """The boolean mask `causal_attention` takes for `length` new queries after `past` cached keys.
+
+    attention_mask: None or (B, past + length), 1/True for real tokens. None is returned for plain
+    causal attention (no padding, no cache). A query with no real key at or before it (a left pad)
+    may attend to itself, so that its softmax is defined; real positions never see a pad.
+    """
+    if attention_mask is None and past == 0:
+        return None
+    keys = past + length
+    causal = torch.ones(length, keys, dtype=torch.bool, device=device).tril(past)  # (T, S)
+    if attention_mask is None:
+        return causal
+    mask = causal & attention_mask.bool()[:, None, None, :]  # (B, 1, T, S)
+    itself = torch.eye(length, keys, dtype=torch.bool, device=device).roll(past, dims=1)  # (T, S)
+    return mask | (itself & ~mask.any(-1, keepdim=True))  # (B, 1, T, S)
+
+
+class CausalSelfAttention(BertSelfAttention):
+    """BERT's query/key/value projections with causal attention, and an optional `KVCache`."""
+
+    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
+        B, T, H = x.shape
+        q, k, v = (self._heads(proj(x)) for proj in (self.query, self.key, self.value))  # (B, nh, T, hd)
+        if cache is not None:
+            k, v = cache.extend(index, k, v)  # (B, nh, P+T, hd)
+        y = causal_attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
+        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+
+
+class GPTAttention(nn.Module):
+    """Causal self-attention sublayer: `self` (query/key/value) then BERT's `output` (dense/LayerNorm)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self = CausalSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
+        return self.output(self.self(x, mask, cache, index), x)  # (B, T, H)
+
+
+class GPTBlock(nn.Module):
+    """One post-LN decoder block: x = LN(x + attn(x)); x = LN(x + mlp(x)), BERT's layer made causal."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention = GPTAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
+        x = self.attention(x, mask, cache, index)  # (B, T, H)
+        return self.output(self.intermediate(x), x)  # (B, T, H)
+
+
+class GPTEmbeddings(nn.Module):
+    """Token + learned position embeddings, then dropout (no LayerNorm, no token types)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, past: int = 0) -> Tensor:
+        end = past + input_ids.shape[1]
+        max_positions = self.position_embeddings.num_embeddings
+        if end > max_positions:
+            raise BertforgeError(
+                f"a sequence of {end} tokens is longer than model.max_position_embeddings "
+                f"({max_positions}); truncate the input or use a bigger model"
+            )
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        x += self.position_embeddings.weight[past:end]  # (T, H): positions past..end-1 for every row
+        return self.dropout(x)
+
+
+class GPTModel(nn.Module):
+    """The GPT-1 decoder without a head: embeddings then `num_hidden_layers` causal blocks.
+
+    `forward(input_ids, attention_mask=None, cache=None)` returns the last hidden states (B, T, H).
+    attention_mask: None or (B, P + T), 1/True for real tokens (P: positions already in `cache`).
+    Positions count from the start of the row, pads included, as Hugging Face's OpenAIGPT does.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = GPTEmbeddings(config)
+        self.layer = nn.ModuleList(GPTBlock(config) for _ in range(config.num_hidden_layers))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        past = 0 if cache is None else cache.length
+        mask = build_attention_mask(attention_mask, input_ids.shape[1], past, input_ids.device)
+        x = self.embeddings(input_ids, past)  # (B, T, H)
+        for index, layer in enumerate(self.layer):
+            x = layer(x, mask, cache, index)  # (B, T, H)
+        return x
+
+
+class GPTLMHeadModel(nn.Module):
+    """GPT-1 with its language-model head tied to the token embeddings (as `OpenAIGPTLMHeadModel`).
+
+    `forward(input_ids, attention_mask=None, cache=None)` returns next-token logits (B, T, V):
+    row t scores the token at t + 1. Pass a `KVCache` (`new_cache()`) to feed a sequence piece by
+    piece; each call then appends its positions to the cache.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.gpt = GPTModel(config)
+        # On the meta device: tie_weights() replaces it by the token embeddings.
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        self.tie_weights()
+        init_weights(self, config)  # Hugging Face's init; the shared tensor is drawn once
+
+    def tie_weights(self) -> None:
+        """Make the LM head share the token embeddings; call again after `load_state_dict(assign=True)`."""
+        self.lm_head.weight = self.gpt.embeddings.word_embeddings.weight
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        return self.lm_head(self.gpt(input_ids, attention_mask, cache))  # (B, T, V)
+
+
+# --------------------------------------------------------------------------------- the objective
+
+
+def next_token_targets(
+    input_ids: Tensor, attention_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Targets (B, T-1) = input_ids shifted left by one, and which of them count (None: all).
+
+    A target counts when it and the token before it are real: a pad is never predicted, and the
+    first real token after left padding is not predicted from pads.
+    """
+    targets = input_ids[:, 1:]  # (B, T-1)
+    if attention_mask is None:
+        return targets, None
+    real = attention_mask.bool()  # (B, T)
+    return targets, real[:, 1:] & real[:, :-1]  # (B, T-1)
+
+
+def next_token_sums(
+    logits: Tensor, input_ids: Tensor, attention_mask: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Summed next-token cross-entropy, correct top-1 predictions and target count (0-d tensors).
+
+    logits: (B, T, V) from `GPTLMHeadModel`; the last position has no target and is dropped.
+    Without a mask there is no host synchronisation. A tie for the top logit counts as correct,
+    as `losses.pretraining_sums` does for MLM.
+    """
+    targets, counted = next_token_targets(input_ids, attention_mask)  # (B, T-1)
+    scores = logits[:, :-1].flatten(0, 1)  # (N, V)
+    targets = targets.flatten()  # (N,)
+    if counted is not None:
+        keep = counted.flatten()  # (N,)
+        scores, targets = scores[keep], targets[keep]  # (M, V), (M,)
+    target_scores = scores.gather(-1, targets[:, None]).squeeze(-1)  # (M,)
+    return {
+        "clm_loss_sum": cross_entropy_sum(scores, targets),
+        "clm_correct": (target_scores >= scores.amax(-1)).sum(),
+        "clm_count": torch.tensor(targets.numel(), device=logits.device),
+    }
+
+
+def next_token_loss(
+    logits: Tensor, input_ids: Tensor, attention_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(mean next-token cross-entropy, top-1 accuracy) over the counted targets, as 0-d tensors."""
+    sums = next_token_sums(logits, input_ids, attention_mask)
+    count = sums["clm_count"].clamp(min=1)
+    return sums["clm_loss_sum"] / count, sums["clm_correct"] / count
+
+
+def summarize_clm(totals: dict[str, float]) -> dict[str, float]:
+    """Accumulated `next_token_sums` -> held-out metrics: loss, perplexity and top-1 accuracy."""
+    count = max(totals["clm_count"], 1.0)
+    loss = totals["clm_loss_sum"] / count
+    return {
+        "clm_loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "clm_accuracy": totals["clm_correct"] / count,
+    }

@@ -1,0 +1,341 @@
+"""The bridge between bertforge's GPT-1 (`bertforge.gpt`) and Hugging Face's OpenAIGPT, both ways.
+
+Owns:
+- the state-dict mapping (`to_hf_state_dict`, `from_hf_state_dict`). Our names are BERT's
+  (`gpt.layer.0.attention.self.query`), Hugging Face's are OpenAI's (`transformer.h.0.attn.c_attn`).
+  Hugging Face keeps GPT's `Conv1D` layers, whose weight is (in, out): the transpose of an
+  `nn.Linear` weight; and it fuses query, key and value into one `c_attn` of width 3 x hidden,
+  in that order;
+- the `OpenAIGPTConfig` dict (`hf_config`) and its inverse (`model_config_from_hf`);
+- writing a folder that `transformers.OpenAIGPTLMHeadModel.from_pretrained` loads as it is
+  (`save_hf_folder`: config.json + model.safetensors, and with a tokenizer the files that
+  `pipeline("text-generation")` needs), and reading such a folder back (`load_hf_folder`).
+
+OpenAIGPT fixes two things that `ModelConfig` leaves free, so a model that differs is refused on
+export rather than exported wrong: the feed-forward width is 4 x hidden, and its activations are
+"gelu" (the tanh approximation: bertforge's "gelu_new"), "relu" and "silu" (no exact-erf GELU).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Regex, Tokenizer, decoders
+
+from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, read_json, read_weights, write_json
+from bertforge.config import ModelConfig, validate_model
+from bertforge.errors import BertforgeError
+from bertforge.gpt import GPT_HIDDEN_ACT, GPT_TIED_KEYS, GPTLMHeadModel
+from bertforge.io import atomic_directory, atomic_write_bytes, check_new_folder
+from bertforge.tokenizer import TOKENIZER_FILE, BertTokenizer
+
+ARCHITECTURE = "OpenAIGPTLMHeadModel"
+MODEL_TYPE = "openai-gpt"
+WORD_EMBEDDINGS = GPT_TIED_KEYS["lm_head.weight"]
+
+# bertforge `hidden_act` -> OpenAIGPT `afn` (Hugging Face's OpenAIGPT "gelu" is the tanh form).
+AFN = {GPT_HIDDEN_ACT: "gelu", "relu": "relu", "silu": "silu"}
+HIDDEN_ACT = {"gelu": GPT_HIDDEN_ACT, "relu": "relu", "silu": "silu", "swish": "silu"}
+
+# `OpenAIGPTConfig`'s defaults, for fields a config.json leaves out.
+HF_DEFAULTS = dict(
+    vocab_size=40478,
+    n_positions=512,
+    n_embd=768,
+    n_layer=12,
+    n_head=12,
+    afn="gelu",
+    resid_pdrop=0.1,
+    embd_pdrop=0.1,
+    attn_pdrop=0.1,
+    layer_norm_epsilon=1e-5,
+    initializer_range=0.02,
+)
+
+# Whole-model tensors: ours -> Hugging Face's.
+GLOBAL_KEYS = {
+    WORD_EMBEDDINGS: "transformer.tokens_embed.weight",
+    "gpt.embeddings.position_embeddings.weight": "transformer.positions_embed.weight",
+    "lm_head.weight": "lm_head.weight",  # the tied alias: present in state_dict(), dropped on save
+}
+# Per-layer modules: ours -> (Hugging Face's, is a Conv1D whose weight is transposed).
+LAYER_MODULES = {
+    "attention.output.dense": ("attn.c_proj", True),
+    "attention.output.LayerNorm": ("ln_1", False),
+    "intermediate.dense": ("mlp.c_fc", True),
+    "output.dense": ("mlp.c_proj", True),
+    "output.LayerNorm": ("ln_2", False),
+}
+QKV = ("attention.self.query", "attention.self.key", "attention.self.value")  # fused into attn.c_attn
+FUSED = "attn.c_attn"
+# Buffers that some Hugging Face versions save beside the weights: the causal mask and positions.
+HF_BUFFERS = re.compile(r"^transformer\.(h\.\d+\.attn\.(bias|masked_bias)|position_ids)$")
+OUR_LAYER = re.compile(r"^gpt\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+HF_LAYER = re.compile(r"^transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+# " word" for a word-initial token, "piece" for a "##piece" continuation, then joined.
+GENERATION_DECODER = decoders.Sequence(
+    [decoders.Replace(Regex("^(?!##)"), " "), decoders.Replace(Regex("^##"), ""), decoders.Fuse()]
+)
+
+
+# ------------------------------------------------------------------------------------ state dicts
+
+
+def to_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our GPT state dict -> `OpenAIGPTLMHeadModel`'s (contiguous tensors, ready for safetensors)."""
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer, weight|bias) -> q/k/v parts
+    for name, tensor in weights.items():
+        if name in GLOBAL_KEYS:
+            out[GLOBAL_KEYS[name]] = tensor.contiguous()
+            continue
+        layer, module, kind = _parse(OUR_LAYER, name, "a bertforge GPT")
+        if module in QKV:
+            qkv.setdefault((layer, kind), {})[module] = tensor
+        elif module in LAYER_MODULES:
+            hf_module, conv = LAYER_MODULES[module]
+            out[f"transformer.h.{layer}.{hf_module}.{kind}"] = _conv(tensor, conv and kind == "weight")
+        else:
+            raise BertforgeError(f"{name} is not a tensor of a bertforge GPT model")
+    for (layer, kind), parts in qkv.items():
+        out[f"transformer.h.{layer}.{FUSED}.{kind}"] = _fuse(parts, kind, f"gpt.layer.{layer}")
+    return out
+
+
+def from_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`OpenAIGPTLMHeadModel`'s (or `OpenAIGPTModel`'s, unprefixed) state dict -> ours.
+
+    Saved buffers (the causal mask, position ids) are dropped; `lm_head.weight` is kept when present.
+    """
+    if not any(name.startswith("transformer.") for name in weights):  # a bare OpenAIGPTModel's
+        weights = {_prefixed(name): tensor for name, tensor in weights.items()}
+    ours = {hf: our for our, hf in GLOBAL_KEYS.items()}
+    layer_modules = {hf: (our, conv) for our, (hf, conv) in LAYER_MODULES.items()}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if HF_BUFFERS.match(name):
+            continue
+        if name in ours:
+            out[ours[name]] = tensor.contiguous()
+            continue
+        layer, module, kind = _parse(HF_LAYER, name, "an OpenAIGPT")
+        prefix = f"gpt.layer.{layer}"
+        if module == FUSED:
+            out.update(_split(tensor, kind, prefix))
+        elif module in layer_modules:
+            our_module, conv = layer_modules[module]
+            out[f"{prefix}.{our_module}.{kind}"] = _conv(tensor, conv and kind == "weight")
+        else:
+            raise BertforgeError(f"{name} is not a tensor of an OpenAIGPT model")
+    return out
+
+
+def _prefixed(name: str) -> str:
+    return name if name == "lm_head.weight" else f"transformer.{name}"
+
+
+def _parse(pattern: re.Pattern, name: str, what: str) -> tuple[str, str, str]:
+    match = pattern.match(name)
+    if match is None:
+        raise BertforgeError(f"{name} is not a tensor of {what} model")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def _conv(tensor: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """Linear (out, in) <-> Conv1D (in, out) for a weight; anything else unchanged."""
+    return (tensor.t() if transpose else tensor).contiguous()
+
+
+def _fuse(parts: dict[str, torch.Tensor], kind: str, where: str) -> torch.Tensor:
+    """query, key, value -> c_attn: weight (H, 3H) as Conv1D, bias (3H,)."""
+    missing = [module for module in QKV if module not in parts]
+    if missing:
+        raise BertforgeError(f"{where} lacks {', '.join(f'{m}.{kind}' for m in missing)}")
+    fused = torch.cat([parts[module] for module in QKV], dim=0)  # (3H, H) or (3H,)
+    return _conv(fused, kind == "weight")
+
+
+def _split(tensor: torch.Tensor, kind: str, prefix: str) -> dict[str, torch.Tensor]:
+    """c_attn -> query, key, value: each weight (H, H) as nn.Linear, each bias (H,)."""
+    fused = tensor.t() if kind == "weight" else tensor  # (3H, H) or (3H,)
+    if fused.shape[0] % 3:
+        raise BertforgeError(f"{prefix}: c_attn.{kind} has {fused.shape[0]} rows, not 3 x hidden")
+    parts = fused.chunk(3, dim=0)
+    return {f"{prefix}.{module}.{kind}": part.contiguous() for module, part in zip(QKV, parts, strict=True)}
+
+
+# ---------------------------------------------------------------------------------------- configs
+
+
+def hf_config(
+    model: ModelConfig, *, eos_token_id: int | None = None, bos_token_id: int | None = None
+) -> dict:
+    """The `OpenAIGPTConfig` dict (config.json) of a bertforge GPT; refuses what OpenAIGPT cannot hold."""
+    if model.hidden_act not in AFN:
+        raise BertforgeError(
+            f"model.hidden_act = {model.hidden_act!r} has no OpenAIGPT equivalent; GPT-1 uses "
+            f"{GPT_HIDDEN_ACT!r} (the tanh GELU), and OpenAIGPT also takes: {', '.join(AFN)}"
+        )
+    if model.intermediate_size != 4 * model.hidden_size:
+        raise BertforgeError(
+            f"model.intermediate_size ({model.intermediate_size}) must be 4 x hidden_size "
+            f"({4 * model.hidden_size}) for OpenAIGPT, whose feed-forward width is fixed"
+        )
+    config = {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "vocab_size": model.vocab_size,
+        "n_positions": model.max_position_embeddings,
+        "n_embd": model.hidden_size,
+        "n_layer": model.num_hidden_layers,
+        "n_head": model.num_attention_heads,
+        "afn": AFN[model.hidden_act],
+        "resid_pdrop": model.hidden_dropout_prob,
+        "embd_pdrop": model.hidden_dropout_prob,
+        "attn_pdrop": model.attention_probs_dropout_prob,
+        "layer_norm_epsilon": model.layer_norm_eps,
+        "initializer_range": model.initializer_range,
+        "tie_word_embeddings": True,
+        "pad_token_id": model.pad_token_id,
+    }
+    if eos_token_id is not None:
+        config["eos_token_id"] = eos_token_id
+    if bos_token_id is not None:
+        config["bos_token_id"] = bos_token_id
+    return config
+
+
+def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
+    """The `ModelConfig` of an OpenAIGPT config.json (missing fields take `OpenAIGPTConfig`'s defaults)."""
+    if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+        raise BertforgeError(f"{source} describes a {raw.get('model_type')!r} model, not OpenAIGPT")
+    if raw.get("tie_word_embeddings", True) is False:
+        raise BertforgeError(f"{source}: an LM head untied from the embeddings is not GPT-1's")
+    hf = {**HF_DEFAULTS, **{key: raw[key] for key in HF_DEFAULTS if key in raw}}
+    if hf["afn"] not in HIDDEN_ACT:
+        raise BertforgeError(f"{source}: afn = {hf['afn']!r} is not one of: {', '.join(HIDDEN_ACT)}")
+    pad = raw.get("pad_token_id")
+    config = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["n_embd"],
+        num_hidden_layers=hf["n_layer"],
+        num_attention_heads=hf["n_head"],
+        intermediate_size=4 * hf["n_embd"],
+        hidden_act=HIDDEN_ACT[hf["afn"]],
+        hidden_dropout_prob=hf["resid_pdrop"],
+        attention_probs_dropout_prob=hf["attn_pdrop"],
+        max_position_embeddings=hf["n_positions"],
+        layer_norm_eps=hf["layer_norm_epsilon"],
+        initializer_range=hf["initializer_range"],
+        pad_token_id=0 if pad is None else pad,
+    )
+    if hf["embd_pdrop"] != hf["resid_pdrop"]:
+        raise BertforgeError(
+            f"{source}: embd_pdrop ({hf['embd_pdrop']}) differs from resid_pdrop ({hf['resid_pdrop']}); "
+            "bertforge uses model.hidden_dropout_prob for both"
+        )
+    validate_model(config)
+    return config
+
+
+# ---------------------------------------------------------------------------------------- folders
+
+
+def write_hf_files(model: GPTLMHeadModel, folder: Path, *, eos_token_id: int | None = None) -> None:
+    """Write config.json and model.safetensors (tied head dropped, as `save_pretrained`) into `folder`."""
+    weights = {name: t.detach().cpu() for name, t in model.state_dict().items() if name not in GPT_TIED_KEYS}
+    config = hf_config(model.config, eos_token_id=eos_token_id)  # refuses an inexpressible model first
+    save_file(to_hf_state_dict(weights), str(folder / WEIGHTS), metadata={"format": "pt"})
+    write_json(folder / CONFIG, config)
+
+
+def save_hf_folder(
+    model: GPTLMHeadModel, out: str | Path, tokenizer: BertTokenizer | None = None, eos_token: str = "[SEP]"
+) -> Path:
+    """Write `model` (and, when given, `tokenizer`) as a Hugging Face folder `out`, new or empty, atomically.
+
+    With a tokenizer the folder also holds what `pipeline("text-generation")` needs (see
+    `write_gpt_tokenizer`), and config.json names `eos_token`'s id, at which generation stops.
+    """
+    out = Path(out)
+    check_new_folder(out)
+    eos_token_id = None if tokenizer is None else _token_id(tokenizer, eos_token)
+    with atomic_directory(out) as tmp:
+        write_hf_files(model, tmp, eos_token_id=eos_token_id)
+        if tokenizer is not None:
+            write_gpt_tokenizer(tokenizer, tmp, model.config.max_position_embeddings, eos_token)
+    return out
+
+
+def load_hf_folder(folder: str | Path) -> GPTLMHeadModel:
+    """A bertforge GPT from a Hugging Face OpenAIGPT folder (config.json, model.safetensors), in eval mode."""
+    folder = Path(folder)
+    config = model_config_from_hf(read_json(folder / CONFIG), str(folder / CONFIG))
+    if not (folder / WEIGHTS).is_file() and (folder / "pytorch_model.bin").is_file():
+        raise BertforgeError(
+            f"{folder} holds pytorch_model.bin; resave it with save_pretrained(safe_serialization=True)"
+        )
+    weights = from_hf_state_dict(read_weights(folder / WEIGHTS))
+    embeddings, head = weights.get(WORD_EMBEDDINGS), weights.pop("lm_head.weight", None)
+    if embeddings is not None:
+        if head is not None and not torch.equal(head, embeddings):
+            raise BertforgeError(f"{folder}: lm_head.weight is not the token embeddings; GPT-1 ties them")
+        weights["lm_head.weight"] = embeddings  # the alias, which check_and_load_state expects
+    model = GPTLMHeadModel(config)
+    check_and_load_state(model, weights, source=str(folder / WEIGHTS))
+    return model.eval()
+
+
+# -------------------------------------------------------------------------------------- tokenizer
+
+
+def write_gpt_tokenizer(
+    tokenizer: BertTokenizer, folder: Path, max_length: int, eos_token: str = "[SEP]"
+) -> None:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json for generation.
+
+    `AutoTokenizer` would pick `OpenAIGPTTokenizer` (a BPE with vocab.json + merges.txt) for an
+    openai-gpt config, so tokenizer_config.json names the generic `PreTrainedTokenizerFast`, which
+    reads tokenizer.json. Two changes to the tokenizer make it fit generation:
+    - BERT's post-processor (`[CLS] text [SEP]`) is removed: a prompt must end with its last word,
+      not with an end token, for a decoder to continue it;
+    - the decoder puts a space before every word-initial token, the first one included. The
+      text-generation pipeline decodes the new tokens on their own and appends them to the prompt;
+      WordPiece's decoder would glue the first new word onto the prompt's last ("released inthe").
+      `clean_up_tokenization_spaces` then removes the space before punctuation, as WordPiece's does.
+    """
+    backend = Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.post_processor = None
+    backend.decoder = GENERATION_DECODER
+    specials = {
+        "unk_token": "[UNK]",
+        "pad_token": "[PAD]",
+        "eos_token": eos_token,
+        "bos_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    atomic_write_bytes(folder / TOKENIZER_FILE, backend.to_str(pretty=True).encode("utf-8"))
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": max_length,
+            "clean_up_tokenization_spaces": True,
+            **specials,
+        },
+    )
+    write_json(folder / "special_tokens_map.json", specials)
+
+
+def _token_id(tokenizer: BertTokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise BertforgeError(f"the tokenizer has no {token!r} token to end generation with")
+    return token_id
