@@ -80,10 +80,10 @@ def test_auto_is_replaced_by_the_choice(tmp_path, stub_speedup):
 
 def test_cuda_without_native_bf16_gets_fp16(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     choice = choose_precision(ModelConfig(), torch.device("cuda"), tmp_path)
     assert choice.precision == "fp16" and "T4" in choice.reason
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert choose_precision(ModelConfig(), torch.device("cuda"), tmp_path).precision == "bf16"
 
 

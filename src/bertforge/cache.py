@@ -6,7 +6,9 @@ the same text reuses the work and changed text never hits a stale entry. Shards 
 corpus file: a run on several files reuses those of any file it has seen before. The cache lives
 in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`. Shards are checked on open: an id beyond the
 tokenizer's vocabulary names the entry as damaged. An entry is built under a lock of its own
-(`.KEY.lock` beside it): of two runs on a cold cache one builds it, the other waits and reuses it.
+(`.KEY.lock` beside it): of two runs on a cold cache one builds it, the other waits and reuses it;
+what a build killed mid-way left is removed by the next run (`remove_orphans`). The same content
+hashes tell a resumed run whether its data files are still those it started on (`refuse_changed_data`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import entry_lock
+from bertforge.io import entry_lock, remove_orphaned_entries
 from bertforge.shards import TokenShards, file_sha256, prepare_shards
 from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
 
@@ -42,6 +44,20 @@ def content_hash(path: Path) -> str:
         raise BertforgeError(f"corpus file {path} does not exist; check the path")
     stat = path.stat()
     return _content_hash(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def refuse_changed_data(saved: dict[str, str], current: dict[str, str], run: Path, fix: str) -> None:
+    """Refuse to resume the run in `run` on other data than it started on. `saved` and `current` map
+    each data file (a role or a path) to its sha256; a file in only one of them has changed too."""
+    changed = sorted(name for name in saved.keys() | current.keys() if saved.get(name) != current.get(name))
+    if changed:
+        raise BertforgeError(f"data changed since the run in {run} started: {', '.join(changed)}; {fix}")
+
+
+def remove_orphans(cache_dir: Path) -> None:
+    """Remove the temporary folders of tokenizer and shard builds that were killed mid-way."""
+    for kind in ("tokenizers", "shards"):
+        remove_orphaned_entries(Path(cache_dir) / kind)
 
 
 def _key(*parts) -> str:

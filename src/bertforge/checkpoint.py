@@ -18,10 +18,10 @@ a truncated file) fails its hash check and is reported as `DamagedCheckpoint`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import pickle
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from bertforge.config import RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.io import atomic_directory, atomic_write_text, remove_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
@@ -100,10 +100,11 @@ def check_and_load_state(model: torch.nn.Module, weights: dict[str, torch.Tensor
 
 
 def shape_hint(name: str, given: torch.Size, expected: torch.Size) -> str:
-    """Which setting a misshapen tensor points at: only the word embeddings' rows are the vocabulary."""
+    """Which setting a misshapen tensor points at: the word embeddings' rows are `model.vocab_size`."""
     if "word_embeddings" in name and len(given) == len(expected) == 2:
         if given[0] != expected[0]:
-            return " (the vocabulary sizes differ: tokenizer and model do not match)"
+            rows = f"model.vocab_size is {expected[0]} but the weights have {given[0]} rows"
+            return f" ({rows}: was config.json edited?)"
         return (
             f" (model.hidden_size is {expected[1]} but the weights have {given[1]}: was config.json edited?)"
         )
@@ -118,18 +119,30 @@ def decode_rng(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
-def rng_states() -> dict:
-    """Torch's global RNG states (dropout draws from them); data order and masking use their own seeds."""
+def rng_states(device: torch.device) -> dict:
+    """Torch's global RNG states that dropout on `device` draws from: the CPU's, and on CUDA that GPU's
+    only (a process trains on one device; other GPUs may not be visible where it resumes). Data
+    order and masking use their own seeds."""
     states = {"torch_cpu": encode_rng(torch.get_rng_state())}
-    if torch.cuda.is_available():
-        states["torch_cuda"] = [encode_rng(s) for s in torch.cuda.get_rng_state_all()]
+    if device.type == "cuda":
+        states["torch_cuda"] = encode_rng(torch.cuda.get_rng_state(device))
     return states
 
 
-def restore_rng_states(states: dict) -> None:
+def restore_rng_states(states: dict, device: torch.device) -> None:
     torch.set_rng_state(decode_rng(states["torch_cpu"]))
-    if torch.cuda.is_available() and "torch_cuda" in states:
-        torch.cuda.set_rng_state_all([decode_rng(s) for s in states["torch_cuda"]])
+    saved = states.get("torch_cuda")
+    if device.type != "cuda" or saved is None:
+        return
+    if isinstance(saved, list):  # written before only the own device's state was kept: one per GPU
+        index = device.index or 0
+        saved = saved[index] if index < len(saved) else None
+    if saved is not None:
+        torch.cuda.set_rng_state(decode_rng(saved), device)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -154,7 +167,7 @@ def save_checkpoint(
             torch.save(extra, handle)
         save_json(config, tmp / CONFIG)
         hashes = {name: file_sha256(tmp / name) for name in HASHED}
-        payload = dict(state, step=step, rng=rng_states(), sha256=hashes)
+        payload = dict(state, step=step, rng=rng_states(model_device(model)), sha256=hashes)
         atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
     return target
 
@@ -183,8 +196,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints, each renamed aside first (see `remove_folder`)."""
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a checkpoint that cannot be deleted is merely kept
+            remove_folder(old)
 
 
 def load_checkpoint(
@@ -212,7 +227,7 @@ def load_checkpoint(
         ) from None
     if scaler is not None and extra.get("scaler"):
         scaler.load_state_dict(extra["scaler"])
-    restore_rng_states(state["rng"])
+    restore_rng_states(state["rng"], model_device(model))
     return state
 
 
@@ -243,9 +258,8 @@ def find_model_folder(path: Path) -> tuple[Path, Path]:
     """(weights folder, tokenizer folder) for a run folder, its `final/`, a checkpoint or a model folder."""
     path = Path(path)
     if not path.is_dir():
-        raise BertforgeError(
-            f"model folder {path} does not exist; give a run folder, its final/ or a checkpoint"
-        )
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise BertforgeError(f"model folder {path} {what}; give a run folder, its final/ or a checkpoint")
     if (path / "final" / WEIGHTS).is_file():
         path = path / "final"
     elif not (path / WEIGHTS).is_file() and list_checkpoints(path):
@@ -273,12 +287,17 @@ def load_pretrained(path: Path) -> tuple[BertForPreTraining, BertTokenizer, RunC
 
 
 def check_tokenizer_fits(tokenizer: BertTokenizer, config: RunConfig, source: Path) -> None:
-    if tokenizer.vocab_size != config.model.vocab_size:
-        raise BertforgeError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model in {source} expects "
-            f"{config.model.vocab_size}: tokenizer and model do not match; "
-            "use the tokenizer saved with the model"
-        )
+    """One embedding row per token, or a padded vocabulary: more rows than tokens (Hugging Face models
+    pad to a multiple of 8 or 64 for speed), recorded as such by the config's tokenizer section holding
+    the tokenizer's own size. The extra rows stand for no token and are never predicted."""
+    tokens, rows = tokenizer.vocab_size, config.model.vocab_size
+    if tokens == rows or (tokens < rows and config.tokenizer.vocab_size == tokens):
+        return
+    expects = f"has only {rows} embedding rows" if tokens > rows else f"expects {rows}"
+    raise BertforgeError(
+        f"the tokenizer has {tokens} tokens but the model in {source} {expects} (model.vocab_size): "
+        "tokenizer and model do not match; use the tokenizer saved with the model"
+    )
 
 
 def save_model_folder(

@@ -111,6 +111,7 @@ def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertToke
     if is_hf_folder(folder):
         config = RunConfig(model=model_config_from_hf(read_hf_config(folder), folder))
         tokenizer = read_hf_tokenizer(folder)
+        config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
         weights = {name: t for name, t in read_hf_weights(folder).items() if not name.endswith(BUFFERS)}
     else:
         config, tokenizer, weights = (

@@ -3,13 +3,18 @@
 Each command group lives in `bertforge.commands.<group>` and registers its subcommands; a handler
 parses its arguments, builds a config and calls exactly one library function. User mistakes
 (`BertforgeError`) print one line on stderr and exit with status 2, no traceback; so does an
-`OSError` that reaches the top (an unreadable input, a disk that refused a write).
+`OSError` that reaches the top (an unreadable input, a disk that refused a write). bertforge's own
+warnings print as one `bertforge: warning: ...` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
 from bertforge import __version__
 from bertforge.commands import finetuning, inference, pretraining
@@ -30,19 +35,41 @@ EXAMPLES = """examples:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with one_line_warnings():
+        try:
+            return args.handler(args)
+        except BertforgeError as error:
+            print(f"bertforge: error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(
+                "bertforge: interrupted; a run continues from its last checkpoint with --resume",
+                file=sys.stderr,
+            )
+            return 130
+
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Within the block, warnings raised by bertforge print as one line; others (torch's) as usual."""
+    python_format = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if PACKAGE in Path(filename).resolve().parents:
+            return f"bertforge: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
     try:
-        return args.handler(args)
-    except BertforgeError as error:
-        print(f"bertforge: error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(
-            "bertforge: interrupted; a run continues from its last checkpoint with --resume", file=sys.stderr
-        )
-        return 130
+        yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 def build_parser() -> argparse.ArgumentParser:

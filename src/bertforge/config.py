@@ -104,8 +104,10 @@ class RuntimeConfig:
     precision: str = "auto"  # auto (measured: `bertforge.precision`) | fp32 | bf16 | fp16
     compile: bool = False
     seed: int = 1234
-    num_workers: int = 0
+    num_workers: int = -1  # data workers masking batches in the background; -1: 2 on CUDA, 0 elsewhere
     threads: int = 0  # 0: leave torch's default
+    tf32: bool = True  # on CUDA, fp32 matmuls use TensorFloat-32 (Ampere and later); false: full fp32
+    dist_timeout_minutes: float = 60.0  # under torchrun, how long a collective waits for the other ranks
 
 
 @dataclass
@@ -365,11 +367,13 @@ def validate(config: RunConfig) -> None:
         "train.checkpoint_every": tr.checkpoint_every,
         "data.max_predictions_per_seq": d.max_predictions_per_seq,
         "data.eval_max_pairs": d.eval_max_pairs,
-        "runtime.num_workers": rt.num_workers,
         "runtime.threads": rt.threads,
     }.items():
         if value < 0:
             raise BertforgeError(f"{name} must not be negative, got {value}")
+    if rt.num_workers < -1:
+        raise BertforgeError(f"runtime.num_workers must be -1 (auto) or more, got {rt.num_workers}")
+    require_positive_number({"runtime.dist_timeout_minutes": rt.dist_timeout_minutes})
     if tr.batch_size % tr.gradient_accumulation_steps:
         raise BertforgeError(
             f"train.batch_size ({tr.batch_size}) must be divisible by train.gradient_accumulation_steps "

@@ -7,6 +7,11 @@ process, so single-process code never branches on whether it is distributed.
 
 The global batch (`train.batch_size`, sequences per optimizer step) is kept whatever the number
 of processes: micro-batch x accumulation steps x processes = batch_size (`batch_plan`).
+
+Collectives wait `runtime.dist_timeout_minutes` for the other ranks (nccl's own default, 10
+minutes, is shorter than rank 0's evaluation or checkpoint on a large model). Work that can take
+longer, such as training the tokenizer and filling the shard cache, runs before the process group
+exists (`joined_after`): the cache's entry locks, not a collective, make the other ranks wait.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,15 +64,31 @@ def launched() -> World:
     return World(rank, world_size, local_rank)
 
 
-def setup(device: torch.device) -> World:
+def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
     """Join the process group torchrun prepared (once per process); return this process's world."""
     world = launched()
     if world.distributed and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_device(device, world))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=timeout_minutes)
+        )
         atexit.register(_teardown)
     return world
+
+
+@contextlib.contextmanager
+def joined_after(device: torch.device, timeout_minutes: float) -> Iterator[World]:
+    """Run the block in every process, then join the process group and wait for all ranks.
+
+    For work that may outlast any collective timeout (training a tokenizer, filling the cache):
+    no rank waits in a collective meanwhile. The device is checked first, before any such work.
+    """
+    world = launched()
+    local_device(device, world)  # refuses `cuda:N` under torchrun
+    yield world
+    setup(device, timeout_minutes)
+    barrier()
 
 
 def _teardown() -> None:
@@ -76,9 +98,15 @@ def _teardown() -> None:
 
 def local_device(device: torch.device, world: World) -> torch.device:
     """Each process on a node takes its own GPU (`cuda` means `cuda:LOCAL_RANK` under torchrun)."""
-    if device.type == "cuda" and device.index is None and world.distributed:
-        return torch.device("cuda", world.local_rank)
-    return device
+    if device.type != "cuda" or not world.distributed:
+        return device
+    if device.index is not None:
+        raise BertforgeError(
+            f"--device {device} (runtime.device) would put every torchrun process on the same GPU; "
+            "pass --device cuda (each process takes cuda:LOCAL_RANK) and choose the GPUs with "
+            "CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", world.local_rank)
 
 
 @dataclass(frozen=True)
@@ -163,17 +191,3 @@ def barrier() -> None:
             dist.barrier(device_ids=[torch.cuda.current_device()])
         else:
             dist.barrier()
-
-
-@contextlib.contextmanager
-def local_main_first() -> Iterator[None]:
-    """Let each node's first process run the block (e.g. fill the cache) before the others do."""
-    world = launched()
-    if not dist.is_initialized() or not world.distributed:
-        yield
-        return
-    if world.local_rank != 0:
-        barrier()
-    yield
-    if world.local_rank == 0:
-        barrier()

@@ -21,7 +21,7 @@ from bertforge.errors import BertforgeError
 from bertforge.export import load_model
 from bertforge.losses import pretraining_sums, summarize
 from bertforge.pairs import PairDataset, build_pairs
-from bertforge.runtime import autocast, resolve_device, to_device
+from bertforge.runtime import autocast, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
 
@@ -67,14 +67,15 @@ def pretraining_metrics(
             mlm_logits, nsp_logits = model(
                 batch["input_ids"],
                 batch["token_type_ids"],
-                batch["attention_mask"],
+                batch.get("attention_mask"),  # absent when the batch has no padding
                 batch["masked_positions"],
             )
         sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
         for key, value in sums.items():
             totals[key] = totals.get(key, 0) + value
     model.train(was_training)
-    return summarize({key: float(value) for key, value in totals.items()})
+    keys = sorted(totals)
+    return summarize(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True)))
 
 
 def evaluate_model(

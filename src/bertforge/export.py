@@ -12,7 +12,9 @@ Owns:
 - `load_model`: model, tokenizer and config from either kind of folder (behind `bertforge.load`).
 
 Special tokens may sit at any ids (Google's original BERT vocabularies put them at 0 and 100-103);
-a vocabulary without all five of `[PAD] [UNK] [CLS] [SEP] [MASK]` is refused on import.
+a vocabulary without all five of `[PAD] [UNK] [CLS] [SEP] [MASK]` is refused on import. A padded
+vocabulary (more embedding rows than tokens, e.g. 30,522 tokens in 30,528 rows) is kept as it is,
+both ways: `model.vocab_size` counts the rows, the tokenizer section the tokens.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from bertforge.checkpoint import (
     weights_to_save,
     write_json,
 )
-from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate
+from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, check_new_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel
@@ -240,6 +242,10 @@ def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
     values = {name: raw.get(name) for name in HF_DEFAULTS}
     values = {name: HF_DEFAULTS[name] if value is None else value for name, value in values.items()}
     config = RunConfig.from_dict({"model": values})  # checks every type, naming the field
+    try:
+        validate_model(config.model)
+    except BertforgeError as error:
+        raise BertforgeError(f"{src / CONFIG}: {error}") from None
     return config.model
 
 

@@ -6,12 +6,13 @@ their arithmetic:
   made the masks 17% of the step. `Dropout` here draws 64-bit words and reads four 16-bit uniform
   draws from each, so p is applied at a resolution of 1/65,536 (0.1 becomes 0.100006, and the
   kept values are scaled by the exact inverse of the keep rate, so the output stays unbiased).
-  Other devices keep torch's fused dropout.
+  Other devices, and torch.compile (which cannot trace the in-place draw), keep torch's dropout.
 - cross-entropy over the vocabulary: `F.cross_entropy(logits.float())` makes (M, V) float32
   tensors of 70 MB and more (M masked positions, V = 30,522) for the cast, the log-softmax and its
   gradient. glibc maps each such block afresh from the kernel and unmaps it when freed, so every
   step pays page faults over all of it: the cast and softmax cost several times their arithmetic.
-  `cross_entropy_sum` does the same float32 softmax over a few rows at a time.
+  `cross_entropy_sum` does the same float32 softmax over a few rows at a time. On a GPU it runs
+  in larger chunks, so the float32 copies stay bounded however large masked tokens x vocabulary grow.
 - attention with dropout: torch's fused CPU attention kernels take no dropout, so
   `scaled_dot_product_attention` falls back to its unfused path; `attention` runs that path
   itself with the cheaper mask.
@@ -28,13 +29,14 @@ _DRAWS = 65536  # 16-bit uniform draws
 # Elements per float32 chunk of the softmax: 4 MiB, well under glibc's 32 MiB mmap threshold, so
 # the chunk's buffer is reused instead of being mapped and page-faulted afresh every step.
 _CHUNK_ELEMENTS = 1 << 20
+_GPU_CHUNK_ELEMENTS = 1 << 24  # 64 MiB of float32 per chunk: a few chunks at most, few kernel launches
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """`F.dropout(x, p, training)`, with masks from 16-bit draws on CPU."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     dropped = round(p * _DRAWS)
     keep = _uniform_int16(x.shape) >= dropped - _DRAWS // 2  # P(keep) = 1 - dropped / 65536
@@ -78,38 +80,42 @@ class Dropout(nn.Module):
 
 
 def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
-    """`F.cross_entropy(logits.float(), labels, reduction="sum")` for (N, C) logits, (N,) class ids.
+    """`F.cross_entropy(logits.float(), labels, ignore_index=-1, reduction="sum")` for (N, C)
+    logits and (N,) class ids, where a negative label counts nothing.
 
-    On CPU the float32 softmax runs over a few rows at a time (see the module docstring); the
-    result and the gradient (in the logits' dtype) are the same up to float32 rounding.
+    The float32 softmax runs over a few rows at a time (see the module docstring), and only the
+    logits and one float per row are kept for the backward; the result and the gradient (in the
+    logits' dtype) are the same up to float32 rounding.
     """
-    if logits.device.type != "cpu":
-        return F.cross_entropy(logits.float(), labels, reduction="sum")
     return _RowChunkedCrossEntropySum.apply(logits, labels)
 
 
 def _row_slices(logits: Tensor) -> list[slice]:
-    """Slices of (N, C) `logits` rows, each of at most `_CHUNK_ELEMENTS` elements (at least one row)."""
-    rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    """Slices of (N, C) `logits` rows, each of at most a chunk's elements (at least one row)."""
+    chunk = _CHUNK_ELEMENTS if logits.device.type == "cpu" else _GPU_CHUNK_ELEMENTS
+    rows = max(1, chunk // logits.shape[-1])
     return [slice(start, start + rows) for start in range(0, logits.shape[0], rows)]
 
 
 class _RowChunkedCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
-        log_z = torch.empty(logits.shape[0], dtype=torch.float32)  # (N,) logsumexp of each row
+        log_z = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,) logsumexp
         for rows in _row_slices(logits):
             log_z[rows] = logits[rows].float().logsumexp(-1)
+        valid = labels >= 0  # (N,)
+        labels = labels.clamp(min=0)
         target = logits.gather(-1, labels[:, None]).squeeze(-1).float()  # (N,)
-        ctx.save_for_backward(logits, log_z, labels)
-        return (log_z - target).sum()
+        ctx.save_for_backward(logits, log_z, labels, valid)
+        return torch.where(valid, log_z - target, 0.0).sum()
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None]:
-        logits, log_z, labels = ctx.saved_tensors
-        grad = torch.empty_like(logits)  # (N, C): grad_loss * (softmax - one_hot(label))
+        logits, log_z, labels, valid = ctx.saved_tensors
+        weight = grad_loss * valid  # (N,) float32: no gradient for unlabelled rows
+        grad = torch.empty_like(logits)  # (N, C): weight * (softmax - one_hot(label))
         for rows in _row_slices(logits):
-            probs = logits[rows].float().sub_(log_z[rows, None]).exp_()
-            grad[rows] = probs.mul_(grad_loss)
-        grad[torch.arange(labels.numel()), labels] -= grad_loss.to(grad.dtype)
+            probs = (logits[rows] - log_z[rows, None]).exp_()  # float32; fp32 logits stay untouched
+            grad[rows] = probs.mul_(weight[rows, None])
+        grad[torch.arange(labels.numel(), device=labels.device), labels] -= weight.to(grad.dtype)
         return grad, None

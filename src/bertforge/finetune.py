@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import distributed
-from bertforge.batches import MaskedBatches
-from bertforge.cache import default_cache_dir
+from bertforge.batches import MaskedBatches, shape_batch
+from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
 from bertforge.classifier import load_encoder, save_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
@@ -231,12 +231,7 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
 
 def check_same_data(out: Path, hashes: dict[str, str]) -> None:
     saved = read_json(out / TASK).get("data_sha256", {})
-    changed = [name for name, digest in hashes.items() if saved.get(name) != digest]
-    if changed:
-        raise BertforgeError(
-            f"the {' and '.join(changed)} file changed since the run in {out} started; "
-            "resume only with the same data, or start a new run"
-        )
+    refuse_changed_data(saved, hashes, out, "resume only with the same data, or start a new run")
 
 
 def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str]]:
@@ -287,10 +282,12 @@ def steps_per_epoch(num_examples: int, train_cfg: TrainConfig) -> int:
 
 
 class ClassificationCollator:
-    """Pads examples into a batch with `labels` (B,); the batch needs no randomness."""
+    """Pads examples into a batch with `labels` (B,), shaped by `shape_batch` (to `width` tokens when
+    compiling); the batch needs no randomness."""
 
-    def __init__(self, pad_id: int) -> None:
+    def __init__(self, pad_id: int, width: int | None = None) -> None:
         self.pad_id = pad_id
+        self.width = width
 
     def __call__(
         self, examples: list[dict], generator: torch.Generator | None = None
@@ -298,7 +295,7 @@ class ClassificationCollator:
         batch = pad_batch(examples, self.pad_id)
         del batch["nsp_labels"]
         batch["labels"] = torch.tensor([example["label"] for example in examples])  # (B,)
-        return batch
+        return shape_batch(batch, self.pad_id, self.width)
 
 
 class EpochBatches:
@@ -310,7 +307,9 @@ class EpochBatches:
         self.seed = config.runtime.seed
         self.micro_batch = distributed.batch_plan(train_cfg).micro_batch
         self.per_epoch = steps_per_epoch(len(examples), train_cfg) * train_cfg.batch_size
-        self.collate = ClassificationCollator(pad_id)
+        # Compiled: one sequence length (the epoch's short last batch still compiles once more).
+        width = config.data.max_seq_length if config.runtime.compile else None
+        self.collate = ClassificationCollator(pad_id, width)
 
     def __call__(self, epoch: int) -> MaskedBatches:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
@@ -319,13 +318,13 @@ class EpochBatches:
 
 
 def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()  # (B, K)
+    logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask")).float()  # (B, K)
     labels = batch["labels"]  # (B,)
     loss_sum = F.cross_entropy(logits, labels, reduction="sum")
     sums = {
         "loss_sum": loss_sum.detach(),
         "correct": (logits.argmax(-1) == labels).sum(),
-        "count": torch.tensor(labels.numel(), device=labels.device),
+        "count": torch.full((), labels.numel(), device=labels.device),  # filled there: no host copy
     }
     return loss_sum / labels.numel(), sums
 
@@ -350,11 +349,12 @@ def evaluate_classifier(
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"))
         logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum")
         predicted = logits.argmax(-1)  # (B,)
-        confusion += torch.bincount(labels * num_labels + predicted, minlength=num_labels**2)
+        # index_add_ rather than bincount, which waits for the GPU to size its output.
+        confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
         predictions.append(predicted)
     model.train(was_training)
     matrix = confusion.view(num_labels, num_labels).cpu()

@@ -43,7 +43,8 @@ def fill_mask(
     `token` (the vocabulary entry, e.g. `##s`), `token_id`, `score` (softmax probability),
     `word` (the whole word the token forms with its neighbours, `##` pieces merged) and
     `sequence` (the text with this token in place). Every mask is predicted from the same input,
-    independently of the others (as Hugging Face's fill-mask pipeline does).
+    independently of the others (as Hugging Face's fill-mask pipeline does). A model with a padded
+    vocabulary (more embedding rows than tokens) predicts only its tokenizer's tokens.
     """
     texts, single = _as_list(text)
     if top_k < 1:
@@ -62,6 +63,7 @@ def fill_mask(
             is_mask = input_ids == tokenizer.mask_id  # (B, T)
             positions = is_mask.flatten().nonzero().squeeze(1)  # (M,) flat indices, row-major
             mlm_logits, _ = model(input_ids, attention_mask=attention_mask, masked_positions=positions)
+            mlm_logits = mlm_logits[:, : tokenizer.vocab_size]  # (M, V): a padded vocabulary's extra rows
             scores, ids = mlm_logits.float().softmax(-1).topk(top_k, dim=-1)  # (M, k), (M, k)
             masks_per_row = is_mask.sum(1).tolist()
             scores, ids = scores.cpu().split(masks_per_row), ids.cpu().split(masks_per_row)

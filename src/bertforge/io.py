@@ -2,10 +2,14 @@
 
 Writes go beside the target, then are renamed over it: a run interrupted mid-write leaves either
 the old file or the new one, never half of one, and temporary siblings (`.NAME.tmp-*`) are removed
-when the write fails. A write the disk refuses (full, read-only, no permission) raises
-`WriteError`: one line naming the path and the cause. Locks are OS file locks (`flock`) on a file
-that holds the owner's PID: the kernel frees them when their owner dies, so a killed run never
-leaves a stale lock.
+when the write fails. A folder is deleted by first renaming it aside (`.NAME.del-*`), so a kill
+never leaves a half-deleted folder under its own name. What a killed writer leaves (`.NAME.tmp-*`,
+`.NAME.old-*`, `.NAME.del-*`) is removed at the next start by the process that takes the folder's
+lock (or, in the shared cache, the entry's lock); a folder moved aside for a replacement that never
+arrived is put back. A write the disk refuses (full, read-only, no permission)
+raises `WriteError`: one line naming the path and the cause. Locks are OS file locks (`flock`) on
+a file that holds the owner's PID: the kernel frees them when their owner dies, so a killed run
+never leaves a stale lock.
 """
 
 from __future__ import annotations
@@ -149,8 +153,7 @@ def atomic_directory(path: Path) -> Iterator[Path]:
             yield tmp
             if path.exists():
                 # Rename the old folder aside first so that `path` is never missing a complete copy for long.
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-                os.replace(path, old / path.name)
+                old = move_aside(path)  # put back by `remove_leftovers` if killed before the next line
                 os.replace(tmp, path)
                 shutil.rmtree(old, ignore_errors=True)
             else:
@@ -158,6 +161,50 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def move_aside(path: Path, tag: str = "old") -> Path:
+    """Rename the folder `path` into a new hidden sibling `.NAME.TAG-*` and return that sibling."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+    os.replace(path, aside / path.name)
+    return aside
+
+
+def remove_folder(path: Path) -> None:
+    """Delete the folder `path`, renaming it aside (`.NAME.del-*`) first: interrupted, it leaves a
+    leftover that `remove_leftovers` finishes, never a partial folder under its own name."""
+    shutil.rmtree(move_aside(Path(path), "del"), ignore_errors=True)
+
+
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<tag>tmp|old|del)-\w+$")  # the names used above
+
+
+def remove_leftovers(folder: Path, depth: int = 3) -> None:
+    """Remove what killed writers left in `folder` and its subfolders (`depth` levels, hidden ones
+    skipped). Only for a folder whose lock the caller holds: nobody else is writing there."""
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if match := LEFTOVER.match(entry.name):
+            remove_leftover(entry, match)
+        elif depth > 1 and entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
+            remove_leftovers(entry, depth - 1)
+
+
+def remove_leftover(entry: Path, match: re.Match) -> None:
+    """Remove one leftover; a folder that `atomic_directory` moved aside is put back when the kill
+    came before its replacement took its place."""
+    kept, target = entry / match["name"], entry.parent / match["name"]
+    with contextlib.suppress(OSError):
+        if match["tag"] == "old" and kept.is_dir() and not target.exists():
+            os.replace(kept, target)
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            entry.unlink()
 
 
 LOCK_FILE = ".lock"  # a run folder's lock; ignored by `is_occupied`
@@ -215,9 +262,10 @@ def _same_file(fd: int, path: Path) -> bool:
 class RunFolderLock:
     """One owner per run folder: `FOLDER/.lock`, held from `acquire` to `release`.
 
-    `acquire` creates the folder if needed (`created` says whether it did) and refuses, with one
-    line naming the owner's PID, a folder another process holds; `release` removes the lock file,
-    and the folder too when this lock created it and nothing else was written there.
+    `acquire` creates the folder if needed (`created` says whether it did), refuses, with one line
+    naming the owner's PID, a folder another process holds, and removes what killed writers left
+    there (`remove_leftovers`); `release` removes the lock file, and the folder too when this lock
+    created it and nothing else was written there.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -240,6 +288,7 @@ class RunFolderLock:
                 f"{self.folder} is in use by another bertforge run (process {self.lock.owner()}); "
                 "wait for it to finish or choose another --out"
             )
+        remove_leftovers(self.folder)
         return self
 
     def release(self) -> None:
@@ -280,3 +329,22 @@ def entry_lock(folder: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def remove_orphaned_entries(folder: Path) -> None:
+    """Remove the leftovers beside the entries of a shared cache folder that no live process is
+    building: those whose entry lock (see `entry_lock`) this process can take at once."""
+    try:
+        names = {m["name"] for entry in Path(folder).iterdir() if (m := LEFTOVER.match(entry.name))}
+    except OSError:
+        return
+    for name in sorted(names):
+        lock = FileLock(Path(folder) / f".{name}.lock")
+        with contextlib.suppress(OSError):
+            if lock.acquire(wait=False):
+                try:  # listed again under the lock: a writer that finished meanwhile left nothing
+                    for entry in Path(folder).iterdir():
+                        if (match := LEFTOVER.match(entry.name)) and match["name"] == name:
+                            remove_leftover(entry, match)
+                finally:
+                    lock.release()

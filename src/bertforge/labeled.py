@@ -4,6 +4,8 @@ Owns reading a file of texts, or text pairs, with one label each; detecting its 
 mapping (names in id order: integer labels numerically, string labels alphabetically); and one
 clear message for every bad input: a missing file, undecodable bytes, missing columns (naming the
 columns that exist), empty rows, a single class, and validation labels never seen in training.
+A class with very few rows (a stray "maybe" among 0 and 1 would become a class of its own) is
+named in a warning that lists every class found.
 
 Columns are named by the header row; a file without a header names its columns by number,
 counting from 0 (`--text-column 0 --label-column 1`), as pandas does for `header=None`.
@@ -16,6 +18,8 @@ import csv
 import io
 import json
 import re
+import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ FORMATS = ("auto", "csv", "tsv", "jsonl")
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")
+RARE_SHARE = 0.01  # a class under 1% of the rows (and a tenth of an even share) is worth a warning
 
 
 @dataclass
@@ -207,9 +212,32 @@ def label_names(data: LabeledExamples) -> list[str]:
             f"every example in {data.path} has the label {data.labels[0]!r}; "
             "a classifier needs examples of at least two classes"
         )
-    if all(_INTEGER.fullmatch(name) for name in names):
-        return sorted(names, key=int)
-    return sorted(names)
+    numeric = all(_INTEGER.fullmatch(name) for name in names)
+    ordered = sorted(names, key=int) if numeric else sorted(names)
+    warn_rare_labels(data, ordered)
+    return ordered
+
+
+def warn_rare_labels(data: LabeledExamples, names: list[str]) -> None:
+    """Warn about classes with under 1% of the rows, listing every class found with its row count.
+
+    A class must also be under a tenth of an even share, so that a task with hundreds of balanced
+    classes (each under 1%) draws no warning.
+    """
+    counts = Counter(data.labels)
+    limit = len(data) * min(RARE_SHARE, 0.1 / len(names))
+    rare = [name for name in names if counts[name] < limit]
+    if not rare:
+        return
+    first_line = data.lines[data.labels.index(rare[0])]
+    found = ", ".join(f"{name!r} ({counts[name]:,})" for name in names[:20])
+    more = f" and {len(names) - 20} more" if len(names) > 20 else ""
+    warnings.warn(
+        f"{data.path}: {', '.join(map(repr, rare[:5]))} {'is' if len(rare) == 1 else 'are'} on under 1% of "
+        f"the {len(data):,} rows (first on line {first_line}); every distinct label becomes a class, and "
+        f"the classes found are (rows): {found}{more}; fix or remove the rows of a label that is a typo",
+        stacklevel=2,
+    )
 
 
 def label_ids(data: LabeledExamples, names: list[str]) -> list[int]:

@@ -1,9 +1,11 @@
 """The pretraining objective (Devlin et al. 2019, section 3.1): MLM over masked positions plus NSP.
 
 The MLM head already ran only on the masked positions, so its logits are (M, V) and the labels
-(M,). NSP uses Hugging Face's labels (0: B follows A, 1: B is random); pairs without an NSP label
-(-1, the MLM-only setting) are ignored. Sums are returned alongside counts so that evaluation can
-weight every token and pair equally across batches of different sizes.
+(M,); a position labelled NO_LABEL (-1: padding that gives compiled batches fixed shapes) counts
+nothing. NSP uses Hugging Face's labels (0: B follows A, 1: B is random); pairs without an NSP
+label (-1, the MLM-only setting) are ignored. Sums are returned alongside counts so that evaluation
+can weight every token and pair equally across batches of different sizes. Everything stays on the
+device: no value is built on the host in the step, which would make a GPU wait for the CPU.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ def pretraining_sums(
 ) -> dict[str, torch.Tensor]:
     """Summed losses and correct counts, all as 0-d tensors (no host synchronisation)."""
     nsp_logits = nsp_logits.float()  # (B, 2)
-    label_logits = mlm_logits.gather(-1, masked_labels[:, None]).squeeze(-1)  # (M,)
+    has_mlm = masked_labels != NO_LABEL  # (M,)
+    label_logits = mlm_logits.gather(-1, masked_labels.clamp(min=0)[:, None]).squeeze(-1)  # (M,)
     has_nsp = nsp_labels != NO_LABEL  # (B,)
     return {
         "mlm_loss_sum": cross_entropy_sum(mlm_logits, masked_labels),
         # Correct when the label's logit is the largest (argmax, except that a tie counts as correct):
         # a max reduction is far cheaper than argmax over bf16 logits on CPU.
-        "mlm_correct": (label_logits >= mlm_logits.amax(-1)).sum(),
-        "mlm_count": torch.tensor(masked_labels.numel(), device=mlm_logits.device),
+        "mlm_correct": ((label_logits >= mlm_logits.amax(-1)) & has_mlm).sum(),
+        "mlm_count": has_mlm.sum(),
         "nsp_loss_sum": F.cross_entropy(nsp_logits, nsp_labels, ignore_index=NO_LABEL, reduction="sum"),
         "nsp_correct": ((nsp_logits.argmax(-1) == nsp_labels) & has_nsp).sum(),
         "nsp_count": has_nsp.sum(),

@@ -5,7 +5,9 @@ in bf16 than in fp32, an Intel Xeon with AVX-512 bf16 but no AMX about 1.6x slow
 probe times the model's own matmul shapes in fp32 and in bf16 (a fraction of a second) and picks
 bf16 only when it is clearly faster. The choice is cached per machine (CPU model and flags, torch
 version, thread count) and per shape in the bertforge cache, so later runs decide at once.
-On CUDA: bf16 where the GPU computes it natively, else fp16 with a loss scaler. Elsewhere: fp32.
+On CUDA: bf16 where the GPU computes it natively (compute capability 8.0, Ampere, and later), else
+fp16 with a loss scaler; an explicit bf16 on an older GPU (V100, T4) is refused with that advice.
+Elsewhere: fp32.
 
 The resolved value replaces "auto" in the run's config before it is saved, so a resumed run keeps
 the arithmetic it started with wherever it resumes.
@@ -24,6 +26,7 @@ import torch
 
 from bertforge import distributed
 from bertforge.config import ModelConfig, RunConfig
+from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -59,7 +62,8 @@ def resolve_precision(config: RunConfig, device: torch.device, cache_dir: Path) 
 def agree_on_precision(config: RunConfig) -> None:
     """Under torchrun, every rank takes rank 0's precision (nodes may differ); a collective call."""
     if distributed.launched().distributed:
-        code = distributed.broadcast_float(PRECISIONS.index(config.runtime.precision))
+        mine = config.runtime.precision  # still "auto" on the ranks that left the choice to rank 0
+        code = distributed.broadcast_float(PRECISIONS.index(mine) if mine in PRECISIONS else -1.0)
         config.runtime.precision = PRECISIONS[int(code)]
 
 
@@ -80,9 +84,25 @@ def choose_precision(model: ModelConfig, device: torch.device, cache_dir: Path) 
 
 def cuda_choice(device: torch.device) -> Choice:
     name = torch.cuda.get_device_name(device)
-    if torch.cuda.is_bf16_supported(including_emulation=False):
+    if native_bf16(device):
         return Choice("bf16", f"{name} computes bf16 natively")
     return Choice("fp16", f"{name} has no native bf16; fp16 with a loss scaler")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether this GPU computes bf16 natively: NVIDIA from Ampere (compute capability 8.0) on, or ROCm."""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse bf16 on a GPU that only emulates it (several times slower than fp16 there)."""
+    if device.type == "cuda" and precision == "bf16" and not native_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise BertforgeError(
+            f"runtime.precision = bf16, but {torch.cuda.get_device_name(device)} (compute capability "
+            f"{major}.{minor}) has no native bf16 (it needs 8.0, Ampere or later); use --precision fp16 "
+            "(with a loss scaler) or auto"
+        )
 
 
 def cpu_choice(speedup: float, cached: bool = False) -> Choice:

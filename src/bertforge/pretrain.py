@@ -2,7 +2,10 @@
 
 Run folder layout (`--out DIR`):
 
-    config.json         the effective config (also inside every checkpoint and final/)
+    config.json         the effective config (also inside every checkpoint and final/); data
+                        paths absolute, so that `--resume` works from any working directory
+    data.json           the sha256 of every corpus and validation file: `--resume` refuses
+                        changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
     metrics.jsonl       one line per log window ("train") and per evaluation ("valid")
     checkpoints/        step_NNNNNN/ folders, the newest `train.keep_checkpoints` kept
@@ -16,6 +19,8 @@ except `.lock`: the running process's PID, held with an OS lock for the whole ru
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -24,14 +29,21 @@ import torch
 
 from bertforge import distributed
 from bertforge.batches import MaskedBatches, pretraining_collator
-from bertforge.cache import cached_shards, cached_tokenizer, default_cache_dir
-from bertforge.checkpoint import CONFIG, list_checkpoints, save_model_folder
-from bertforge.config import RunConfig, save_json, validate
+from bertforge.cache import (
+    cached_shards,
+    cached_tokenizer,
+    content_hash,
+    default_cache_dir,
+    refuse_changed_data,
+    remove_orphans,
+)
+from bertforge.checkpoint import CONFIG, list_checkpoints, read_json, save_model_folder
+from bertforge.config import DataConfig, RunConfig, save_json, validate
 from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import evaluation_batches, pretraining_metrics, unigram_entropy
 from bertforge.export import init_from
-from bertforge.io import RunFolderLock, is_occupied
+from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.losses import pretraining_loss, pretraining_sums, summarize
 from bertforge.model import BertForPreTraining
 from bertforge.pairs import PairDataset, build_pairs
@@ -42,6 +54,8 @@ from bertforge.shards import ShardSet, TokenShards, concat_shards, token_counts
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 
+DATA = "data.json"
+
 
 def pretrain(
     config: RunConfig,
@@ -51,19 +65,29 @@ def pretrain(
     cache_dir: Path | None = None,
     show_progress: bool = True,
     init: Path | None = None,
+    allow_changed_data: bool = False,
 ) -> dict:
     """Train (or resume) a run in `out`; return the final step, time, tokens, validation metrics and
     the validation text's unigram entropy (the MLM loss to beat).
 
     `init`: a model folder (ours, imported or exported) to start from; its model and tokenizer
     sections replace the config's, and the corpus is tokenized with its tokenizer.
+    `allow_changed_data`: resume even though a corpus or validation file changed since the run started.
     """
     out = Path(out)
     lock = RunFolderLock(out)
     # One run per folder; under torchrun rank 0 owns it for all ranks.
     with lock if distributed.launched().is_main else contextlib.nullcontext():
         return run_pretraining(
-            config, out, tokenizer_dir, resume, cache_dir, show_progress, init, lock.created
+            config,
+            out,
+            tokenizer_dir,
+            resume,
+            cache_dir,
+            show_progress,
+            init,
+            lock.created,
+            allow_changed_data,
         )
 
 
@@ -76,28 +100,36 @@ def run_pretraining(
     show_progress: bool,
     init: Path | None,
     created: bool,
+    allow_changed_data: bool = False,
 ) -> dict:
     """`pretrain` in a folder this process owns; `created`: the folder did not exist before the call."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    remove_orphans(cache_dir)  # what tokenizer and shard builds killed mid-way left
     check_run_folder(out, resume)
     if isinstance(config.data.corpus, (str, Path)):  # a library caller's single path
         config.data.corpus = [str(config.data.corpus)] if str(config.data.corpus) else []
+    absolute_data_paths(config.data)
     validate(config)
     apply_threads(config.runtime)
-    # Under torchrun: join the process group; every rank has checked `out` before rank 0 writes there.
-    world = distributed.setup(resolve_device(config.runtime.device))
-    with distributed.local_main_first():  # one process per node fills the cache, the others read it
+    # Under torchrun every rank reads the cache (one builds each entry, the others wait on its lock),
+    # then joins the process group: no collective can time out while a large corpus is tokenized,
+    # and every rank has checked `out` before rank 0 writes there.
+    device = resolve_device(config.runtime.device)
+    with distributed.joined_after(device, config.runtime.dist_timeout_minutes) as world:
         data = config.data
         corpus_files = resolve_corpus_files(data.corpus)  # checks every file before any work
+        hashes = data_hashes(corpus_files, data.valid)
+        if resume and not allow_changed_data:
+            check_same_data(out, hashes)
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
         else:
             tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir, corpus_files)
-        config.model.vocab_size = tokenizer.vocab_size
+        if init_state is None and not resume:  # a new model: one embedding row per token
+            config.model.vocab_size = tokenizer.vocab_size
         config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
         validate(config)
-        choose_run_precision(config, world, cache_dir, show_progress)
         train_shards = concat_shards(
             [
                 cached_shards(file, tokenizer, data.format, cache_dir, show_progress, data.text_column)
@@ -120,11 +152,14 @@ def run_pretraining(
             valid_batches = evaluation_batches(valid_shards, tokenizer, data)
             reference = {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
 
+    choose_run_precision(config, world, cache_dir, show_progress)
     agree_on_precision(config)  # outside the block above: every rank must reach this collective
     if not resume and world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
+    if world.is_main and (not resume or allow_changed_data):
+        atomic_write_text(out / DATA, json.dumps({"sha256": hashes}, indent=2) + "\n")
     try:
         result = train_and_save(
             config, out, tokenizer, train_shards, valid_batches, resume, show_progress, init_state=init_state
@@ -170,7 +205,10 @@ def train_and_save(
 
 
 def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progress: bool) -> None:
-    """Resolve `runtime.precision = "auto"` before the config is saved (measured once per node)."""
+    """Resolve `runtime.precision = "auto"` before the config is saved. Under torchrun only rank 0
+    decides (its CPU probe runs alone); `agree_on_precision` gives its choice to the others."""
+    if not world.is_main:
+        return
     device = distributed.local_device(resolve_device(config.runtime.device), world)
     choice = resolve_precision(config, device, cache_dir)
     if choice is not None and show_progress and world.is_main:
@@ -195,12 +233,37 @@ def init_mlm_bias(
 
 
 def check_run_folder(out: Path, resume: bool) -> None:
+    if out.is_file():
+        raise BertforgeError(f"{out} is a file; --out must name a folder")
     if resume:
         if not (out / CONFIG).is_file():
             raise BertforgeError(f"{out} holds no bertforge run to resume; start one without --resume")
     elif is_occupied(out):
         what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
         raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+
+
+def absolute_data_paths(data: DataConfig) -> None:
+    """Make the corpus specs (files, folders, glob patterns) and the validation file absolute, so that
+    the saved config names the same files from any working directory."""
+    data.corpus = [os.path.abspath(spec) for spec in data.corpus]
+    data.valid = os.path.abspath(data.valid) if data.valid else data.valid
+
+
+def data_hashes(corpus_files: list[Path], valid: str) -> dict[str, str]:
+    """The sha256 of every training and validation file, by absolute path (what `--resume` checks)."""
+    files = [*corpus_files, *([Path(valid)] if valid else [])]
+    return {os.path.abspath(file): content_hash(file) for file in files}
+
+
+def check_same_data(out: Path, hashes: dict[str, str]) -> None:
+    """Refuse to resume on text other than the run started on (runs from before data.json: unchecked)."""
+    if (out / DATA).is_file():
+        fix = (
+            "resume on the text it started on, pass --allow-changed-data to train on the changed text, "
+            "or start a new run"
+        )
+        refuse_changed_data(read_json(out / DATA).get("sha256", {}), hashes, out, fix)
 
 
 def corpus_path(path: str, name: str) -> Path:
@@ -230,7 +293,7 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
     """epoch -> micro-batches of freshly drawn pairs (Google's algorithm) with dynamic masking."""
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
-    collate = pretraining_collator(tokenizer, data)
+    collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
 
     def batches(epoch: int) -> MaskedBatches:
         pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, epoch)
@@ -242,7 +305,7 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
 
 def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
     mlm_logits, nsp_logits = model(
-        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"]
-    )  # (M, V), (B, 2)
+        batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"), batch["masked_positions"]
+    )  # (M, V), (B, 2); no mask when the batch has no padding
     sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
     return pretraining_loss(sums), sums

@@ -1,4 +1,4 @@
-"""Where and how tensors run: device choice, autocast precision, host-to-device transfer, threads."""
+"""Where and how tensors run: device choice, autocast precision, TF32, transfers, threads, data workers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 
 from bertforge.config import RuntimeConfig
 from bertforge.errors import BertforgeError
+
+CUDA_WORKERS = 2  # background data workers per process on CUDA with runtime.num_workers = -1
 
 
 def resolve_device(name: str) -> torch.device:
@@ -32,8 +34,29 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def use_tf32(device: torch.device, enabled: bool) -> None:
+    """On CUDA, let fp32 matmuls use TensorFloat-32 (Ampere and later: several times faster, with
+    10-bit mantissa inputs and fp32 accumulation); `runtime.tf32 = false` keeps full fp32."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+def to_host(values: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as floats, in one device-to-host transfer (float64 keeps counts exact; MPS has none)."""
+    dtype = torch.float32 if values[0].device.type == "mps" else torch.float64
+    return torch.stack([value.to(dtype) for value in values]).tolist()
+
+
+def data_workers(runtime: RuntimeConfig, device: torch.device) -> int:
+    """`runtime.num_workers`, where -1 (auto) means 2 background workers on CUDA, so that masking the
+    next batches overlaps the GPU's step, and none elsewhere (a CPU's cores are busy training)."""
+    if runtime.num_workers >= 0:
+        return runtime.num_workers
+    return CUDA_WORKERS if device.type == "cuda" else 0
 
 
 def apply_threads(runtime: RuntimeConfig) -> None:

@@ -3,7 +3,7 @@
 An `Objective` says what is trained (model, batches per epoch, loss, evaluation); this module owns
 how: AdamW without decay on biases and LayerNorm, linear warmup then linear decay over steps or a
 time budget, gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
-optional `torch.compile` (falling back to eager mode when it fails), periodic evaluation,
+optional `torch.compile` (falling back to eager mode when compiling fails), periodic evaluation,
 `metrics.jsonl`, atomic checkpoints and exact resume. A checkpoint the disk refuses stops the run
 with one line, the previous checkpoint intact; a last line of `metrics.jsonl` torn by a crash is
 dropped on resume.
@@ -18,6 +18,11 @@ Under torchrun the same loop trains with DistributedDataParallel (see `bertforge
 rank r takes micro-batches r, r + W, r + 2W, ... of the same deterministic epoch, gradients are
 all-reduced once per optimizer step (`no_sync` on the other micro-batches), logged sums and token
 counts are summed over ranks, and only rank 0 evaluates and writes logs and checkpoints.
+
+On a GPU a steady-state step does not make the device wait for the host: values stay on the
+device until a log line (one transfer per `log_every` steps), and under DDP with a time budget
+rank 0's clock is shared at those lines only, so a run may overshoot its budget by up to
+`log_every` steps.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from bertforge import distributed
-from bertforge.batches import batch_seed
+from bertforge.batches import batch_seed, real_tokens
 from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import (
     DamagedCheckpoint,
@@ -49,8 +54,8 @@ from bertforge.checkpoint import (
 from bertforge.config import RunConfig, TrainConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import WriteError, append_text, atomic_write_text
-from bertforge.precision import agree_on_precision, resolve_precision
-from bertforge.runtime import autocast, resolve_device, to_device
+from bertforge.precision import agree_on_precision, check_precision, resolve_precision
+from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
 
 
 @dataclass
@@ -214,6 +219,23 @@ def warn_eager(error: Exception) -> None:
     warnings.warn(f"torch.compile failed ({first_line}); training in eager mode", stacklevel=3)
 
 
+def is_compiled(model: torch.nn.Module) -> bool:
+    return hasattr(model, "_orig_mod")  # set only on a torch.compile wrapper
+
+
+def is_compile_error(error: BaseException) -> bool:
+    """Whether `error` is torch.compile's own failure (tracing, a backend, no C++ compiler or Triton),
+    not an out-of-memory or communication error that surfaced in compiled code: those are re-raised."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    if any(isinstance(e, (torch.OutOfMemoryError, torch.distributed.DistError)) for e in chain):
+        return False
+    return isinstance(chain[0], torch._dynamo.exc.TorchDynamoException)
+
+
 def train(
     objective: Objective,
     config: RunConfig,
@@ -232,13 +254,15 @@ class Trainer:
         self.objective, self.config, self.run_dir = objective, config, run_dir
         self.train_cfg, self.runtime = config.train, config.runtime
         device = resolve_device(self.runtime.device)
-        self.world = distributed.setup(device)
+        self.world = distributed.setup(device, self.runtime.dist_timeout_minutes)
         self.device = distributed.local_device(device, self.world)
         self.plan = distributed.batch_plan(self.train_cfg, self.world.world_size)
         self.model = objective.model.to(self.device)
         if self.runtime.precision == "auto":  # callers that save a config resolve it first (pretrain)
             resolve_precision(config, self.device, default_cache_dir())
             agree_on_precision(config)
+        check_precision(self.device, self.runtime.precision)
+        use_tf32(self.device, self.runtime.tf32)
         self.optimizer = build_optimizer(self.model, self.train_cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.runtime.precision == "fp16" else None
         self.schedule = Schedule(self.train_cfg)
@@ -254,6 +278,7 @@ class Trainer:
                 self.log.append({"step": 0, "split": "valid", **objective.evaluate(self.model)})
         self.state.update(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
         self.clock = time.perf_counter() - self.state["elapsed_s"]
+        self.clock_read: tuple[int, float] | None = None  # (step, seconds) last agreed under DDP
         self.window = Window()
         self.checked_step = self.state["step"]  # the last step whose loss, gradients and weights were finite
         # False once a step's gradient norm was non-finite (fp16's scaler skips those steps itself).
@@ -301,31 +326,24 @@ class Trainer:
         if rank == 0:
             return
         if saved and rank < len(saved):
-            restore_rng_states(saved[rank])
+            restore_rng_states(saved[rank], self.device)
         else:  # the checkpoint came from fewer processes: a fresh stream, still a function of the seed
             torch.manual_seed(batch_seed(self.runtime.seed, self.state["step"], rank))
 
     def elapsed(self) -> float:
         """Seconds of training so far. With a time budget under DDP every rank takes rank 0's clock,
-        so all ranks use the same learning rate and stop at the same step (one broadcast per call)."""
+        so all ranks use the same learning rate and stop at the same step; it is read (one broadcast)
+        every `log_every` steps, and in between the last reading stands."""
         seconds = time.perf_counter() - self.clock
-        if self.world.distributed and self.schedule.budget_s:
-            seconds = distributed.broadcast_float(seconds)
-        return seconds
+        if not (self.world.distributed and self.schedule.budget_s):
+            return seconds
+        step = self.state["step"]
+        if self.clock_read is None or (step != self.clock_read[0] and step % self.train_cfg.log_every == 0):
+            self.clock_read = (step, distributed.broadcast_float(seconds))
+        return self.clock_read[1]
 
     def run(self, show_progress: bool) -> dict:
-        self.step_model = compile_model(
-            distributed.wrap(self.model, self.device, self.world), self.runtime.compile
-        )
-        stream = micro_batches(
-            self.objective,
-            self.state["epoch"],
-            self.state["batch"],
-            self.runtime.num_workers,
-            self.device.type == "cuda",
-            self.world.rank,
-            self.world.world_size,
-        )
+        stream = self.start()
         bar = self.progress_bar(show_progress)
         while True:
             now = self.elapsed()
@@ -342,6 +360,23 @@ class Trainer:
             "tokens": self.state["tokens"],
             **self.state["last_valid"],
         }
+
+    def start(self) -> Iterator[tuple[int, int, dict]]:
+        """Wrap (DDP) and compile the model; the stream of micro-batches from the run's position."""
+        self.step_model = compile_model(
+            distributed.wrap(self.model, self.device, self.world), self.runtime.compile
+        )
+        # Under DDP the ranks confirm after the first step that all of them compiled (`agree_on_compiling`).
+        self.compile_unconfirmed = self.world.distributed and self.runtime.compile
+        return micro_batches(
+            self.objective,
+            self.state["epoch"],
+            self.state["batch"],
+            data_workers(self.runtime, self.device),
+            self.device.type == "cuda",
+            self.world.rank,
+            self.world.world_size,
+        )
 
     def progress_bar(self, show_progress: bool) -> tqdm:
         """A bar in steps, or in seconds when a time budget is set, so its ETA is the run's own."""
@@ -375,14 +410,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        accumulation = self.plan.accumulation
-        for micro in range(accumulation):
-            epoch, position, batch = next(stream)
-            tokens = int(batch["attention_mask"].sum())  # real tokens; padding excluded
-            last = micro == accumulation - 1
-            sums = self.forward_backward(to_device(batch, self.device), accumulation, skip_sync=not last)
-            self.window.add(sums, tokens)
-            self.state.update(epoch=epoch, batch=position)
+        micro = [next(stream) for _ in range(self.plan.accumulation)]  # (epoch, next position, batch)
+        batches = [batch for _, _, batch in micro]
+        for sums, batch in zip(self.gradients(batches), batches, strict=True):
+            self.window.add(sums, real_tokens(batch))  # counted on the host copy: no device sync
+        if self.compile_unconfirmed:
+            self.agree_on_compiling()
+        self.state.update(epoch=micro[-1][0], batch=micro[-1][1])
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.train_cfg.max_grad_norm:
@@ -397,27 +431,46 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state["step"] += 1
 
-    def forward_backward(self, batch: dict, accumulation: int, skip_sync: bool) -> dict[str, torch.Tensor]:
-        """Loss and gradients of one micro-batch; a compiled model that fails falls back to eager mode."""
+    def gradients(self, batches: list[dict]) -> list[dict[str, torch.Tensor]]:
+        """Accumulate the gradients of this rank's micro-batches of one step; return their loss sums.
+
+        When torch.compile fails (its own errors only), the step is redone from its start in eager
+        mode with the gradients cleared and dropout's RNG rewound: nothing of the failed attempt,
+        such as a partial backward, remains.
+        """
+        rng = rng_states(self.device) if is_compiled(self.step_model) else None
         try:
-            return self.accumulate_gradients(self.step_model, batch, accumulation, skip_sync)
+            return self.accumulate_gradients(self.step_model, batches)
         except Exception as error:
-            eager = getattr(self.step_model, "_orig_mod", None)  # set only on a torch.compile wrapper
-            if eager is None:
+            if rng is None or not is_compile_error(error):
                 raise
             warn_eager(error)
-            self.step_model = eager
-            return self.accumulate_gradients(eager, batch, accumulation, skip_sync)
+        self.step_model = self.step_model._orig_mod
+        self.optimizer.zero_grad(set_to_none=True)
+        restore_rng_states(rng, self.device)
+        return self.accumulate_gradients(self.step_model, batches)
 
     def accumulate_gradients(
-        self, model: torch.nn.Module, batch: dict, accumulation: int, skip_sync: bool
-    ) -> dict[str, torch.Tensor]:
-        with distributed.no_sync(model, skip_sync):
-            with autocast(self.device, self.runtime.precision):
-                loss, sums = self.objective.loss(model, batch)
-            scaled = loss / accumulation
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        return sums
+        self, model: torch.nn.Module, batches: list[dict]
+    ) -> list[dict[str, torch.Tensor]]:
+        all_sums = []
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            with distributed.no_sync(model, skip=not last):  # all-reduce once, in the last backward
+                with autocast(self.device, self.runtime.precision):
+                    loss, sums = self.objective.loss(model, to_device(batch, self.device))
+                scaled = loss / len(batches)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            all_sums.append(sums)
+        return all_sums
+
+    def agree_on_compiling(self) -> None:
+        """After the first step under DDP: when any rank fell back to eager mode, all do (one collective)."""
+        self.compile_unconfirmed = False
+        eager = not is_compiled(self.step_model)
+        if distributed.all_reduce_sum([float(eager)])[0] and not eager:
+            warnings.warn("torch.compile failed on another process; training in eager mode", stacklevel=3)
+            self.step_model = self.step_model._orig_mod
 
     def after_step(self, lr: float, bar: tqdm) -> None:
         """Log, evaluate and checkpoint on their cadences, and always after the last step."""
@@ -485,7 +538,7 @@ class Trainer:
         self.state["elapsed_s"] = time.perf_counter() - self.clock
         state = dict(self.state)
         if self.world.distributed:
-            state["rank_rng"] = distributed.gather_objects(rng_states())
+            state["rank_rng"] = distributed.gather_objects(rng_states(self.device))
         if self.world.is_main:
             try:
                 save_checkpoint(
@@ -523,8 +576,8 @@ class Window:
         """
         seconds = max(time.perf_counter() - self.start, 1e-9)
         keys = sorted(self.sums)
-        local = [float(self.sums[key]) for key in keys] + [float(self.tokens), float(self.new_tokens)]
-        *totals, tokens, new_tokens = distributed.all_reduce_sum(local)
+        local = (to_host([self.sums[key] for key in keys]) if keys else []) + [self.tokens, self.new_tokens]
+        *totals, tokens, new_tokens = distributed.all_reduce_sum([float(value) for value in local])
         metrics = summarize(dict(zip(keys, totals, strict=True)))
         loss = sum(value for key, value in metrics.items() if key.endswith("_loss"))
         record = {"loss": loss, **metrics, "lr": lr, "tokens_per_s": tokens / seconds}

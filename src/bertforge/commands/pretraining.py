@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import (
@@ -118,6 +119,11 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--no-nsp", action="store_true", help="MLM only: contiguous text fills whole sequences")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="with --resume: continue although the corpus or validation text changed since the run started",
+    )
     p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(handler=run_pretrain)
@@ -191,8 +197,12 @@ def pretrain_config(args) -> RunConfig:
     from bertforge.pretrain import check_run_folder
 
     if args.resume:
+        refuse_resume_flags(args)
         check_run_folder(args.out, resume=True)
         config = read_config(args.out)
+        saved = RunConfig.from_dict(config.to_dict())
+    elif args.allow_changed_data:
+        raise BertforgeError("--allow-changed-data applies to --resume only; drop it for a new run")
     else:
         config = RunConfig()
         if args.preset:
@@ -200,7 +210,7 @@ def pretrain_config(args) -> RunConfig:
         if args.config:
             apply_mapping(config, load_toml(args.config), origin=str(args.config))
     flags = {
-        "data.corpus": args.corpus,  # every --corpus value, as given: --resume resolves them again
+        "data.corpus": args.corpus,  # every --corpus value; `pretrain` saves them absolute
         "data.valid": str(args.valid) if args.valid else None,
         "data.format": args.format,
         "data.text_column": args.text_column,
@@ -215,8 +225,36 @@ def pretrain_config(args) -> RunConfig:
     }
     apply_mapping(config, nest({k: v for k, v in flags.items() if v is not None}), origin="command line")
     apply_overrides(config, args.set)
+    if args.resume:
+        refuse_reshaping(saved, config, args.out)
     validate(config)
     return config
+
+
+def refuse_resume_flags(args) -> None:
+    """Refuse flags that `--resume` would otherwise ignore: the run keeps its model, tokenizer and recipe."""
+    given = [flag for flag in ("preset", "config", "tokenizer") if getattr(args, flag)]
+    if given:
+        flags = ", ".join(f"--{flag}" for flag in given)
+        raise BertforgeError(
+            f"--resume continues the run in {args.out} with its own model, tokenizer and settings; "
+            f"drop {flags} (--set and the training flags still apply)"
+        )
+
+
+def refuse_reshaping(saved: RunConfig, config: RunConfig, out: Path) -> None:
+    """Refuse a `--set` that would give a resumed run another model or tokenizer than its checkpoints."""
+    changed = [
+        f"{section}.{key}"
+        for section in ("model", "tokenizer")
+        for key, value in asdict(getattr(config, section)).items()
+        if asdict(getattr(saved, section))[key] != value
+    ]
+    if changed:
+        raise BertforgeError(
+            f"--resume keeps the model and tokenizer of the run in {out}; drop --set {', '.join(changed)}, "
+            f"or start a new run from its weights with --init {out}"
+        )
 
 
 def nest(flat: dict) -> dict:
@@ -244,6 +282,7 @@ def run_pretrain(args) -> int:
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
         init=args.init,
+        allow_changed_data=args.allow_changed_data,
     )
     if not launched().is_main:
         return 0  # under torchrun, rank 0 reports for the run

@@ -1,0 +1,252 @@
+"""What a run must not take on trust or leave behind: a resumed run refuses changed text and flags
+that would reshape its model; data paths are absolute; leftovers of killed writers (run folders,
+checkpoint pruning, the cache) are cleaned at the next start; a stray label draws a warning; and
+messages name the real cause."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import assert_clean_failure, tiny_config
+
+from bertforge import io
+from bertforge.cache import remove_orphans
+from bertforge.checkpoint import list_checkpoints, prune_checkpoints, read_state, verify_files
+from bertforge.cli import main
+from bertforge.io import RunFolderLock, entry_lock
+from bertforge.labeled import label_names, read_labeled
+from bertforge.pretrain import pretrain
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def own_corpus_run(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir) -> Path:
+    """A 2-step run on copies of the corpus and validation text that a test may change."""
+    corpus, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    shutil.copy(wiki_slice, corpus)
+    shutil.copy(wiki_valid_slice, valid)
+    run = tmp_path / "run"
+    config = tiny_config(corpus, valid, max_steps=2, eval_every=2)
+    pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    return run
+
+
+# ------------------------------------------------------------------------ item 7: resume and its data
+
+
+def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
+    run = own_corpus_run
+    corpus, valid = run.parent / "train.txt", run.parent / "valid.txt"
+    with corpus.open("a") as handle:
+        handle.write("\n = A new article = \n\n Text that was not there when the run started .\n")
+    before = snapshot(run)
+    resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
+    err = assert_clean_failure(capsys, resume, f"data changed since the run in {run} started: {corpus};")
+    assert "--allow-changed-data" in err and str(valid) not in err
+    assert snapshot(run) == before  # nothing written, not even the lock
+
+    assert main([*resume, "--allow-changed-data"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert main([*resume[:-3], "--max-steps", "4", "--quiet"]) == 0  # data.json now holds the new text
+
+    valid.write_text(valid.read_text() + "\n = Another = \n\n More text .\n")
+    assert_clean_failure(capsys, [*resume[:-3], "--max-steps", "5"], f"started: {valid};")
+    other = run.parent / "other.txt"
+    shutil.copy(corpus, other)  # the same text under another name is another corpus
+    argv = [*resume[:-3], "--max-steps", "5", "--corpus", str(other)]
+    assert_clean_failure(capsys, argv, f"{other}, {corpus}, {valid};")  # sorted
+
+
+def test_data_paths_are_absolute_so_a_run_resumes_from_another_folder(
+    tmp_path, monkeypatch, capsys, wiki_slice, small_tokenizer_dir
+):
+    from test_faults import TINY
+
+    (tmp_path / "data").mkdir()
+    shutil.copy(wiki_slice, tmp_path / "data" / "train.txt")
+    monkeypatch.chdir(tmp_path)
+    argv = ["pretrain", "--corpus", "data/train.txt", "--valid", "data/train.txt", "--out", "run"]
+    assert main([*argv, "--tokenizer", str(small_tokenizer_dir), "--max-steps", "1", *TINY]) == 0
+    data = json.loads((tmp_path / "run" / "config.json").read_text())["data"]
+    assert data["corpus"] == [str(tmp_path / "data" / "train.txt")]
+    assert data["valid"] == str(tmp_path / "data" / "train.txt")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["pretrain", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "2", "--quiet"]) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ item 8: flags a resume cannot honour
+
+
+def test_resume_refuses_flags_that_would_reshape_the_model(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    resume = ["pretrain", "--out", str(run), "--resume", "--quiet"]
+    assert_clean_failure(capsys, [*resume, "--preset", "mini"], "drop --preset")
+    assert_clean_failure(
+        capsys, [*resume, "--config", "x.toml", "--tokenizer", "t"], "drop --config, --tokenizer"
+    )
+    argv = [*resume, "--set", "model.hidden_size=64", "--set", "tokenizer.lowercase=false"]
+    err = assert_clean_failure(capsys, argv, "drop --set model.hidden_size, tokenizer.lowercase")
+    assert f"--init {run}" in err
+    new_run = ["pretrain", "--corpus", "x.txt", "--out", str(tmp_path / "new"), "--allow-changed-data"]
+    assert_clean_failure(capsys, new_run, "--allow-changed-data applies to --resume only")
+    # a --set that repeats the run's own value changes nothing and is accepted
+    assert main([*resume, "--set", "model.hidden_size=32", "--max-steps", "4"]) == 0
+
+
+# ---------------------------------------------------------------------------- item 8: leftovers
+
+
+def test_leftovers_in_a_run_folder_are_removed_at_the_next_start(tmp_path, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    (run / ".metrics.jsonl.tmp-k1lled").write_text("half")  # a file write killed mid-way
+    (run / "checkpoints" / ".step_000009.tmp-abc_12").mkdir()  # a checkpoint write killed mid-way
+    (run / "checkpoints" / ".step_000009.tmp-abc_12" / "model.safetensors").write_bytes(b"partial")
+    (run / "checkpoints" / ".step_000001.del-xyz").mkdir()  # a pruning killed mid-way
+    final = run / "final"
+    aside = run / ".final.old-q9"
+    aside.mkdir()
+    final.rename(aside / "final")  # a replacement killed between its two renames: the old copy returns
+    kept = snapshot(aside / "final")
+
+    with RunFolderLock(run):
+        names = {p.name for p in run.rglob("*")}
+    assert not [name for name in names if io.LEFTOVER.match(name)], names
+    assert snapshot(run / "final") == kept
+
+
+def test_a_folder_holding_only_leftovers_takes_a_new_run(tmp_path, wiki_slice, small_tokenizer_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".config.json.tmp-abcd").write_text("{")  # killed while writing its first file
+    config = tiny_config(wiki_slice, max_steps=1, eval_every=1)
+    assert pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)["step"] == 1
+
+
+def test_pruning_renames_a_checkpoint_before_deleting_it(tmp_path, monkeypatch, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    checkpoints = run / "checkpoints"
+    newest = list_checkpoints(run)[-1]
+    for step in (1, 2):
+        shutil.copytree(newest, checkpoints / f"step_{step:06d}")
+
+    def killed_midway(path, ignore_errors=False):  # deletes one file, then the process dies
+        next(p for p in Path(path).rglob("*") if p.is_file()).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(run, keep=2)
+    monkeypatch.undo()
+    assert [p.name for p in list_checkpoints(run)] == ["step_000002", "step_000003"]
+    for path in list_checkpoints(run):  # what keeps a checkpoint's name is whole
+        verify_files(path, read_state(path))
+    with RunFolderLock(run):
+        assert not list(checkpoints.glob(".*"))
+
+
+def test_orphaned_cache_builds_are_removed_unless_a_live_process_builds_them(tmp_path):
+    cache = tmp_path / "cache"
+    orphan = cache / "shards" / ".0a1b2c.tmp-x1"
+    live = cache / "tokenizers" / ".3d4e5f.tmp-y2"
+    for folder in (orphan, live):
+        folder.mkdir(parents=True)
+        (folder / "tokens.bin").write_bytes(b"partial")
+    (cache / "shards" / ".0a1b2c.lock").write_text("12345\n")  # left by the killed builder, unlocked
+    with entry_lock(cache / "tokenizers" / "3d4e5f"):  # another build of this entry is under way
+        remove_orphans(cache)
+        assert not orphan.exists() and live.exists()
+    remove_orphans(cache)
+    assert not live.exists()
+    assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+# ---------------------------------------------------------------------------- item 8: a stray label
+
+
+def write_labels(path: Path, labels: list[str]) -> Path:
+    path.write_text("sentence\tlabel\n" + "".join(f"text number {i}\t{y}\n" for i, y in enumerate(labels)))
+    return path
+
+
+def test_a_stray_label_draws_a_warning_that_lists_the_classes(tmp_path):
+    path = write_labels(tmp_path / "train.tsv", ["0", "1"] * 150 + ["maybe"])
+    with pytest.warns(UserWarning) as caught:
+        names = label_names(read_labeled(path, "sentence", "label"))
+    assert names == ["0", "1", "maybe"]
+    message = str(caught[0].message)
+    assert "'maybe' is on under 1% of the 301 rows (first on line 302)" in message
+    assert "the classes found are (rows): '0' (150), '1' (150), 'maybe' (1)" in message
+
+    many = write_labels(tmp_path / "many.tsv", [str(i % 200) for i in range(1000)])  # 0.5% each
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(label_names(read_labeled(many, "sentence", "label"))) == 200
+
+
+def test_the_cli_prints_the_stray_label_warning_as_one_line(tmp_path, tiny_pretrained_run):
+    from test_faults import bertforge_process
+
+    train = write_labels(tmp_path / "train.tsv", ["0", "1"] * 150 + ["maybe"])
+    valid = write_labels(tmp_path / "valid.tsv", ["0", "1", "perhaps"])
+    argv = ["finetune", "--model", str(tiny_pretrained_run), "--train", str(train), "--valid", str(valid)]
+    argv += ["--text-column", "sentence", "--label-column", "label", "--out", str(tmp_path / "out")]
+    process = bertforge_process(*argv, "--max-length", "32", "--quiet")  # outside pytest's warning capture
+    _, err = process.communicate(timeout=120)
+    lines = err.decode().splitlines()
+    assert process.returncode == 2 and len(lines) == 2, lines
+    assert lines[0].startswith(f"bertforge: warning: {train}: 'maybe' is on under 1%")
+    assert lines[1].startswith("bertforge: error:") and "'perhaps'" in lines[1]
+
+
+# --------------------------------------------------------------- item 8: messages that name the cause
+
+
+def edit_json(path: Path, section: str | None, **changes) -> None:
+    raw = json.loads(path.read_text())
+    (raw[section] if section else raw).update(changes)
+    path.write_text(json.dumps(raw))
+
+
+def test_messages_name_the_real_cause(tmp_path, capsys, tiny_pretrained_run):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert_clean_failure(
+        capsys, ["pretrain", "--out", str(a_file), "--resume"], "is a file; --out must name a folder"
+    )
+    err = assert_clean_failure(
+        capsys, ["fill-mask", "--model", str(a_file), "a [MASK]"], "is a file, not a folder"
+    )
+    assert "does not exist" not in err
+
+    rows = tmp_path / "rows"
+    shutil.copytree(tiny_pretrained_run / "final", rows)
+    edit_json(rows / "config.json", "model", vocab_size=2400)
+    err = assert_clean_failure(
+        capsys,
+        ["fill-mask", "--model", str(rows), "a [MASK]"],
+        "model.vocab_size is 2400 but the weights have 2000",
+    )
+    assert "tokenizer" not in err
+
+    hf = tmp_path / "hf"
+    assert main(["export", "--model", str(tiny_pretrained_run), "--out", str(hf)]) == 0
+    edit_json(hf / "config.json", None, num_hidden_layers=-1)
+    argv = ["import-hf", "--from", str(hf), "--out", str(tmp_path / "imported")]
+    err = assert_clean_failure(
+        capsys, argv, f"{hf / 'config.json'}: model.num_hidden_layers must be positive"
+    )
+    assert "does not fit" not in err and not (tmp_path / "imported").exists()
