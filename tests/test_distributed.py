@@ -142,8 +142,9 @@ def test_the_loop_without_torchrun_is_one_process(monkeypatch):
 @pytest.mark.slow
 def test_torchrun_command_line(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
     """`torchrun --nproc_per_node=2 -m bertforge pretrain` end to end: one report, one run folder."""
-    import subprocess
     import sys
+
+    from test_interrupts import started  # kills the workers too, should the run fail
 
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
@@ -152,8 +153,9 @@ def test_torchrun_command_line(tmp_path, wiki_slice, wiki_valid_slice, small_tok
         *("--device", "cpu", "--quiet", "--out", tmp_path / "run"),
         *("--set", "data.eval_max_pairs=64", "--set", "runtime.threads=1", "--set", "train.log_every=1"),
     ]
-    done = subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("trained 4 steps") == 1  # rank 0 reports, the other rank is silent
+    log = tmp_path / "torchrun.log"
+    with started(command, log) as process:
+        assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert log.read_text().count("trained 4 steps") == 1  # rank 0 reports, the other rank is silent
     assert [x["step"] for x in read_lines(tmp_path / "run", "train")] == [1, 2, 3, 4]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

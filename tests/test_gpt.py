@@ -36,6 +36,7 @@ TINY = dict(
     max_position_embeddings=MAX_POSITIONS,
     layer_norm_eps=1e-5,
     initializer_range=0.2,  # large enough that attention is far from uniform and tokens differ
+    objective="clm",  # what a GPT's config records (a folder read from Hugging Face says so too)
 )
 
 

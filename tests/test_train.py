@@ -135,3 +135,61 @@ def test_time_budget_progress_bar_counts_the_budget_not_the_step_limit(
     assert "of the time budget" in last and last.startswith("100%")  # the budget, not 1e6 steps, is done
     assert "step=" in last
     assert "1000000" not in err
+
+
+def test_sequence_length_warmup_uses_short_pairs_in_the_first_epochs_only(wiki_slice, small_tokenizer_dir):
+    from bertforge.cache import cached_shards, default_cache_dir
+    from bertforge.pretrain import epoch_batches
+    from bertforge.tokenizer import load_tokenizer
+
+    config = tiny_config(wiki_slice)
+    config.data.warmup_seq_length, config.data.warmup_seq_epochs = 16, 2
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    shards = cached_shards(wiki_slice, tokenizer, "auto", default_cache_dir(), False)
+    batches = epoch_batches(shards, tokenizer, config)
+    widths = {epoch: {batches(epoch)[i]["input_ids"].shape[1] for i in range(8)} for epoch in (0, 1, 2)}
+    assert max(widths[0]) == max(widths[1]) == 16  # packed close to the warmup length
+    assert max(widths[2]) == 64
+
+
+def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
+    from bertforge.config import validate
+    from bertforge.errors import BertforgeError
+
+    config = tiny_config()
+    for bad in (64, 128, 4):
+        config.data.warmup_seq_length = bad
+        with pytest.raises(BertforgeError, match="data.warmup_seq_length"):
+            validate(config)
+    config.data.warmup_seq_length = 32
+    validate(config)
+
+
+def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slice, small_tokenizer_dir):
+    from bertforge.cache import cached_shards, default_cache_dir
+    from bertforge.checkpoint import read_config
+    from bertforge.pretrain import epoch_batches
+    from bertforge.tokenizer import load_tokenizer
+
+    corpus = tmp_path / "short.tokens"  # four documents' openings: the 16-token epoch ends mid-run
+    lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
+    heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
+    corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
+    config = tiny_config(corpus, max_steps=12, eval_every=6, keep_checkpoints=3)
+    config.data.warmup_seq_length, config.data.max_seq_length = 16, 32
+    full = tmp_path / "full"
+    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    logged = read_lines(full, "train")
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    shards = cached_shards(corpus, tokenizer, "auto", default_cache_dir(), False)
+    assert 6 <= len(epoch_batches(shards, tokenizer, config)(0)) < 12  # the length changes after the cut
+
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000012")
+    shutil.rmtree(cut / "final")
+    pretrain(read_config(cut), cut, resume=True, show_progress=False)
+    assert [x["loss"] for x in read_lines(cut, "train")] == [x["loss"] for x in logged]
+    full_weights = read_weights(full / "final" / "model.safetensors")
+    cut_weights = read_weights(cut / "final" / "model.safetensors")
+    assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)

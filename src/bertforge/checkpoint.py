@@ -2,7 +2,8 @@
 
 A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resume exactly:
 
-    model.safetensors   weights; tied aliases (the MLM decoder) are dropped, as Hugging Face does
+    model.safetensors   weights; tied aliases (the MLM decoder, a GPT's LM head) are dropped, as
+                        Hugging Face does
     optimizer.pt        optimizer and grad-scaler state: tensors and plain values only, so it loads
                         with `torch.load(weights_only=True)`
     state.json          step, data position, elapsed time, RNG states, last metrics, and the
@@ -28,8 +29,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertforge.config import RunConfig, load_json, save_json, validate_model
+from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
+from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
 from bertforge.io import atomic_directory, atomic_write_text, remove_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.shards import file_sha256
@@ -42,6 +44,7 @@ CONFIG = "config.json"
 LABELS = "labels.json"  # a classifier folder's label names, in id order
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 HASHED = (WEIGHTS, OPTIMIZER, CONFIG)  # a checkpoint's files whose sha256 state.json records
+TIED = {**TIED_KEYS, **GPT_TIED_KEYS}  # aliases of tied tensors, BERT's and GPT's: never saved
 
 
 class DamagedCheckpoint(BertforgeError):
@@ -53,7 +56,7 @@ def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {
         name: tensor.detach().to("cpu").contiguous()
         for name, tensor in model.state_dict().items()
-        if name not in TIED_KEYS
+        if name not in TIED
     }
 
 
@@ -79,8 +82,8 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def check_and_load_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    expected = {name: t.shape for name, t in model.state_dict().items() if name not in TIED_KEYS}
-    given = {name: t for name, t in weights.items() if name not in TIED_KEYS}
+    expected = {name: t.shape for name, t in model.state_dict().items() if name not in TIED}
+    given = {name: t for name, t in weights.items() if name not in TIED}
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
     if missing or unexpected:
@@ -273,7 +276,13 @@ def find_model_folder(path: Path) -> tuple[Path, Path]:
     return path, tokenizer_dir
 
 
-def load_pretrained(path: Path) -> tuple[BertForPreTraining, BertTokenizer, RunConfig]:
+def pretraining_model(config: ModelConfig) -> BertForPreTraining | GPTLMHeadModel:
+    """The model `config.objective` pretrains: BERT with its MLM and NSP heads ("mlm"), or GPT-1 with
+    its language-model head ("clm")."""
+    return GPTLMHeadModel(config) if config.objective == "clm" else BertForPreTraining(config)
+
+
+def load_pretrained(path: Path) -> tuple[BertForPreTraining | GPTLMHeadModel, BertTokenizer, RunConfig]:
     """Model (on CPU, eval mode), tokenizer and config from any folder `find_model_folder` accepts."""
     folder, tokenizer_dir = find_model_folder(path)
     if (folder / STATE).is_file():  # a checkpoint: its files must be those that were written
@@ -281,7 +290,7 @@ def load_pretrained(path: Path) -> tuple[BertForPreTraining, BertTokenizer, RunC
     config = read_config(folder)
     tokenizer = load_tokenizer(tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder)
-    model = BertForPreTraining(config.model)
+    model = pretraining_model(config.model)
     load_weights(model, folder / WEIGHTS)
     return model.eval(), tokenizer, config
 
@@ -325,6 +334,16 @@ def read_json(path: Path) -> dict:
 
 def write_json(path: Path, value: dict) -> None:
     atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def hf_label_fields(labels: list[str]) -> dict:
+    """The label fields of a Hugging Face classifier's config.json."""
+    return {
+        "num_labels": len(labels),
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "problem_type": "single_label_classification",
+    }
 
 
 def read_labels(folder: Path) -> list[str]:

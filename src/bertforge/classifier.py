@@ -9,8 +9,13 @@ holds exactly:
     labels.json         {"labels": [label names in id order]}
     tokenizer.json, vocab.txt, bertforge_tokenizer.json
 
+A classifier fine-tuned from a GPT (`model.objective = "clm"`) is a
+`bertforge.gpt.GPTForSequenceClassification`: `gpt.*` and `score.weight` (no bias), read at the last
+real token, as GPT-1 and Hugging Face's `OpenAIGPTForSequenceClassification` do.
+
 Model folders are read in bertforge's form (RunConfig `config.json`) or in the Hugging Face form
-that `bertforge export` writes (`config.json` with `"model_type": "bert"`, labels in `id2label`).
+that `bertforge export` writes (`config.json` with `"model_type": "bert"` or `"openai-gpt"`, labels
+in `id2label`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from bertforge.checkpoint import (
     read_weights,
     save_weights,
 )
-from bertforge.config import RunConfig, save_json
+from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.errors import BertforgeError
 from bertforge.export import (
     BUFFERS,
@@ -44,14 +49,28 @@ from bertforge.export import (
     read_hf_tokenizer,
     read_hf_weights,
 )
+from bertforge.gpt import GPTForSequenceClassification
+from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
+from bertforge.gpt_convert import bert_tokenizer, from_hf_state_dict
+from bertforge.gpt_convert import model_config_from_hf as gpt_config_from_hf
 from bertforge.io import atomic_directory, atomic_write_text
 from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 
+Classifier = BertForSequenceClassification | GPTForSequenceClassification
+ENCODER = {"mlm": "bert", "clm": "gpt"}  # objective -> the encoder's attribute and weight prefix
+
+
+def sequence_classifier(model: ModelConfig, num_labels: int) -> Classifier:
+    """The classifier for a pretrained architecture: on BERT's pooled [CLS], or on GPT's last real token."""
+    if model.objective == "clm":
+        return GPTForSequenceClassification(model, num_labels)
+    return BertForSequenceClassification(model, num_labels)
+
 
 def save_classifier(
-    folder: Path, model: BertForSequenceClassification, tokenizer: BertTokenizer, config: RunConfig, labels
+    folder: Path, model: Classifier, tokenizer: BertTokenizer, config: RunConfig, labels
 ) -> None:
     """Write a classifier folder atomically: it appears complete or not at all."""
     assert len(labels) == model.num_labels
@@ -63,20 +82,22 @@ def save_classifier(
 
 
 def load_encoder(path: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
-    """Config, tokenizer and `BertModel` weights of a pretrained (or fine-tuned, or exported) model folder.
+    """Config, tokenizer and encoder weights (`BertModel`'s, or a GPT's `GPTModel`'s) of a pretrained
+    (or fine-tuned, or exported) model folder.
 
-    Pretraining heads (`cls.*`) and classifier heads are left out: fine-tuning starts from the encoder
-    and pooler only.
+    Pretraining heads (`cls.*`, `lm_head`) and classifier heads are left out: fine-tuning starts from
+    the encoder (and BERT's pooler) only.
     """
     if is_hf_folder(path):
         model, tokenizer, config, _ = read_hf_folder(Path(path))
-        return config, tokenizer, model.bert.state_dict()
+        return config, tokenizer, getattr(model, ENCODER[config.model.objective]).state_dict()
     folder, tokenizer_dir = find_model_folder(path)
     config = read_config(folder)
     tokenizer = load_tokenizer(tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder)
     weights = read_weights(folder / WEIGHTS)
-    encoder = {name[len("bert.") :]: t for name, t in weights.items() if name.startswith("bert.")}
+    prefix = ENCODER[config.model.objective] + "."
+    encoder = {name[len(prefix) :]: t for name, t in weights.items() if name.startswith(prefix)}
     return config, tokenizer, encoder
 
 
@@ -105,14 +126,11 @@ def find_classifier_folder(path: Path) -> Path:
     return path
 
 
-def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertTokenizer, list[str], RunConfig]:
+def load_classifier(path: Path) -> tuple[Classifier, BertTokenizer, list[str], RunConfig]:
     """Model (CPU, eval mode), tokenizer, label names and config of a classifier folder (ours or exported)."""
     folder = find_classifier_folder(path)
     if is_hf_folder(folder):
-        config = RunConfig(model=model_config_from_hf(read_hf_config(folder), folder))
-        tokenizer = read_hf_tokenizer(folder)
-        config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
-        weights = {name: t for name, t in read_hf_weights(folder).items() if not name.endswith(BUFFERS)}
+        config, tokenizer, weights = read_hf_classifier(folder)
     else:
         config, tokenizer, weights = (
             read_config(folder),
@@ -121,14 +139,30 @@ def load_classifier(path: Path) -> tuple[BertForSequenceClassification, BertToke
         )
     check_tokenizer_fits(tokenizer, config, folder)
     labels = read_labels(folder)
-    model = BertForSequenceClassification(config.model, len(labels))
+    model = sequence_classifier(config.model, len(labels))
     check_and_load_state(model, weights, source=str(folder / WEIGHTS))
     return model.eval(), tokenizer, labels, config
 
 
+def read_hf_classifier(folder: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
+    """Config, tokenizer and weights (in our names) of an exported BERT or OpenAIGPT classifier folder."""
+    raw = read_hf_config(folder)
+    weights = read_hf_weights(folder)
+    if raw["model_type"] == GPT_MODEL_TYPE:
+        config = RunConfig(model=gpt_config_from_hf(raw, str(folder / CONFIG)))
+        tokenizer = bert_tokenizer(read_hf_tokenizer(folder))
+        weights = from_hf_state_dict(weights)
+    else:
+        config = RunConfig(model=model_config_from_hf(raw, folder))
+        tokenizer = read_hf_tokenizer(folder)
+        weights = {name: t for name, t in weights.items() if not name.endswith(BUFFERS)}
+    config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
+    return config, tokenizer, weights
+
+
 @torch.inference_mode()
 def classify(
-    model: BertForSequenceClassification,
+    model: Classifier,
     tokenizer: BertTokenizer,
     labels: list[str],
     texts: list[str],

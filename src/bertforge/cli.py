@@ -4,7 +4,8 @@ Each command group lives in `bertforge.commands.<group>` and registers its subco
 parses its arguments, builds a config and calls exactly one library function. User mistakes
 (`BertforgeError`) print one line on stderr and exit with status 2, no traceback; so does an
 `OSError` that reaches the top (an unreadable input, a disk that refused a write). bertforge's own
-warnings print as one `bertforge: warning: ...` line.
+warnings print as one `bertforge: warning: ...` line. A run stopped by SIGINT or SIGTERM after saving a
+checkpoint (`Interrupted`) prints how to resume and exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertforge import __version__
-from bertforge.commands import finetuning, inference, pretraining
-from bertforge.errors import BertforgeError
+from bertforge.commands import finetuning, inference, pretraining, views
+from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import describe_os_error
 
-COMMAND_GROUPS = (pretraining, inference, finetuning)
+COMMAND_GROUPS = (pretraining, inference, finetuning, views)
 
 EXAMPLES = """examples:
   bertforge tokenizer train --corpus wiki.train.tokens --vocab-size 30522 --out tok/
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
             return 2
+        except Interrupted as stop:  # a signal, after the run saved a checkpoint
+            if stop.report:
+                print(f"bertforge: {stop}", file=sys.stderr)
+            return stop.exit_status
         except KeyboardInterrupt:
             print(
                 "bertforge: interrupted; a run continues from its last checkpoint with --resume",

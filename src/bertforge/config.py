@@ -27,7 +27,11 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 @dataclass
 class ModelConfig:
-    """The BERT architecture, with Hugging Face `BertConfig` field names."""
+    """The architecture, with Hugging Face `BertConfig` field names, and which model it is.
+
+    `objective` "mlm" is BERT (`bertforge.model`, masked LM + NSP), "clm" GPT-1 (`bertforge.gpt`,
+    next-token prediction with causal attention; `type_vocab_size` is unused there).
+    """
 
     vocab_size: int = 30522
     hidden_size: int = 256
@@ -42,6 +46,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    objective: str = "mlm"  # mlm (BERT) | clm (GPT-1); not a BertConfig field (export leaves it out)
 
 
 @dataclass
@@ -64,6 +69,10 @@ class DataConfig:
     format: str = "auto"  # auto | wikitext | text | jsonl | parquet
     text_column: str = "text"  # the jsonl field or Parquet column that holds the text
     max_seq_length: int = 128
+    # a sequence-length warmup: pairs of this many tokens (0: off) in the first `warmup_seq_epochs`
+    # epochs, where attention, spread over fewer tokens, learns to use the neighbours sooner
+    warmup_seq_length: int = 0
+    warmup_seq_epochs: int = 1
     short_seq_prob: float = 0.1
     nsp: bool = True
     mlm_probability: float = 0.15
@@ -163,6 +172,16 @@ def apply_preset(config: RunConfig, name: str) -> None:
     config.train.learning_rate = PRESET_LEARNING_RATES[name]
 
 
+def apply_objective(config: RunConfig, objective: str) -> None:
+    """Set the model's objective; "clm" (GPT-1) also takes GPT-1's activation and no sentence pairs."""
+    config.model.objective = objective
+    if objective == "clm":
+        from bertforge.gpt import GPT_HIDDEN_ACT  # here: bertforge.gpt imports this module
+
+        config.model.hidden_act = GPT_HIDDEN_ACT
+        config.data.nsp = False
+
+
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -236,8 +255,10 @@ def _coerce(value, expected, name: str, origin: str):
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 
+OBJECTIVES = ("mlm", "clm")
 CHOICES = {
     "model.hidden_act": ("gelu", "relu", "gelu_new", "silu", "tanh"),
+    "model.objective": OBJECTIVES,
     "tokenizer.kind": ("wordpiece", "wordlevel"),
     "data.format": FORMATS,
     "train.schedule": ("linear", "constant"),
@@ -346,10 +367,20 @@ def validate(config: RunConfig) -> None:
             f"data.max_seq_length ({d.max_seq_length}) is above model.max_position_embeddings "
             f"({m.max_position_embeddings}); lower the sequence length or raise the positions"
         )
-    minimum_length = 5 if d.nsp else 3  # [CLS] a [SEP] b [SEP] needs room for one token each side
+    if m.objective == "clm":
+        from bertforge.gpt_convert import check_openai_gpt  # here: it imports this module
+
+        check_openai_gpt(m)  # GPT-1's shapes, so that the model exports to OpenAIGPT
+    nsp = d.nsp and m.objective == "mlm"  # a GPT trains on packed text, never on pairs
+    minimum_length = 5 if nsp else 3  # [CLS] a [SEP] b [SEP] needs room for one token each side
     if d.max_seq_length < minimum_length:
         raise BertforgeError(f"data.max_seq_length must be at least {minimum_length}, got {d.max_seq_length}")
-    if d.nsp and m.type_vocab_size < 2:
+    if d.warmup_seq_length and not minimum_length <= d.warmup_seq_length < d.max_seq_length:
+        raise BertforgeError(
+            f"data.warmup_seq_length must be 0 (off) or from {minimum_length} to below "
+            f"data.max_seq_length ({d.max_seq_length}), got {d.warmup_seq_length}"
+        )
+    if nsp and m.type_vocab_size < 2:
         raise BertforgeError("data.nsp = true needs model.type_vocab_size >= 2 (segment ids 0 and 1)")
     for name, value in {
         "data.mlm_probability": d.mlm_probability,
@@ -367,6 +398,7 @@ def validate(config: RunConfig) -> None:
         "train.checkpoint_every": tr.checkpoint_every,
         "data.max_predictions_per_seq": d.max_predictions_per_seq,
         "data.eval_max_pairs": d.eval_max_pairs,
+        "data.warmup_seq_epochs": d.warmup_seq_epochs,
         "runtime.threads": rt.threads,
     }.items():
         if value < 0:

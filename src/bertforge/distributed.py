@@ -12,6 +12,12 @@ Collectives wait `runtime.dist_timeout_minutes` for the other ranks (nccl's own 
 minutes, is shorter than rank 0's evaluation or checkpoint on a large model). Work that can take
 longer, such as training the tokenizer and filling the shard cache, runs before the process group
 exists (`joined_after`): the cache's entry locks, not a collective, make the other ranks wait.
+
+A process that dies (killed, out of memory) closes its connections, so the others' next collective
+fails at once rather than at the timeout; `lost_processes_reported` turns that failure into one line
+naming the lost rank (found among the processes of this machine, whose PIDs `setup` gathers).
+`torchrun --max-restarts N` then restarts the group, and `restart_count` tells the restarted
+processes to continue the run from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ import atexit
 import contextlib
 import math
 import os
+import signal
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,17 +74,106 @@ def launched() -> World:
     return World(rank, world_size, local_rank)
 
 
+_processes: list[tuple[str, int]] = []  # (host, PID) of every rank, in rank order, once the group exists
+
+
 def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
     """Join the process group torchrun prepared (once per process); return this process's world."""
     world = launched()
     if world.distributed and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_device(device, world))
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=timeout_minutes)
-        )
+        timeout = timedelta(minutes=timeout_minutes)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timeout, **_restart_rendezvous(timeout))
         atexit.register(_teardown)
+        _processes[:] = gather_objects((socket.gethostname(), os.getpid()))
     return world
+
+
+def _restart_rendezvous(timeout: timedelta) -> dict:
+    """After torchrun restarted the group, the store under a prefix of this attempt's own: torchrun
+    keeps its store across restarts, where the new processes would read the addresses the dead ones
+    left. The first attempt joins as usual (nothing to add)."""
+    if not restart_count():
+        return {}
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"bertforge/restart_{restart_count()}", store)
+    return {"store": store, "rank": rank, "world_size": world_size}
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this process's group after a failure (`--max-restarts`)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+def launch_command(arguments: str) -> str:
+    """The command line that runs `bertforge ARGUMENTS` with this process's number of processes."""
+    world = launched()
+    if not world.distributed:
+        return f"bertforge {arguments}"
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
+    if per_node == world.world_size:
+        return f"torchrun --nproc_per_node={per_node} -m bertforge {arguments}"
+    nodes = world.world_size // per_node
+    return (
+        f"torchrun --nnodes={nodes} --nproc_per_node={per_node} (with the launch's own rendezvous options, "
+        f"on every machine) -m bertforge {arguments}"
+    )
+
+
+@contextlib.contextmanager
+def lost_processes_reported(then: str) -> Iterator[None]:
+    """Turn a collective that failed because another rank's process ended into one `BertforgeError`
+    naming that rank; `then` says how to continue the run."""
+    try:
+        yield
+    except RuntimeError as error:  # `dist.DistError` is one
+        if not (dist.is_initialized() and communication_failed(error)):
+            raise
+        if threading.current_thread() is threading.main_thread():
+            # This process is stopping: the SIGTERM torchrun sends the survivors must not cut it short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        lost = lost_ranks()
+        this = f"this process (rank {dist.get_rank()}) stops too; {then}"
+        if not lost:  # on another machine, or alive but unreachable
+            first_line = str(error).strip().splitlines()[0]
+            raise BertforgeError(
+                f"lost contact with another process of the run ({first_line}); {this}"
+            ) from None
+        names = " and ".join(f"rank {rank} (process {_processes[rank][1]})" for rank in lost)
+        raise BertforgeError(f"lost {names} of {len(_processes)}: it ended mid-run, so {this}") from None
+
+
+def communication_failed(error: RuntimeError) -> bool:
+    """Whether `error` is a failed collective (gloo names its transport; nccl's are `DistError`s)."""
+    return isinstance(error, dist.DistError) or "gloo" in str(error).lower()
+
+
+def lost_ranks(wait_s: float = 5.0) -> list[int]:
+    """The ranks on this machine whose process has ended, waiting up to `wait_s` for one to be seen
+    ended (a killed process closes its connections a moment before it exits)."""
+    host, deadline = socket.gethostname(), time.monotonic() + wait_s
+    while True:
+        lost = [rank for rank, (where, pid) in enumerate(_processes) if where == host and not alive(pid)]
+        if lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)  # signal 0 only checks that the PID exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:  # reaped meanwhile, or no /proc to tell a zombie by (not Linux)
+        return not os.path.isdir("/proc")
 
 
 @contextlib.contextmanager
@@ -174,6 +273,15 @@ def broadcast_float(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     dist.broadcast(tensor, src=0)
     return float(tensor)
+
+
+def all_reduce_max(value: int) -> int:
+    """The largest of the ranks' values; identity for one process."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor)
 
 
 def gather_objects(obj: object) -> list:

@@ -1,9 +1,10 @@
-"""Held-out pretraining metrics: MLM loss, perplexity, MLM accuracy, NSP loss and NSP accuracy,
-and the text's unigram entropy as the reference an MLM loss must get below.
+"""Held-out pretraining metrics: for BERT MLM loss, perplexity, MLM accuracy, NSP loss and NSP
+accuracy; for GPT (`model.objective = "clm"`) next-token loss, perplexity and top-1 accuracy; and
+the text's unigram entropy as the reference a loss must get below.
 
-Evaluation always masks 15% of the tokens and draws its pairs with fixed seeds, whatever the
-training settings, so two evaluations of one model on one text agree exactly and the numbers of
-different runs compare.
+Evaluation always masks 15% of the tokens and draws its pairs (or a GPT's packed windows) with
+fixed seeds, whatever the training settings, so two evaluations of one model on one text agree
+exactly and the numbers of different runs compare.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from bertforge.config import DataConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.export import load_model
+from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, summarize
+from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
@@ -30,8 +33,17 @@ EVAL_MASK_RATE = 0.15
 EVAL_BATCH_SIZE = 64
 
 
-def evaluation_batches(shards: TokenShards, tokenizer: BertTokenizer, data: DataConfig) -> list[dict]:
-    """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`)."""
+def evaluation_batches(
+    shards: TokenShards, tokenizer: BertTokenizer, data: DataConfig, objective: str = "mlm"
+) -> list[dict]:
+    """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`);
+    for "clm", the fixed packed windows (as many at most)."""
+    if objective == "clm":
+        length, limit = data.max_seq_length, data.eval_max_pairs
+        windows = packed_batches(
+            shards, length, tokenizer.sep_id, EVAL_BATCH_SIZE, EVAL_SEED, 0, limit, drop_last=False
+        )
+        return [windows[i] for i in range(len(windows))]
     pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed=EVAL_SEED, epoch=0)
     if data.eval_max_pairs:
         pairs = pairs[: data.eval_max_pairs]
@@ -52,11 +64,32 @@ def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def pretraining_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    """BERT's MLM and NSP sums over one batch (`model` may be wrapped: DDP, torch.compile)."""
+    mlm_logits, nsp_logits = model(
+        batch["input_ids"],
+        batch["token_type_ids"],
+        batch.get("attention_mask"),  # absent when the batch has no padding
+        batch["masked_positions"],
+    )  # (M, V), (B, 2)
+    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+
+
+def next_token_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    """GPT's next-token sums over one batch of packed windows (no padding: every position but the
+    last has a target)."""
+    return next_token_sums(model(batch["input_ids"]), batch["input_ids"])  # logits (B, T, V)
+
+
 @torch.inference_mode()
 def pretraining_metrics(
     model: torch.nn.Module, batches: list[dict], precision: str = "fp32"
 ) -> dict[str, float]:
-    """Token- and pair-weighted metrics over all batches, on the model's device."""
+    """Token- and pair-weighted metrics over all batches, on the model's device (a GPT's: next-token)."""
+    if isinstance(model, GPTLMHeadModel):
+        batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
+    else:
+        batch_sums, summarize_totals = pretraining_batch_sums, summarize
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -64,18 +97,12 @@ def pretraining_metrics(
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
-            mlm_logits, nsp_logits = model(
-                batch["input_ids"],
-                batch["token_type_ids"],
-                batch.get("attention_mask"),  # absent when the batch has no padding
-                batch["masked_positions"],
-            )
-        sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+            sums = batch_sums(model, batch)
         for key, value in sums.items():
             totals[key] = totals.get(key, 0) + value
     model.train(was_training)
     keys = sorted(totals)
-    return summarize(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True)))
+    return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True)))
 
 
 def evaluate_model(
@@ -108,7 +135,7 @@ def evaluate_model(
     shards = cached_shards(
         Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress, text_column
     )
-    batches = evaluation_batches(shards, tokenizer, data)
+    batches = evaluation_batches(shards, tokenizer, data, config.model.objective)
     model.to(resolve_device(device))
     metrics = pretraining_metrics(model, batches, precision)
     return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}

@@ -6,9 +6,11 @@ Owns:
   `config.json` (a `BertConfig` with `architectures`), `model.safetensors` (Hugging Face key
   names: ours already are), `tokenizer.json`, `vocab.txt`, `tokenizer_config.json`,
   `special_tokens_map.json`, plus `bertforge_config.json` (our full run config, so that an import
-  restores it);
-- `import_hf`: a local Hugging Face BERT folder -> a bertforge model folder (the layout of a run's
-  `final/`), so pretraining can continue from it (`bertforge pretrain --init`);
+  restores it). A GPT (`model.objective = "clm"`) becomes an `OpenAIGPTLMHeadModel` folder that
+  `pipeline("text-generation")` loads, or for a classifier an `OpenAIGPTForSequenceClassification`
+  (`export_gpt`, through `bertforge.gpt_convert`);
+- `import_hf`: a local Hugging Face BERT or OpenAIGPT folder -> a bertforge model folder (the layout
+  of a run's `final/`), so pretraining can continue from it (`bertforge pretrain --init`);
 - `load_model`: model, tokenizer and config from either kind of folder (behind `bertforge.load`).
 
 Special tokens may sit at any ids (Google's original BERT vocabularies put them at 0 and 100-103);
@@ -36,6 +38,7 @@ from bertforge.checkpoint import (
     WEIGHTS,
     check_tokenizer_fits,
     find_model_folder,
+    hf_label_fields,
     load_pretrained,
     load_weights,
     read_config,
@@ -47,6 +50,11 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate, validate_model
 from bertforge.errors import BertforgeError
+from bertforge.gpt import GPTForSequenceClassification, GPTLMHeadModel
+from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
+from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
+from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
+from bertforge.gpt_convert import bert_tokenizer, load_hf_language_model, write_hf_folder
 from bertforge.io import atomic_directory, check_new_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel
 from bertforge.tokenizer import SETTINGS_FILE, SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer
@@ -93,6 +101,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
     tokenizer = load_tokenizer_folder(tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder)
     labels = read_labels(folder) if (folder / LABELS).is_file() else None
+    if config.model.objective == "clm":
+        return export_gpt(folder, config, tokenizer, labels, out)
     if labels is None:
         architecture, weights = "BertForPreTraining", pretraining_weights(folder, config)
     else:
@@ -106,6 +116,27 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, {"labels": labels})
+    return {"architecture": architecture, "out": out}
+
+
+def export_gpt(
+    folder: Path, config: RunConfig, tokenizer: BertTokenizer, labels: list[str] | None, out: Path
+) -> dict:
+    """A GPT as an `OpenAIGPTLMHeadModel` folder for `pipeline("text-generation")`, or a GPT classifier as
+    an `OpenAIGPTForSequenceClassification` (see `gpt_convert.save_hf_folder`), with our vocab.txt,
+    tokenizer settings and run config beside them for `import-hf`."""
+    if labels is None:
+        model = GPTLMHeadModel(config.model)
+    else:
+        model = GPTForSequenceClassification(config.model, len(labels))
+    load_weights(model, folder / WEIGHTS)  # refuses missing, unexpected or misshapen tensors
+    with atomic_directory(out) as tmp:
+        tokenizer.save(tmp)  # vocab.txt and bertforge_tokenizer.json; tokenizer.json is replaced next
+        write_hf_folder(tmp, model, tokenizer, labels=labels)
+        save_json(config, tmp / BERTFORGE_CONFIG)
+        if labels is not None:
+            write_json(tmp / LABELS, {"labels": labels})
+    architecture = GPT_ARCHITECTURE if labels is None else GPT_CLASSIFIER_ARCHITECTURE
     return {"architecture": architecture, "out": out}
 
 
@@ -153,20 +184,16 @@ def check_keys_and_shapes(
 
 def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | None) -> dict:
     """A `BertConfig` as JSON: our model fields already carry its names."""
+    fields = {key: value for key, value in asdict(model_config).items() if key != "objective"}
     config = {
         "architectures": [architecture],
         "model_type": "bert",
-        **asdict(model_config),
+        **fields,
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
         "dtype": "float32",
     }
-    if labels is not None:
-        config["num_labels"] = len(labels)
-        config["id2label"] = {str(i): label for i, label in enumerate(labels)}
-        config["label2id"] = {label: i for i, label in enumerate(labels)}
-        config["problem_type"] = "single_label_classification"
-    return config
+    return config if labels is None else {**config, **hf_label_fields(labels)}
 
 
 def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dict:
@@ -187,7 +214,7 @@ def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dic
 
 
 def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
-    """Turn the Hugging Face BERT folder `src_dir` into a bertforge model folder `out_dir`.
+    """Turn the Hugging Face BERT or OpenAIGPT folder `src_dir` into a bertforge model folder `out_dir`.
 
     Returns `{"out", "initialised", "dropped"}`: head weights the source lacked (drawn fresh, as
     Hugging Face does) and task heads it had that pretraining does not use.
@@ -199,16 +226,30 @@ def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
     return {"out": out, **report}
 
 
-def read_hf_folder(src: Path) -> tuple[BertForPreTraining, BertTokenizer, RunConfig, dict]:
-    """Model (CPU, eval mode), tokenizer, run config and an import report from a Hugging Face folder."""
+def read_hf_folder(src: Path) -> tuple[BertForPreTraining | GPTLMHeadModel, BertTokenizer, RunConfig, dict]:
+    """Model (CPU, eval mode), tokenizer, run config and an import report from a Hugging Face folder
+    (BERT, or OpenAIGPT: `read_gpt_folder`)."""
     if not src.is_dir():
         raise BertforgeError(f"{src} is not a folder; give a Hugging Face model folder")
-    model_config = model_config_from_hf(read_hf_config(src), src)
+    raw = read_hf_config(src)
+    if raw["model_type"] == GPT_MODEL_TYPE:
+        return read_gpt_folder(src)
+    model_config = model_config_from_hf(raw, src)
     tokenizer = read_hf_tokenizer(src)
     config = run_config_for(src, model_config, tokenizer)
     check_tokenizer_fits(tokenizer, config, src)
     model, report = model_from_hf_weights(config.model, read_hf_weights(src), src)
     return model.eval(), tokenizer, config, report
+
+
+def read_gpt_folder(src: Path) -> tuple[GPTLMHeadModel, BertTokenizer, RunConfig, dict]:
+    """`read_hf_folder` for an OpenAIGPT folder: the language model (a classifier's `score` is left out
+    and reported) and the tokenizer in bertforge's form (`gpt_convert.bert_tokenizer`)."""
+    tokenizer = bert_tokenizer(read_hf_tokenizer(src))
+    model, dropped = load_hf_language_model(src)
+    config = run_config_for(src, model.config, tokenizer)
+    check_tokenizer_fits(tokenizer, config, src)
+    return model, tokenizer, config, {"initialised": [], "dropped": dropped}
 
 
 def read_hf_config(src: Path) -> dict:
@@ -228,7 +269,7 @@ def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
     if raw["model_type"] != "bert":
         raise BertforgeError(
             f"{src} holds a {raw['model_type']!r} model (config.json model_type); bertforge imports BERT "
-            'only (model_type "bert")'
+            f'(model_type "bert") and GPT-1 ("{GPT_MODEL_TYPE}") only'
         )
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise BertforgeError(
@@ -439,9 +480,10 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
-def load_model(path: str | Path) -> tuple[BertForPreTraining, BertTokenizer, RunConfig]:
+def load_model(path: str | Path) -> tuple[BertForPreTraining | GPTLMHeadModel, BertTokenizer, RunConfig]:
     """Model (CPU, eval mode), tokenizer and run config from a run folder, its `final/`, a checkpoint,
-    an imported model or a Hugging Face (exported) folder."""
+    an imported model or a Hugging Face (exported) folder: a BERT, or a GPT when the config's
+    `model.objective` is "clm"."""
     path = Path(path)
     if is_hf_folder(path):
         model, tokenizer, config, _ = read_hf_folder(path)

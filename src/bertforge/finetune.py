@@ -1,10 +1,12 @@
 """Fine-tuning for text classification: from a pretrained model folder and labelled files to a classifier.
 
 Owns the fine-tuning objective (cross-entropy on the pooled [CLS] output, Devlin et al. 2019,
-section 4.1), its data (tokenized once, shuffled per epoch from (seed, epoch)), the per-epoch
-evaluation (accuracy, macro F1, confusion matrix), keeping the best epoch, several seeds with their
-median and spread, and the run folder. The optimisation itself is `bertforge.train`'s loop, the
-same as pretraining's: one evaluation and one checkpoint at the end of every epoch. The comparison
+section 4.1; for a GPT on the last real token's state, Radford et al. 2018, section 3.2), its data
+(tokenized once, shuffled per epoch from (seed, epoch)), the per-epoch evaluation (accuracy, macro
+F1, confusion matrix), keeping the best epoch, several seeds with their median and spread, and the
+run folder. The optimisation itself is `bertforge.train`'s loop, the
+same as pretraining's: one evaluation and one checkpoint at the end of every epoch, and one more
+when SIGINT or SIGTERM stops the run (it then names the `--resume` command). The comparison
 of a pretrained and a from-scratch arm (`--compare-scratch`) is `bertforge.comparison`'s; it runs
 its seeds through the `Job` set up here.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 from collections.abc import Iterator
@@ -44,13 +47,12 @@ from bertforge import distributed
 from bertforge.batches import MaskedBatches, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
-from bertforge.classifier import load_encoder, save_classifier
+from bertforge.classifier import ENCODER, Classifier, load_encoder, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
-from bertforge.model import BertForSequenceClassification
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, resolve_device, to_device
@@ -169,10 +171,13 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
 @contextmanager
 def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> Iterator[None]:
     """On failure, remove `out` if this call created it and no run in it finished or reached a
-    checkpoint: leave no half-made run behind, but everything `--resume` can continue."""
+    checkpoint: leave no half-made run behind, but everything `--resume` can continue. A run that a
+    signal stopped learns the command that continues it."""
     try:
         yield
-    except BaseException:
+    except BaseException as error:
+        if isinstance(error, Interrupted):
+            error.resume_command = f"bertforge finetune --out {shlex.quote(str(out))} --resume"
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
             shutil.rmtree(out, ignore_errors=True)
         raise
@@ -467,16 +472,17 @@ class Job:
 
 def build_classifier(
     config: RunConfig, num_labels: int, encoder: dict[str, torch.Tensor] | None, source: str = "the encoder"
-) -> BertForSequenceClassification:
-    """A classifier drawn from `runtime.seed`, its encoder replaced by `encoder` when given.
+) -> Classifier:
+    """A classifier drawn from `runtime.seed` (BERT's, or a GPT's for `model.objective = "clm"`), its
+    encoder replaced by `encoder` when given.
 
     The same seed gives the same head whether or not the encoder is replaced, so a pretrained run
     and its `--from-scratch` baseline differ only in the encoder.
     """
     torch.manual_seed(config.runtime.seed)
-    model = BertForSequenceClassification(config.model, num_labels)
+    model = sequence_classifier(config.model, num_labels)
     if encoder is not None:
-        check_and_load_state(model.bert, encoder, source=source)
+        check_and_load_state(getattr(model, ENCODER[config.model.objective]), encoder, source=source)
     return model
 
 

@@ -213,6 +213,39 @@ class GPTLMHeadModel(nn.Module):
         return self.lm_head(self.gpt(input_ids, attention_mask, cache))  # (B, T, V)
 
 
+class GPTForSequenceClassification(nn.Module):
+    """GPT-1 with a classification head on the last real token's state (`OpenAIGPTForSequenceClassification`).
+
+    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels),
+    the signature of `BertForSequenceClassification` (`token_type_ids` is ignored). The head is
+    `score`, Linear(hidden, num_labels) without bias and without dropout, read at the last real token
+    (the rightmost position whose attention_mask is 1; with no mask, the last position): for
+    `[CLS] text [SEP]` that is GPT-1's extract token, whose causal state has seen the whole text.
+    """
+
+    def __init__(self, config: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 2:
+            raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+        self.config = config
+        self.num_labels = num_labels
+        self.gpt = GPTModel(config)
+        self.score = nn.Linear(config.hidden_size, num_labels, bias=False)
+        init_weights(self, config)
+
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
+        h = self.gpt(input_ids, attention_mask)  # (B, T, H)
+        if attention_mask is None:
+            last = h[:, -1]  # (B, H)
+        else:
+            positions = torch.arange(h.shape[1], device=h.device)  # (T,)
+            index = (positions * attention_mask).argmax(-1)  # (B,): the rightmost real token
+            last = h[torch.arange(h.shape[0], device=h.device), index]  # (B, H)
+        return self.score(last)  # (B, num_labels)
+
+
 # --------------------------------------------------------------------------------- the objective
 
 
@@ -250,7 +283,7 @@ def next_token_sums(
     return {
         "clm_loss_sum": cross_entropy_sum(scores, targets),
         "clm_correct": (target_scores >= scores.amax(-1)).sum(),
-        "clm_count": torch.tensor(targets.numel(), device=logits.device),
+        "clm_count": torch.full((), targets.numel(), device=logits.device),  # filled there: no host copy
     }
 
 

@@ -9,7 +9,11 @@ Owns:
 - the `OpenAIGPTConfig` dict (`hf_config`) and its inverse (`model_config_from_hf`);
 - writing a folder that `transformers.OpenAIGPTLMHeadModel.from_pretrained` loads as it is
   (`save_hf_folder`: config.json + model.safetensors, and with a tokenizer the files that
-  `pipeline("text-generation")` needs), and reading such a folder back (`load_hf_folder`).
+  `pipeline("text-generation")` needs), and reading such a folder back (`load_hf_folder`);
+  a classifier (`bertforge.gpt.GPTForSequenceClassification`, whose `score` keeps its name)
+  is written as an `OpenAIGPTForSequenceClassification` with its labels;
+- the tokenizer's two forms: the generation form written for `transformers`
+  (`write_gpt_tokenizer`) and bertforge's own, restored on import (`bert_tokenizer`).
 
 OpenAIGPT fixes two things that `ModelConfig` leaves free, so a model that differs is refused on
 export rather than exported wrong: the feed-forward width is 4 x hidden, and its activations are
@@ -23,9 +27,18 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Regex, Tokenizer, decoders
+from tokenizers import Regex, Tokenizer, decoders, processors
+from torch import nn
 
-from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, read_json, read_weights, write_json
+from bertforge.checkpoint import (
+    CONFIG,
+    WEIGHTS,
+    check_and_load_state,
+    hf_label_fields,
+    read_json,
+    read_weights,
+    write_json,
+)
 from bertforge.config import ModelConfig, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_HIDDEN_ACT, GPT_TIED_KEYS, GPTLMHeadModel
@@ -33,6 +46,8 @@ from bertforge.io import atomic_directory, atomic_write_bytes, check_new_folder
 from bertforge.tokenizer import TOKENIZER_FILE, BertTokenizer
 
 ARCHITECTURE = "OpenAIGPTLMHeadModel"
+CLASSIFIER_ARCHITECTURE = "OpenAIGPTForSequenceClassification"
+CLASSIFIER_HEAD = ("score.weight",)  # a classifier's own tensors, left out when a language model is read
 MODEL_TYPE = "openai-gpt"
 WORD_EMBEDDINGS = GPT_TIED_KEYS["lm_head.weight"]
 
@@ -60,6 +75,7 @@ GLOBAL_KEYS = {
     WORD_EMBEDDINGS: "transformer.tokens_embed.weight",
     "gpt.embeddings.position_embeddings.weight": "transformer.positions_embed.weight",
     "lm_head.weight": "lm_head.weight",  # the tied alias: present in state_dict(), dropped on save
+    "score.weight": "score.weight",  # a classifier's head: the same name in both
 }
 # Per-layer modules: ours -> (Hugging Face's, is a Conv1D whose weight is transposed).
 LAYER_MODULES = {
@@ -172,10 +188,8 @@ def _split(tensor: torch.Tensor, kind: str, prefix: str) -> dict[str, torch.Tens
 # ---------------------------------------------------------------------------------------- configs
 
 
-def hf_config(
-    model: ModelConfig, *, eos_token_id: int | None = None, bos_token_id: int | None = None
-) -> dict:
-    """The `OpenAIGPTConfig` dict (config.json) of a bertforge GPT; refuses what OpenAIGPT cannot hold."""
+def check_openai_gpt(model: ModelConfig) -> None:
+    """Refuse a GPT that OpenAIGPT cannot hold: its activations and a 4 x hidden feed-forward only."""
     if model.hidden_act not in AFN:
         raise BertforgeError(
             f"model.hidden_act = {model.hidden_act!r} has no OpenAIGPT equivalent; GPT-1 uses "
@@ -186,8 +200,20 @@ def hf_config(
             f"model.intermediate_size ({model.intermediate_size}) must be 4 x hidden_size "
             f"({4 * model.hidden_size}) for OpenAIGPT, whose feed-forward width is fixed"
         )
+
+
+def hf_config(
+    model: ModelConfig,
+    *,
+    eos_token_id: int | None = None,
+    bos_token_id: int | None = None,
+    labels: list[str] | None = None,
+) -> dict:
+    """The `OpenAIGPTConfig` dict (config.json) of a bertforge GPT, or with `labels` of its classifier;
+    refuses what OpenAIGPT cannot hold."""
+    check_openai_gpt(model)
     config = {
-        "architectures": [ARCHITECTURE],
+        "architectures": [ARCHITECTURE if labels is None else CLASSIFIER_ARCHITECTURE],
         "model_type": MODEL_TYPE,
         "vocab_size": model.vocab_size,
         "n_positions": model.max_position_embeddings,
@@ -207,7 +233,7 @@ def hf_config(
         config["eos_token_id"] = eos_token_id
     if bos_token_id is not None:
         config["bos_token_id"] = bos_token_id
-    return config
+    return config if labels is None else {**config, **hf_label_fields(labels)}
 
 
 def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
@@ -233,6 +259,7 @@ def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         layer_norm_eps=hf["layer_norm_epsilon"],
         initializer_range=hf["initializer_range"],
         pad_token_id=0 if pad is None else pad,
+        objective="clm",
     )
     if hf["embd_pdrop"] != hf["resid_pdrop"]:
         raise BertforgeError(
@@ -246,34 +273,62 @@ def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
 # ---------------------------------------------------------------------------------------- folders
 
 
-def write_hf_files(model: GPTLMHeadModel, folder: Path, *, eos_token_id: int | None = None) -> None:
-    """Write config.json and model.safetensors (tied head dropped, as `save_pretrained`) into `folder`."""
+def write_hf_files(
+    model: nn.Module, folder: Path, *, eos_token_id: int | None = None, labels: list[str] | None = None
+) -> None:
+    """Write config.json and model.safetensors (tied head dropped, as `save_pretrained`) into `folder`.
+
+    `model`: a `GPTLMHeadModel`, or with `labels` a `GPTForSequenceClassification`.
+    """
     weights = {name: t.detach().cpu() for name, t in model.state_dict().items() if name not in GPT_TIED_KEYS}
-    config = hf_config(model.config, eos_token_id=eos_token_id)  # refuses an inexpressible model first
+    config = hf_config(model.config, eos_token_id=eos_token_id, labels=labels)  # refuses a bad model first
     save_file(to_hf_state_dict(weights), str(folder / WEIGHTS), metadata={"format": "pt"})
     write_json(folder / CONFIG, config)
 
 
+def write_hf_folder(
+    folder: Path,
+    model: nn.Module,
+    tokenizer: BertTokenizer | None = None,
+    eos_token: str = "[SEP]",
+    labels: list[str] | None = None,
+) -> None:
+    """`save_hf_folder`'s files, written into the existing `folder` (one being assembled)."""
+    eos_token_id = None if tokenizer is None else _token_id(tokenizer, eos_token)
+    write_hf_files(model, folder, eos_token_id=eos_token_id, labels=labels)
+    if tokenizer is not None:
+        max_length = model.config.max_position_embeddings
+        write_gpt_tokenizer(tokenizer, folder, max_length, eos_token, for_generation=labels is None)
+
+
 def save_hf_folder(
-    model: GPTLMHeadModel, out: str | Path, tokenizer: BertTokenizer | None = None, eos_token: str = "[SEP]"
+    model: nn.Module,
+    out: str | Path,
+    tokenizer: BertTokenizer | None = None,
+    eos_token: str = "[SEP]",
+    labels: list[str] | None = None,
 ) -> Path:
     """Write `model` (and, when given, `tokenizer`) as a Hugging Face folder `out`, new or empty, atomically.
 
     With a tokenizer the folder also holds what `pipeline("text-generation")` needs (see
     `write_gpt_tokenizer`), and config.json names `eos_token`'s id, at which generation stops.
+    With `labels`, `model` is a `GPTForSequenceClassification`, written for
+    `pipeline("text-classification")`.
     """
     out = Path(out)
     check_new_folder(out)
-    eos_token_id = None if tokenizer is None else _token_id(tokenizer, eos_token)
     with atomic_directory(out) as tmp:
-        write_hf_files(model, tmp, eos_token_id=eos_token_id)
-        if tokenizer is not None:
-            write_gpt_tokenizer(tokenizer, tmp, model.config.max_position_embeddings, eos_token)
+        write_hf_folder(tmp, model, tokenizer, eos_token, labels)
     return out
 
 
 def load_hf_folder(folder: str | Path) -> GPTLMHeadModel:
     """A bertforge GPT from a Hugging Face OpenAIGPT folder (config.json, model.safetensors), in eval mode."""
+    return load_hf_language_model(folder)[0]
+
+
+def load_hf_language_model(folder: str | Path) -> tuple[GPTLMHeadModel, list[str]]:
+    """`load_hf_folder`'s model, and the classifier head it left out (`score.weight`, when there was one)."""
     folder = Path(folder)
     config = model_config_from_hf(read_json(folder / CONFIG), str(folder / CONFIG))
     if not (folder / WEIGHTS).is_file() and (folder / "pytorch_model.bin").is_file():
@@ -281,6 +336,7 @@ def load_hf_folder(folder: str | Path) -> GPTLMHeadModel:
             f"{folder} holds pytorch_model.bin; resave it with save_pretrained(safe_serialization=True)"
         )
     weights = from_hf_state_dict(read_weights(folder / WEIGHTS))
+    dropped = [name for name in CLASSIFIER_HEAD if weights.pop(name, None) is not None]
     embeddings, head = weights.get(WORD_EMBEDDINGS), weights.pop("lm_head.weight", None)
     if embeddings is not None:
         if head is not None and not torch.equal(head, embeddings):
@@ -288,20 +344,26 @@ def load_hf_folder(folder: str | Path) -> GPTLMHeadModel:
         weights["lm_head.weight"] = embeddings  # the alias, which check_and_load_state expects
     model = GPTLMHeadModel(config)
     check_and_load_state(model, weights, source=str(folder / WEIGHTS))
-    return model.eval()
+    return model.eval(), dropped
 
 
 # -------------------------------------------------------------------------------------- tokenizer
 
 
 def write_gpt_tokenizer(
-    tokenizer: BertTokenizer, folder: Path, max_length: int, eos_token: str = "[SEP]"
+    tokenizer: BertTokenizer,
+    folder: Path,
+    max_length: int,
+    eos_token: str = "[SEP]",
+    for_generation: bool = True,
 ) -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json for generation.
 
     `AutoTokenizer` would pick `OpenAIGPTTokenizer` (a BPE with vocab.json + merges.txt) for an
     openai-gpt config, so tokenizer_config.json names the generic `PreTrainedTokenizerFast`, which
-    reads tokenizer.json. Two changes to the tokenizer make it fit generation:
+    reads tokenizer.json. Its `model_input_names` leave out token_type_ids, which OpenAIGPT would
+    add to the input as token embeddings. Two changes to the tokenizer make it fit generation
+    (`for_generation`; a classifier keeps the `[CLS] text [SEP]` it was fine-tuned on):
     - BERT's post-processor (`[CLS] text [SEP]`) is removed: a prompt must end with its last word,
       not with an end token, for a decoder to continue it;
     - the decoder puts a space before every word-initial token, the first one included. The
@@ -310,8 +372,9 @@ def write_gpt_tokenizer(
       `clean_up_tokenization_spaces` then removes the space before punctuation, as WordPiece's does.
     """
     backend = Tokenizer.from_str(tokenizer.backend.to_str())
-    backend.post_processor = None
-    backend.decoder = GENERATION_DECODER
+    if for_generation:
+        backend.post_processor = None
+        backend.decoder = GENERATION_DECODER
     specials = {
         "unk_token": "[UNK]",
         "pad_token": "[PAD]",
@@ -327,11 +390,25 @@ def write_gpt_tokenizer(
         {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "model_max_length": max_length,
+            "model_input_names": ["input_ids", "attention_mask"],
             "clean_up_tokenization_spaces": True,
             **specials,
         },
     )
     write_json(folder / "special_tokens_map.json", specials)
+
+
+def bert_tokenizer(tokenizer: BertTokenizer) -> BertTokenizer:
+    """bertforge's form of a tokenizer read from an exported GPT folder: BERT's `[CLS] text [SEP]`
+    post-processor and, for WordPiece, its `##` decoder back in place of the generation form's."""
+    backend = Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)],
+    )
+    backend.decoder = decoders.WordPiece(prefix="##") if tokenizer.kind == "wordpiece" else None
+    return BertTokenizer(backend, tokenizer.kind, tokenizer.lowercase, tokenizer.min_frequency)
 
 
 def _token_id(tokenizer: BertTokenizer, token: str) -> int:

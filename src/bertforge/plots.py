@@ -1,17 +1,30 @@
-"""PNG plots of a run's `metrics.jsonl`: training and validation curves."""
+"""PNG plots: a run's training and validation curves (`loss.png`, `curves.png`), several runs'
+held-out curves on one figure (`bertforge plot`), and a model's attention maps (`bertforge attention`).
+
+Each `*_figure` function builds a matplotlib figure from data (so tests can read its panels); the
+PNG is written atomically by `save_png`.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
+from bertforge.errors import BertforgeError  # noqa: E402
 from bertforge.io import atomic_write_bytes  # noqa: E402
+from bertforge.train import MetricsLog  # noqa: E402
+
+# The held-out metrics a pretraining run logs: (objective, loss key, accuracy key).
+HELD_OUT = (("MLM", "mlm_loss", "mlm_accuracy"), ("next-token", "clm_loss", "clm_accuracy"))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -23,11 +36,22 @@ def series(records: list[dict], split: str, key: str) -> tuple[list[int], list[f
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def save_png(fig: Figure, out_png: Path, dpi: int = 110) -> None:
+    """Write `fig` as a PNG at `out_png` atomically, and close it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(Path(out_png), buffer.getvalue())
+
+
 def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
-    """Three panels: MLM loss, NSP loss (train and validation), and validation accuracies."""
+    """Three panels: MLM (or, for a GPT run, next-token) loss, NSP loss (train and validation), and
+    validation accuracies."""
     records = read_metrics(metrics_path)
+    gpt = any("clm_loss" in record for record in records)
+    lm_key, lm_title = ("clm_loss", "next-token loss") if gpt else ("mlm_loss", "MLM loss")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, key, title in ((axes[0], "mlm_loss", "MLM loss"), (axes[1], "nsp_loss", "NSP loss")):
+    for ax, key, title in ((axes[0], lm_key, lm_title), (axes[1], "nsp_loss", "NSP loss")):
         for split, style in (("train", "-"), ("valid", "o-")):
             steps, values = series(records, split, key)
             if steps:
@@ -37,18 +61,16 @@ def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not trained in this run", ha="center", transform=ax.transAxes)
-    for key, label in (("mlm_accuracy", "MLM accuracy"), ("nsp_accuracy", "NSP accuracy")):
+    accuracies = (("mlm_accuracy", "MLM"), ("nsp_accuracy", "NSP"), ("clm_accuracy", "next-token"))
+    for key, label in accuracies:
         steps, values = series(records, "valid", key)
         if steps:
-            axes[2].plot(steps, values, "o-", label=label, markersize=3)
+            axes[2].plot(steps, values, "o-", label=f"{label} accuracy", markersize=3)
     axes[2].set(title="validation accuracy", xlabel="step", ylabel="accuracy", ylim=(0, 1))
     if axes[2].has_data():
         axes[2].legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(Path(out_png), buffer.getvalue())
+    save_png(fig, out_png)
 
 
 def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> None:
@@ -72,7 +94,148 @@ def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> 
     for ax in axes:
         ax.legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(Path(out_png), buffer.getvalue())
+    save_png(fig, out_png)
+
+
+# ------------------------------------------------------------------------------- several runs
+
+
+@dataclass
+class RunCurves:
+    """One run's held-out loss and accuracy at each evaluation, placed by tokens and minutes."""
+
+    label: str
+    objective: str  # "MLM" or "next-token"
+    tokens: np.ndarray
+    minutes: np.ndarray
+    loss: np.ndarray
+    accuracy: np.ndarray
+    estimated: bool  # an older run without token counts: tokens from batch size x sequence length
+
+
+def run_curves(run_dir: Path, label: str) -> RunCurves:
+    """The held-out curves of a pretraining run folder (its `metrics.jsonl` and `config.json`).
+
+    Tokens are the real tokens trained on before each evaluation (the "tokens" of the "valid" lines;
+    runs logged before they existed: step x batch size x sequence length). Minutes are training
+    time: each "train" line's window of tokens divided by its throughput, summed, so evaluation and
+    checkpoint time are left out.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise BertforgeError(
+            f"{run_dir} has no metrics.jsonl; give run folders written by bertforge pretrain"
+        )
+    records = MetricsLog(path).read(repair=True)
+    valid = [r for r in records if r["split"] == "valid"]
+    objective, loss_key, accuracy_key = held_out_keys(valid, path)
+    points = [r for r in valid if r.get(loss_key) is not None and r.get(accuracy_key) is not None]
+    tokens_at, estimated = token_positions(valid, Path(run_dir))
+    steps = np.array([r["step"] for r in points], dtype=float)
+    return RunCurves(
+        label=label,
+        objective=objective,
+        tokens=tokens_at(steps),
+        minutes=training_seconds(records, tokens_at)(steps) / 60,
+        loss=np.array([r[loss_key] for r in points]),
+        accuracy=np.array([r[accuracy_key] for r in points]),
+        estimated=estimated,
+    )
+
+
+def held_out_keys(valid: list[dict], path: Path) -> tuple[str, str, str]:
+    """The `HELD_OUT` entry whose loss the "valid" lines hold."""
+    for keys in HELD_OUT:
+        if any(record.get(keys[1]) is not None for record in valid):
+            return keys
+    raise BertforgeError(
+        f"{path} holds no held-out MLM or next-token metrics; give pretraining runs that had validation "
+        "text (--valid)"
+    )
+
+
+def token_positions(valid: list[dict], run_dir: Path):
+    """(step -> tokens trained on before it, whether that is an estimate) for one run."""
+    counted = {0: 0, **{r["step"]: r["tokens"] for r in valid if "tokens" in r}}
+    if len(counted) > 1:
+        steps, tokens = zip(*sorted(counted.items()), strict=True)
+        return (lambda at: np.interp(at, steps, tokens)), False
+    try:
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        per_step = config["train"]["batch_size"] * config["data"]["max_seq_length"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise BertforgeError(
+            f"{run_dir} logs no token counts and has no readable config.json to estimate them from"
+        ) from None
+    return (lambda at: np.asarray(at, dtype=float) * per_step), True
+
+
+def training_seconds(records: list[dict], tokens_at):
+    """step -> seconds of training before it, from the "train" lines' throughput."""
+    windows = [r for r in records if r["split"] == "train" and r.get("tokens_per_s")]
+    steps = np.array([0] + [r["step"] for r in windows], dtype=float)
+    rates = np.array([r["tokens_per_s"] for r in windows], dtype=float)
+    seconds = np.concatenate([[0.0], np.cumsum(np.diff(tokens_at(steps)) / rates)])
+    return lambda at: np.interp(at, steps, seconds)
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run's folder name; the paths as given when two names are the same."""
+    names = [Path(run).resolve().name for run in runs]
+    return names if len(set(names)) == len(names) else [str(run) for run in runs]
+
+
+def comparison_figure(curves: list[RunCurves]) -> Figure:
+    """Held-out loss (top) and accuracy (bottom) against tokens (left) and minutes (right), one line
+    per run."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), squeeze=False)
+    for run in curves:
+        label = f"{run.label} ({run.objective}{', estimated' if run.estimated else ''})"
+        for column, x in enumerate((run.tokens, run.minutes)):
+            axes[0][column].plot(x, run.loss, "o-", markersize=3, label=label)
+            axes[1][column].plot(x, run.accuracy, "o-", markersize=3, label=label)
+    xlabels = ("tokens trained on", "minutes of training (evaluation time left out)")
+    for column, xlabel in enumerate(xlabels):
+        axes[0][column].set(title="held-out loss", xlabel=xlabel, ylabel="loss")
+        axes[1][column].set(title="held-out accuracy", xlabel=xlabel, ylabel="top-1 accuracy")
+        axes[1][column].set_ylim(bottom=0)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_runs(runs: list[Path], out_png: Path) -> list[RunCurves]:
+    """Draw several runs' held-out curves on one figure (`comparison_figure`) and write it as a PNG."""
+    curves = [run_curves(run, label) for run, label in zip(runs, run_labels(runs), strict=True)]
+    save_png(comparison_figure(curves), out_png)
+    return curves
+
+
+# ----------------------------------------------------------------------------- attention maps
+
+
+def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], heads: list[int]) -> Figure:
+    """A grid of heat maps: one row per layer of `layers`, one column per head of `heads` (0-based
+    indices into `weights`, (layers, heads, T, T)); queries down the rows, keys along the columns.
+    Each panel's colours run from 0 to its own largest weight."""
+    T = len(tokens)
+    side = min(max(1.2 + 0.12 * T, 2.0), 6.0)  # inches per panel
+    fontsize = min(8.0, 0.8 * side * 72 / T)  # a tick label fits its row
+    fig, axes = plt.subplots(
+        len(layers), len(heads), figsize=(side * len(heads), side * len(layers) + 0.5), squeeze=False
+    )
+    for row, layer in enumerate(layers):
+        for column, head in enumerate(heads):
+            ax = axes[row][column]
+            panel = weights[layer, head]
+            ax.imshow(panel, cmap="viridis", vmin=0.0, vmax=float(panel.max()), interpolation="nearest")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(T), tokens, fontsize=fontsize)
+    fig.suptitle(
+        "attention: each row is a query token, its columns the keys it attends to", fontsize=9, wrap=True
+    )
+    fig.tight_layout()
+    return fig

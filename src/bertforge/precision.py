@@ -112,14 +112,23 @@ def cpu_choice(speedup: float, cached: bool = False) -> Choice:
     return Choice(precision, reason, speedup, cached)
 
 
+def probe_shapes(model: ModelConfig) -> list[tuple[int, int, int]]:
+    """(rows, inner, columns) of the model's matmuls: QKV/output and FFN in and out; a GPT ("clm") also
+    projects every position onto the vocabulary (BERT's MLM head runs on the masked 15% only)."""
+    n, h, i = PROBE_TOKENS, model.hidden_size, model.intermediate_size
+    shapes = [(n, h, h), (n, h, i), (n, i, h)]
+    if model.objective == "clm":
+        shapes.append((n, h, model.vocab_size))
+    return shapes
+
+
 def measure_bf16_speedup(model: ModelConfig) -> float:
-    """fp32 time / bf16 time for one pass over the encoder's matmul shapes (QKV/output, FFN in and out).
+    """fp32 time / bf16 time for one pass over the model's matmul shapes (`probe_shapes`).
 
     The two precisions alternate, and the result is the median of the per-round ratios, so a load
     that comes and goes on a shared machine weighs on both sides of each ratio alike.
     """
-    n, h, i = PROBE_TOKENS, model.hidden_size, model.intermediate_size
-    shapes = [(n, h, h), (n, h, i), (n, i, h)]
+    shapes = probe_shapes(model)
     fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
     time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
     ratios = sorted(time_pass(fp32) / time_pass(bf16) for _ in range(PROBE_ROUNDS))
@@ -160,6 +169,8 @@ def machine_key(model: ModelConfig) -> str:
         model.hidden_size,
         model.intermediate_size,
     ]
+    if model.objective == "clm":  # BERT's key stays as it was: its cached measurements still apply
+        parts.append(model.vocab_size)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 

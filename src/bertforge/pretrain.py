@@ -1,4 +1,6 @@
-"""Pretraining from raw text: the run folder, its tokenizer and shards, the MLM+NSP objective.
+"""Pretraining from raw text: the run folder, its tokenizer and shards, and the objective: BERT's
+MLM+NSP, or with `model.objective = "clm"` GPT-1's next-token prediction over packed windows of
+contiguous text (`bertforge.packing`), trained by the same loop.
 
 Run folder layout (`--out DIR`):
 
@@ -14,6 +16,11 @@ Run folder layout (`--out DIR`):
 
 Nothing is written into the run folder until the corpus has been read, tokenized and checked,
 except `.lock`: the running process's PID, held with an OS lock for the whole run (removed at the end).
+
+`--resume` of a run stopped before its first checkpoint starts it afresh in its folder, with a
+notice. A run that SIGINT or SIGTERM stopped, or whose torchrun group lost a process, ends with the
+command that continues it; after `torchrun --max-restarts N` restarts the group, it continues from
+the last checkpoint by itself (see `commands.pretraining`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +46,23 @@ from bertforge.cache import (
     refuse_changed_data,
     remove_orphans,
 )
-from bertforge.checkpoint import CONFIG, list_checkpoints, read_json, save_model_folder
+from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, read_json, save_model_folder
 from bertforge.config import DataConfig, RunConfig, save_json, validate
 from bertforge.corpus import resolve_corpus_files
-from bertforge.errors import BertforgeError
-from bertforge.evaluate import evaluation_batches, pretraining_metrics, unigram_entropy
+from bertforge.errors import BertforgeError, Interrupted
+from bertforge.evaluate import (
+    evaluation_batches,
+    next_token_batch_sums,
+    pretraining_batch_sums,
+    pretraining_metrics,
+    unigram_entropy,
+)
 from bertforge.export import init_from
+from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
-from bertforge.losses import pretraining_loss, pretraining_sums, summarize
+from bertforge.losses import pretraining_loss, summarize
 from bertforge.model import BertForPreTraining
+from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
@@ -76,19 +93,27 @@ def pretrain(
     """
     out = Path(out)
     lock = RunFolderLock(out)
-    # One run per folder; under torchrun rank 0 owns it for all ranks.
-    with lock if distributed.launched().is_main else contextlib.nullcontext():
-        return run_pretraining(
-            config,
-            out,
-            tokenizer_dir,
-            resume,
-            cache_dir,
-            show_progress,
-            init,
-            lock.created,
-            allow_changed_data,
-        )
+    resume_command = distributed.launch_command(f"pretrain --out {shlex.quote(str(out))} --resume")
+    try:
+        # One run per folder; under torchrun rank 0 owns it for all ranks.
+        with (
+            lock if distributed.launched().is_main else contextlib.nullcontext(),
+            distributed.lost_processes_reported(f"continue with: {resume_command}"),
+        ):
+            return run_pretraining(
+                config,
+                out,
+                tokenizer_dir,
+                resume,
+                cache_dir,
+                show_progress,
+                init,
+                lock.created,
+                allow_changed_data,
+            )
+    except Interrupted as stop:
+        stop.resume_command = resume_command
+        raise
 
 
 def run_pretraining(
@@ -106,6 +131,9 @@ def run_pretraining(
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     remove_orphans(cache_dir)  # what tokenizer and shard builds killed mid-way left
     check_run_folder(out, resume)
+    if resume and not list_checkpoints(out):
+        start_afresh(out)
+        resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
     if isinstance(config.data.corpus, (str, Path)):  # a library caller's single path
         config.data.corpus = [str(config.data.corpus)] if str(config.data.corpus) else []
     absolute_data_paths(config.data)
@@ -136,9 +164,7 @@ def run_pretraining(
                 for file in corpus_files
             ]
         )
-        build_pairs(
-            train_shards, data.max_seq_length, data.short_seq_prob, data.nsp, config.runtime.seed, 0
-        )  # checks
+        check_training_data(train_shards, config)
         valid_batches, reference = [], {}
         if data.valid:
             valid_shards = cached_shards(
@@ -149,7 +175,7 @@ def run_pretraining(
                 show_progress,
                 data.text_column,
             )
-            valid_batches = evaluation_batches(valid_shards, tokenizer, data)
+            valid_batches = evaluation_batches(valid_shards, tokenizer, data, config.model.objective)
             reference = {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
 
     choose_run_precision(config, world, cache_dir, show_progress)
@@ -182,19 +208,21 @@ def train_and_save(
     init_state: dict | None = None,
 ) -> dict:
     torch.manual_seed(config.runtime.seed)
-    model = BertForPreTraining(config.model)
+    model = pretraining_model(config.model)
+    mlm = config.model.objective == "mlm"
     if init_state is not None:  # `pretrain --init`: start from a saved model's weights
         model.load_state_dict(init_state)
-    elif config.train.mlm_bias_init == "unigram" and not resume:
+    elif mlm and config.train.mlm_bias_init == "unigram" and not resume:
         init_mlm_bias(model, train_shards, tokenizer.special_ids)
+    batches, loss, summarize_sums = objective_parts(config.model.objective)
     objective = Objective(
         model=model,
-        batches=epoch_batches(train_shards, tokenizer, config),
-        loss=masked_lm_and_nsp_loss,
+        batches=batches(train_shards, tokenizer, config),
+        loss=loss,
         evaluate=lambda m: (
             pretraining_metrics(m, valid_batches, config.runtime.precision) if valid_batches else {}
         ),
-        summarize=summarize,
+        summarize=summarize_sums,
     )
     result = train(objective, config, out, resume=resume, show_progress=show_progress)
     if distributed.launched().is_main:
@@ -202,6 +230,22 @@ def train_and_save(
         plot_pretraining(out / "metrics.jsonl", out / "loss.png")
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
+
+
+def objective_parts(objective: str) -> tuple:
+    """(epoch batches, loss, summarize) of an objective: BERT's MLM + NSP ("mlm") or GPT's next token."""
+    if objective == "clm":
+        return packed_epoch_batches, causal_lm_loss, summarize_clm
+    return epoch_batches, masked_lm_and_nsp_loss, summarize
+
+
+def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> None:
+    """Draw epoch 0's sequences once, so that an unusable corpus is refused before anything is written."""
+    data, seed = config.data, config.runtime.seed
+    if config.model.objective == "clm":
+        window_starts(shards, data.max_seq_length, seed, 0)
+    else:
+        build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, 0)
 
 
 def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progress: bool) -> None:
@@ -241,6 +285,16 @@ def check_run_folder(out: Path, resume: bool) -> None:
     elif is_occupied(out):
         what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
         raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+
+
+def start_afresh(out: Path) -> None:
+    """Make a run that stopped before its first checkpoint start again: nothing of it can be resumed."""
+    if distributed.launched().is_main:
+        warnings.warn(
+            f"{out} has no checkpoint yet (its run stopped before the first one); starting the run afresh",
+            stacklevel=2,
+        )
+        (out / "metrics.jsonl").unlink(missing_ok=True)
 
 
 def absolute_data_paths(data: DataConfig) -> None:
@@ -296,16 +350,40 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
     collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
 
     def batches(epoch: int) -> MaskedBatches:
-        pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, epoch)
+        pairs = build_pairs(shards, epoch_seq_length(data, epoch), data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         return MaskedBatches(examples, micro_batch, collate, seed, epoch)
 
     return batches
 
 
+def packed_epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig):
+    """epoch -> micro-batches of packed windows of contiguous text (GPT's next-token objective), each
+    of the epoch's sequence length (`epoch_seq_length`)."""
+    data, seed = config.data, config.runtime.seed
+    micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
+
+    def batches(epoch: int) -> MaskedBatches:
+        length = epoch_seq_length(data, epoch)
+        return packed_batches(shards, length, tokenizer.sep_id, micro_batch, seed, epoch)
+
+    return batches
+
+
+def epoch_seq_length(data: DataConfig, epoch: int) -> int:
+    """The pairs' length in this epoch: `data.warmup_seq_length` in the warmup epochs, else the full one.
+    Short pairs first is Google BERT's 128-then-512 in small (Devlin et al. 2019, appendix A.2)."""
+    if data.warmup_seq_length and epoch < data.warmup_seq_epochs:
+        return data.warmup_seq_length
+    return data.max_seq_length
+
+
 def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-    mlm_logits, nsp_logits = model(
-        batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"), batch["masked_positions"]
-    )  # (M, V), (B, 2); no mask when the batch has no padding
-    sums = pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+    sums = pretraining_batch_sums(model, batch)
     return pretraining_loss(sums), sums
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Mean next-token cross-entropy over the batch's targets, and the sums to log."""
+    sums = next_token_batch_sums(model, batch)
+    return sums["clm_loss_sum"] / sums["clm_count"], sums

@@ -23,12 +23,20 @@ On a GPU a steady-state step does not make the device wait for the host: values 
 device until a log line (one transfer per `log_every` steps), and under DDP with a time budget
 rank 0's clock is shared at those lines only, so a run may overshoot its budget by up to
 `log_every` steps.
+
+SIGINT (Ctrl-C) and SIGTERM (what schedulers and torchrun send) do not kill the loop: the handler only
+records the signal, and the loop writes a checkpoint at the end of the step and raises `Interrupted`,
+which says how to resume (the CLI exits with 128 + the signal's number). A second signal acts at once.
+Under DDP the ranks agree on stopping every `log_every` steps (one all-reduce), so that all of them
+stop after the same step.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,11 +47,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from bertforge import distributed
+from bertforge import distributed, reporting
 from bertforge.batches import batch_seed, real_tokens
 from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import (
     DamagedCheckpoint,
+    checkpoint_dir,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
@@ -52,7 +61,7 @@ from bertforge.checkpoint import (
     save_checkpoint,
 )
 from bertforge.config import RunConfig, TrainConfig
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import WriteError, append_text, atomic_write_text
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
@@ -147,11 +156,52 @@ def micro_batches(
                 # which dropout uses: resume must see the same global RNG stream.
                 generator=torch.Generator(),
                 prefetch_factor=4 if num_workers else None,
+                worker_init_fn=ignore_stop_signals,  # the loop, not a signal, stops the workers
             )
             for batch in loader:
                 index += world_size
                 yield epoch, index, batch
         epoch, index = epoch + 1, 0
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+class StopSignals:
+    """While in the block, SIGINT and SIGTERM only set `received` (the signal's number; 0 while none).
+
+    The handler also puts the previous handlers back, so a second signal acts at once (Ctrl-C raises
+    KeyboardInterrupt). A signal the process ignored stays ignored (a job started with nohup), and
+    outside the main thread, where Python cannot handle signals, nothing changes.
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self.previous[signum] = signal.signal(signum, self.record)
+        return self
+
+    def record(self, signum: int, _frame) -> None:
+        self.received = signum
+        self.restore()
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        self.previous = {}
+
+    def __exit__(self, *_exc) -> None:
+        self.restore()
 
 
 class MetricsLog:
@@ -171,6 +221,7 @@ class MetricsLog:
         """Strict JSON: a non-finite number is written as null (bare NaN is not JSON)."""
         finite = {key: None if _nonfinite(value) else value for key, value in record.items()}
         append_text(self.path, json.dumps(finite, allow_nan=False) + "\n")
+        reporting.report(self.path.parent, finite)  # --report-to (only rank 0 appends)
 
     def read(self, repair: bool = False) -> list[dict]:
         """The records; with `repair`, an unreadable last line (torn by a crash) is left out."""
@@ -243,8 +294,13 @@ def train(
     resume: bool = False,
     show_progress: bool = True,
 ) -> dict:
-    """Run the loop until the step or time budget is spent; return the last validation metrics."""
-    return Trainer(objective, config, run_dir, resume).run(show_progress)
+    """Run the loop until the step or time budget is spent; return the last validation metrics.
+
+    Raises `Interrupted` after checkpointing when SIGINT or SIGTERM arrives meanwhile.
+    """
+    trainer = Trainer(objective, config, run_dir, resume)
+    with trainer.signals:
+        return trainer.run(show_progress)
 
 
 class Trainer:
@@ -268,6 +324,7 @@ class Trainer:
         self.schedule = Schedule(self.train_cfg)
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoint_every = self.train_cfg.checkpoint_every or self.train_cfg.eval_every
+        self.signals = StopSignals()
         self.state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "tokens": 0, "last_valid": {}}
         if resume:
             self.restore()
@@ -352,7 +409,12 @@ class Trainer:
             lr = self.schedule.learning_rate(self.schedule.progress(self.state["step"] + 1, now))
             self.optimizer_step(stream, lr)
             self.advance(bar, now)
-            self.after_step(lr, bar)
+            stop = self.agreed_stop()
+            self.after_step(lr, bar, checkpoint_now=bool(stop))
+            if stop:
+                bar.close()
+                step = self.state["step"]
+                raise Interrupted(stop, step, checkpoint_dir(self.run_dir, step), self.world.is_main)
         bar.close()
         return {
             "step": self.state["step"],
@@ -472,11 +534,21 @@ class Trainer:
             warnings.warn("torch.compile failed on another process; training in eager mode", stacklevel=3)
             self.step_model = self.step_model._orig_mod
 
-    def after_step(self, lr: float, bar: tqdm) -> None:
-        """Log, evaluate and checkpoint on their cadences, and always after the last step."""
+    def agreed_stop(self) -> int:
+        """The signal to stop at after this step, 0 to go on. Under DDP the ranks agree every `log_every`
+        steps (one all-reduce), so that all stop after the same step whichever rank had the signal."""
+        if not self.world.distributed:
+            return self.signals.received
+        if self.state["step"] % self.train_cfg.log_every:
+            return 0
+        return distributed.all_reduce_max(self.signals.received)
+
+    def after_step(self, lr: float, bar: tqdm, checkpoint_now: bool = False) -> None:
+        """Log, evaluate and checkpoint on their cadences, and always after the last step; checkpoint
+        (and log) also when `checkpoint_now`."""
         step = self.state["step"]
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
-        checkpoint = step % self.checkpoint_every == 0 or done
+        checkpoint = step % self.checkpoint_every == 0 or done or checkpoint_now
         evaluate = step % self.train_cfg.eval_every == 0 or done
         log = step % self.train_cfg.log_every == 0 or checkpoint
         # The window also closes at checkpoints so a resumed run logs the same windows.
@@ -497,7 +569,9 @@ class Trainer:
             self.state["last_valid"] = self.objective.evaluate(self.model)
             if any(_nonfinite(value) for value in self.state["last_valid"].values()):
                 raise self.diverged("the validation metrics")
-            self.log.append({"step": step, "split": "valid", **self.state["last_valid"]})
+            self.log.append(
+                {"step": step, "split": "valid", "tokens": self.state["tokens"], **self.state["last_valid"]}
+            )
             if self.state["last_valid"]:  # empty without validation text
                 bar.write(
                     f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state["last_valid"].items())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bertforge.config import CHOICES
 from bertforge.errors import BertforgeError
+from bertforge.reporting import add_report_to_argument, reporting_to
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
 RESUME_IGNORES = (
@@ -42,7 +43,8 @@ def add_finetune_command(commands) -> None:
     p = commands.add_parser(
         "finetune",
         help="fine-tune a pretrained model to classify texts or text pairs",
-        description="Fine-tune a classification head on the pooled [CLS] output, and the encoder under it, "
+        description="Fine-tune a classification head on the pooled [CLS] output (a GPT's: on the last "
+        "token's state), and the encoder under it, "
         "with the pretraining loop (AdamW, warmup and linear decay, clipping, precision, checkpoints). "
         "Evaluates after every epoch (accuracy, macro F1, confusion matrix) and keeps the best epoch as "
         "OUT/final/. Files are CSV, TSV (with or without a header row: columns by name or by number "
@@ -87,6 +89,7 @@ def add_finetune_command(commands) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_to_argument(p)
     p.set_defaults(handler=run_finetune)
 
 
@@ -157,9 +160,10 @@ def run_finetune(args) -> int:
     from bertforge.finetune import finetune
 
     task, config = finetune_inputs(args)
-    if task.compare_scratch:
-        return run_comparison(args, task, config)
-    summary = finetune(task, config, args.out, resume=args.resume, show_progress=not args.quiet)
+    with reporting_to(args.out, args.report_to):
+        if task.compare_scratch:
+            return run_comparison(args, task, config)
+        summary = finetune(task, config, args.out, resume=args.resume, show_progress=not args.quiet)
     for run in summary["runs"]:
         minutes = run["elapsed_s"] / 60
         print(

@@ -1,7 +1,10 @@
-"""Commands for using a model: `fill-mask`, `nsp`, `embed`, `showcase`, `export` and `import-hf`.
+"""Commands for using a model: `fill-mask`, `nsp`, `embed`, `showcase`, `generate`, `export` and
+`import-hf`.
 
 Each handler reads its inputs, loads the model with `bertforge.export.load_model` and calls one
-function of `bertforge.infer` or `bertforge.export`; printing is the only thing done here.
+function of `bertforge.infer`, `bertforge.generate` or `bertforge.export`; printing is the only thing
+done here. `generate` takes a GPT (pretrained with `--objective clm`), the others a BERT: the wrong
+kind of model is refused with one line.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from bertforge.errors import BertforgeError
 FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
 MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
 PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
+WRONG_MODEL = {  # the objective a command needs -> why a model of the other kind is refused
+    "mlm": "{model} holds a GPT (pretrained with --objective clm), which predicts the next token; "
+    "`{command}` needs a BERT: continue a text with `bertforge generate --model {model} TEXT`",
+    "clm": "{model} holds a BERT, which fills masked tokens; `{command}` needs a GPT (pretrained with "
+    "--objective clm): ask this one with `bertforge fill-mask`",
+}
 SHOWCASE_DOCUMENTS = 5000  # documents read from the corpus, at most
 
 
@@ -26,6 +35,7 @@ def register(commands) -> None:
     add_nsp_command(commands)
     add_embed_command(commands)
     add_showcase_command(commands)
+    add_generate_command(commands)
     add_export_command(commands)
     add_import_command(commands)
 
@@ -103,12 +113,38 @@ def add_showcase_command(commands) -> None:
     p.set_defaults(handler=run_showcase)
 
 
+def add_generate_command(commands) -> None:
+    p = commands.add_parser(
+        "generate",
+        help="continue a text with a GPT model (pretrained with --objective clm)",
+        description="Continue the prompt one token at a time until [SEP] (the end of a document) or "
+        "--max-new-tokens: by default a draw from the softmax after temperature, top-k and top-p "
+        "filtering (Hugging Face's order), with --greedy the most likely token (the tokens of "
+        "transformers' generate(do_sample=False) on the exported model).",
+    )
+    p.add_argument("prompt", help="the text to continue")
+    p.add_argument("--model", type=Path, required=True, help=MODEL_HELP)
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default 50)")
+    p.add_argument("--greedy", action="store_true", help="always the most likely token (no sampling)")
+    p.add_argument("--temperature", type=float, default=1.0, help="below 1: safer, above 1: bolder")
+    p.add_argument("--top-k", type=int, default=50, help="draw among the k most likely tokens (0: all)")
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="draw among the most likely tokens holding p (1: all)"
+    )
+    p.add_argument("--seed", type=int, help="repeat a draw exactly (on the same device)")
+    p.add_argument("--json", action="store_true", help="one JSON object: the text and the token ids")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.set_defaults(handler=run_generate)
+
+
 def add_export_command(commands) -> None:
     p = commands.add_parser(
         "export",
         help="write a model as a Hugging Face folder",
         description="Write a folder that transformers loads with no custom code: config.json, "
-        "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json.",
+        "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json. "
+        'A GPT (--objective clm) becomes an OpenAIGPTLMHeadModel for pipeline("text-generation"), a '
+        "classifier fine-tuned from one an OpenAIGPTForSequenceClassification.",
     )
     p.add_argument(
         "--model", type=Path, required=True, help="a run folder, its final/, a checkpoint or a classifier"
@@ -120,23 +156,27 @@ def add_export_command(commands) -> None:
 def add_import_command(commands) -> None:
     p = commands.add_parser(
         "import-hf",
-        help="turn a local Hugging Face BERT folder into a bertforge model",
+        help="turn a local Hugging Face BERT or OpenAIGPT folder into a bertforge model",
         description="Read a local Hugging Face BERT folder (config.json; model.safetensors or "
-        "pytorch_model.bin; tokenizer.json or vocab.txt) and write a bertforge model folder, to continue "
-        "pretraining from it with `bertforge pretrain --init`.",
+        "pytorch_model.bin; tokenizer.json or vocab.txt), or an OpenAIGPT one with model.safetensors and a "
+        "WordPiece tokenizer.json (as `bertforge export` writes), and write a bertforge model folder, to "
+        "continue pretraining from it with `bertforge pretrain --init`.",
     )
     p.add_argument("--from", dest="source", type=Path, required=True, help="the Hugging Face folder")
     p.add_argument("--out", type=Path, required=True, help="a new folder")
     p.set_defaults(handler=run_import)
 
 
-def load_on_device(args):
-    """(model, tokenizer, config) from --model, moved to --device."""
+def load_on_device(args, objective: str = "mlm"):
+    """(model, tokenizer, config) from --model, moved to --device; refused unless its `model.objective`
+    is `objective` (a BERT, "mlm", or a GPT, "clm")."""
     from bertforge.export import load_model
     from bertforge.runtime import resolve_device
 
     device = resolve_device(args.device)
     model, tokenizer, config = load_model(args.model)
+    if config.model.objective != objective:
+        raise BertforgeError(WRONG_MODEL[objective].format(model=args.model, command=args.command))
     return model.to(device), tokenizer, config
 
 
@@ -272,6 +312,38 @@ def run_showcase(args) -> int:
             p_next, p_random, a = example["p_next"], example["p_random"], example["sentence"]
             a = a if len(a) <= 70 else a[:67] + "..."
             print(f"  true next {p_next:.2f}   random {p_random:.2f}   A: {a}")
+    return 0
+
+
+def run_generate(args) -> int:
+    import torch
+
+    from bertforge.generate import generate
+
+    model, tokenizer, _ = load_on_device(args, objective="clm")
+    prompt = tokenizer.encode_batch([args.prompt])[0]
+    if not prompt:
+        raise BertforgeError("the prompt is empty (it has no tokens); give some text to continue")
+    ids = generate(
+        model,
+        torch.tensor(prompt, device=next(model.parameters()).device),
+        args.max_new_tokens,
+        do_sample=not args.greedy,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_token_id=tokenizer.sep_id,
+    ).tolist()
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if args.json:
+        print(
+            json.dumps(
+                {"prompt": args.prompt, "text": text, "token_ids": ids, "new_tokens": len(ids) - len(prompt)}
+            )
+        )
+    else:
+        print(text)
     return 0
 
 

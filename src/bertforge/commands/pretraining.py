@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import (
     CHOICES,
+    OBJECTIVES,
     PRESETS,
     RunConfig,
     TokenizerConfig,
     apply_mapping,
+    apply_objective,
     apply_overrides,
     apply_preset,
     load_toml,
@@ -20,6 +23,7 @@ from bertforge.config import (
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
 from bertforge.io import check_new_folder
+from bertforge.reporting import add_report_to_argument, reporting_to
 
 FORMAT_CHOICES = FORMATS
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
@@ -78,7 +82,7 @@ def add_prepare_command(commands) -> None:
 def add_pretrain_command(commands) -> None:
     p = commands.add_parser(
         "pretrain",
-        help="pretrain a BERT with MLM + NSP from raw text",
+        help="pretrain a BERT with MLM + NSP (or a GPT-1, --objective clm) from raw text",
         description="Train the tokenizer and shards when missing (cached by content), then pretrain. "
         "Settings apply in order: defaults, --preset, --config, flags, --set.",
     )
@@ -91,6 +95,12 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--valid", type=Path, help="held-out text for evaluation")
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size after Turc et al. 2019")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="mlm (default): BERT, masked LM + NSP; clm: GPT-1, next-token prediction on packed text "
+        "(model.objective; applied after --preset, before --config)",
+    )
     p.add_argument(
         "--config", type=Path, help="a TOML file with [model] [tokenizer] [data] [train] [runtime]"
     )
@@ -126,22 +136,25 @@ def add_pretrain_command(commands) -> None:
     )
     p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_to_argument(p)
     p.set_defaults(handler=run_pretrain)
 
 
 def add_evaluate_command(commands) -> None:
     p = commands.add_parser(
         "evaluate",
-        help="held-out MLM and NSP metrics of a saved model",
+        help="held-out MLM and NSP (or a GPT's next-token) metrics of a saved model",
         description="Evaluate at a fixed 15%% mask with fixed seeds: MLM loss, perplexity, MLM accuracy, "
-        "NSP loss and NSP accuracy.",
+        "NSP loss and NSP accuracy; for a GPT, next-token loss, perplexity and accuracy on fixed windows.",
     )
     p.add_argument(
         "--model", type=Path, required=True, help="a run folder, final/, checkpoint or exported folder"
     )
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
-    p.add_argument("--max-pairs", type=int, help="evaluate at most this many pairs (default: the model's)")
+    p.add_argument(
+        "--max-pairs", type=int, help="evaluate at most this many pairs or GPT windows (default: the model's)"
+    )
     p.add_argument(
         "--max-length",
         type=int,
@@ -207,6 +220,8 @@ def pretrain_config(args) -> RunConfig:
         config = RunConfig()
         if args.preset:
             apply_preset(config, args.preset)
+        if args.objective:
+            apply_objective(config, args.objective)
         if args.config:
             apply_mapping(config, load_toml(args.config), origin=str(args.config))
     flags = {
@@ -233,7 +248,7 @@ def pretrain_config(args) -> RunConfig:
 
 def refuse_resume_flags(args) -> None:
     """Refuse flags that `--resume` would otherwise ignore: the run keeps its model, tokenizer and recipe."""
-    given = [flag for flag in ("preset", "config", "tokenizer") if getattr(args, flag)]
+    given = [flag for flag in ("preset", "objective", "config", "tokenizer") if getattr(args, flag)]
     if given:
         flags = ", ".join(f"--{flag}" for flag in given)
         raise BertforgeError(
@@ -265,25 +280,41 @@ def nest(flat: dict) -> dict:
     return nested
 
 
+def restarted_by_torchrun(args) -> bool:
+    """Whether torchrun restarted the processes (`--max-restarts`) of a run this command line began in
+    --out: then it continues that run from its last checkpoint, with its saved settings."""
+    from bertforge.checkpoint import CONFIG
+    from bertforge.distributed import launched, restart_count
+
+    restarted = not args.resume and restart_count() > 0 and (args.out / CONFIG).is_file()
+    if restarted and launched().is_main:
+        print(f"bertforge: torchrun restarted the run in {args.out}; continuing it", file=sys.stderr)
+    return restarted
+
+
 def run_pretrain(args) -> int:
+    from bertforge.checkpoint import read_config
     from bertforge.distributed import launched
     from bertforge.pretrain import pretrain
 
-    if args.init and (args.resume or args.tokenizer or args.preset):
+    if args.init and (args.resume or args.tokenizer or args.preset or args.objective):
         raise BertforgeError(
-            "--init brings its own model size and tokenizer: drop --preset, --tokenizer and --resume"
+            "--init brings its own model size, objective and tokenizer: drop --preset, --objective, "
+            "--tokenizer and --resume"
         )
-    config = pretrain_config(args)
-    result = pretrain(
-        config,
-        args.out,
-        tokenizer_dir=args.tokenizer,
-        resume=args.resume,
-        cache_dir=args.cache_dir,
-        show_progress=not args.quiet,
-        init=args.init,
-        allow_changed_data=args.allow_changed_data,
-    )
+    restarted = restarted_by_torchrun(args)
+    config = read_config(args.out) if restarted else pretrain_config(args)
+    with reporting_to(args.out, args.report_to):
+        result = pretrain(
+            config,
+            args.out,
+            tokenizer_dir=args.tokenizer,
+            resume=args.resume or restarted,
+            cache_dir=args.cache_dir,
+            show_progress=not args.quiet,
+            init=args.init,
+            allow_changed_data=args.allow_changed_data,
+        )
     if not launched().is_main:
         return 0  # under torchrun, rank 0 reports for the run
     minutes, rate = result["elapsed_s"] / 60, result["tokens"] / max(result["elapsed_s"], 1e-9)
@@ -321,14 +352,16 @@ def run_evaluate(args) -> int:
 
 
 def print_metrics(metrics: dict[str, float], label: str = "") -> None:
-    """The metrics on one line, then the unigram entropy as the reference for `mlm_loss`."""
+    """The metrics on one line, then the unigram entropy as the reference for `mlm_loss` (a GPT's
+    `clm_loss`)."""
     metrics = dict(metrics)
     entropy = metrics.pop("unigram_entropy", None)
     print(label + format_metrics(metrics))
     if entropy is not None:
         indent = " " * len(label)
+        loss = "next-token" if "clm_loss" in metrics else "MLM"
         print(
-            f"{indent}reference: unigram entropy {entropy:.4f}, the MLM loss of a model that knows only "
+            f"{indent}reference: unigram entropy {entropy:.4f}, the {loss} loss of a model that knows only "
             "how often each token occurs; below it, the model uses context"
         )
 

@@ -1,0 +1,447 @@
+"""GPT-1 in the pipeline (`--objective clm`): packed windows, pretraining through the shared loop with
+exact resume, export to and import from Hugging Face, `evaluate`, `generate`, fine-tuning a GPT
+classifier, and the BERT commands refusing a GPT."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_clean_failure, tiny_config
+
+from bertforge.batches import real_tokens
+from bertforge.cache import cached_shards, default_cache_dir
+from bertforge.checkpoint import list_checkpoints, read_config, read_weights
+from bertforge.classifier import classify, load_classifier
+from bertforge.cli import main
+from bertforge.config import ModelConfig, RunConfig, apply_objective, validate
+from bertforge.errors import BertforgeError
+from bertforge.export import load_model
+from bertforge.gpt import GPT_TIED_KEYS, GPTForSequenceClassification, GPTLMHeadModel
+from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
+from bertforge.masking import pad_batch
+from bertforge.packing import PackedWindows, packed_batches, window_starts
+from bertforge.precision import PROBE_TOKENS, machine_key, probe_shapes
+from bertforge.pretrain import pretrain
+from bertforge.tokenizer import load_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+SEP = 3
+PROMPT = "the album was released in"
+TOPICS = {"music": ("album", "song", "single", "music"), "war": ("army", "battle", "war", "fought")}
+
+
+def clm_config(corpus: Path | None = None, valid: Path | None = None, **train) -> RunConfig:
+    """conftest's tiny model as a GPT: GPT-1's activation and its 4 x hidden feed-forward."""
+    config = tiny_config(corpus, valid, **train)
+    apply_objective(config, "clm")
+    config.model.intermediate_size = 4 * config.model.hidden_size
+    return config
+
+
+def read_lines(run: Path, split: str) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["split"] == split]
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory, wiki_slice, wiki_valid_slice, small_tokenizer_dir) -> Path:
+    """A tiny GPT pretrained for 40 steps on the WikiText slice, evaluated at 0, 20 and 40."""
+    run = tmp_path_factory.mktemp("gpt") / "run"
+    config = clm_config(wiki_slice, wiki_valid_slice, max_steps=40, eval_every=20, batch_size=16)
+    config.train.learning_rate = 3e-3
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    pretrain(config, run, tokenizer_dir=small_tokenizer_dir, cache_dir=cache, show_progress=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def gpt_export(tmp_path_factory, gpt_run) -> Path:
+    out = tmp_path_factory.mktemp("gpt-export") / "hf"
+    assert main(["export", "--model", str(gpt_run), "--out", str(out)]) == 0
+    return out
+
+
+# ------------------------------------------------------------------------------------ packing
+
+
+def toy_shards() -> SimpleNamespace:
+    """Three documents (the first of two sentences): 10 11 | 12, then 13, then 14 15 16 17 18."""
+    return SimpleNamespace(
+        tokens=np.arange(10, 19, dtype=np.uint16),
+        sentence_offsets=np.array([0, 2, 3, 4, 9]),
+        document_offsets=np.array([0, 2, 3, 4]),
+    )
+
+
+def test_windows_are_the_stream_of_documents_and_ends_cut_at_a_moving_offset():
+    shards = toy_shards()
+    stream = [10, 11, 12, SEP, 13, SEP, 14, 15, 16, 17, 18, SEP]  # each document, then its end token
+    offsets = set()
+    for epoch in range(8):
+        starts = window_starts(shards, 4, seed=1, epoch=epoch)
+        assert np.array_equal(starts, window_starts(shards, 4, seed=1, epoch=epoch))  # (seed, epoch) decide
+        offset = int(starts.min())
+        offsets.add(offset)
+        assert sorted(starts.tolist()) == list(range(offset, len(stream) - 3, 4))  # back to back, all full
+        windows = PackedWindows(shards, starts, 4, SEP)
+        for start, item in zip(starts, windows, strict=True):
+            assert item["input_ids"].dtype == np.int64
+            assert item["input_ids"].tolist() == stream[start : start + 4]
+    assert len(offsets) > 1  # the boundaries move between epochs
+    with pytest.raises(BertforgeError, match="fewer than one sequence"):
+        window_starts(shards, 13, seed=1, epoch=0)
+
+
+def test_packed_batches_of_a_real_corpus_have_no_padding_and_full_windows(wiki_slice, small_tokenizer_dir):
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    shards = cached_shards(wiki_slice, tokenizer, "auto", default_cache_dir(), False)
+    batches = packed_batches(shards, 64, tokenizer.sep_id, 8, seed=5, epoch=2)
+    windows = len(window_starts(shards, 64, seed=5, epoch=2))
+    assert windows * 64 > shards.num_tokens + shards.num_documents - 128  # the whole stream but its ends
+    assert len(batches) == windows // 8  # full batches only
+    seps = 0
+    for index in range(len(batches)):
+        batch = batches[index]
+        assert set(batch) == {"input_ids"} and batch["input_ids"].shape == (8, 64)
+        assert not (batch["input_ids"] == tokenizer.pad_id).any()
+        assert real_tokens(batch) == 8 * 64
+        seps += int((batch["input_ids"] == tokenizer.sep_id).sum())
+    assert seps > 0  # documents end inside windows
+    again = packed_batches(shards, 64, tokenizer.sep_id, 8, seed=5, epoch=2)
+    assert torch.equal(batches[3]["input_ids"], again[3]["input_ids"])
+
+
+# ------------------------------------------------------------------------------------ pretraining
+
+
+def test_clm_config_takes_gpt_settings_and_refuses_what_openai_gpt_cannot_hold():
+    config = RunConfig()
+    apply_objective(config, "clm")
+    assert (config.model.objective, config.model.hidden_act, config.data.nsp) == ("clm", "gelu_new", False)
+    validate(config)
+    config.data.nsp = True  # ignored: a GPT trains on packed text
+    config.model.type_vocab_size = 1
+    validate(config)
+    config.model.hidden_act = "gelu"
+    with pytest.raises(BertforgeError, match="gelu_new"):
+        validate(config)
+    config.model.objective = "gpt"
+    with pytest.raises(BertforgeError, match="model.objective"):
+        validate(config)
+
+
+def test_clm_pretraining_lowers_the_held_out_next_token_loss(gpt_run):
+    config = read_config(gpt_run)
+    assert (config.model.objective, config.model.hidden_act) == ("clm", "gelu_new")
+    valid = read_lines(gpt_run, "valid")
+    assert [v["step"] for v in valid] == [0, 20, 40]
+    assert {"clm_loss", "perplexity", "clm_accuracy"} <= set(valid[-1]) and "mlm_loss" not in valid[-1]
+    assert valid[0]["clm_loss"] == pytest.approx(np.log(2000), abs=0.1)  # uniform over the vocabulary
+    assert valid[-1]["clm_loss"] < valid[0]["clm_loss"] - 0.5
+    assert valid[-1]["clm_accuracy"] > valid[0]["clm_accuracy"]
+    train = read_lines(gpt_run, "train")
+    assert train[-1]["loss"] == train[-1]["clm_loss"] and train[-1]["tokens_per_s"] > 0
+    for folder in (gpt_run / "final", *list_checkpoints(gpt_run)):  # the tied head is never saved
+        weights = read_weights(folder / "model.safetensors")
+        assert not set(GPT_TIED_KEYS) & set(weights) and all(k.startswith("gpt.") for k in weights)
+    assert (gpt_run / "loss.png").is_file()
+
+
+def test_clm_resume_reproduces_the_uninterrupted_run(
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    config = clm_config(wiki_slice, wiki_valid_slice, max_steps=8, eval_every=4, keep_checkpoints=3)
+    full = tmp_path / "full"
+    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert [p.name for p in list_checkpoints(full)] == ["step_000004", "step_000008"]
+
+    cut = tmp_path / "cut"  # a run stopped after its step-4 checkpoint
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000008")
+    shutil.rmtree(cut / "final")
+    pretrain(read_config(cut), cut, resume=True, show_progress=False)
+
+    full_train, cut_train = read_lines(full, "train"), read_lines(cut, "train")
+    assert [x["step"] for x in cut_train] == list(range(1, 9))
+    for a, b in zip(full_train, cut_train, strict=True):
+        assert a["clm_loss"] == b["clm_loss"] and a["clm_accuracy"] == b["clm_accuracy"]
+    assert read_lines(full, "valid")[-1] == read_lines(cut, "valid")[-1]
+    full_weights = read_weights(full / "final" / "model.safetensors")
+    cut_weights = read_weights(cut / "final" / "model.safetensors")
+    assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
+
+
+def test_pretrain_objective_clm_on_the_command_line(
+    tmp_path, capsys, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    out = tmp_path / "run"
+    argv = [
+        *("pretrain", "--objective", "clm", "--preset", "tiny", "--corpus", str(wiki_slice)),
+        *("--valid", str(wiki_valid_slice), "--tokenizer", str(small_tokenizer_dir), "--out", str(out)),
+        *("--max-steps", "2", "--batch-size", "4", "--precision", "fp32", "--quiet"),
+        *(
+            "--set",
+            "data.max_seq_length=32",
+            "--set",
+            "train.eval_every=2",
+            "--set",
+            "data.eval_max_pairs=16",
+        ),
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "held-out: clm_loss" in printed and "clm_accuracy" in printed and "next-token loss" in printed
+    config = read_config(out)
+    assert (config.model.objective, config.model.hidden_act, config.model.hidden_size) == (
+        "clm",
+        "gelu_new",
+        128,
+    )
+    resume = ["pretrain", "--out", str(out), "--resume", "--objective", "clm"]
+    assert_clean_failure(capsys, resume, "drop --objective")
+    gelu = ["pretrain", "--objective", "clm", "--corpus", str(wiki_slice), "--out", str(tmp_path / "gelu")]
+    assert_clean_failure(capsys, [*gelu, "--set", "model.hidden_act=gelu"], "gelu_new")
+
+
+def test_precision_probe_times_a_gpts_vocabulary_projection():
+    bert, gpt = ModelConfig(), ModelConfig(objective="clm")
+    assert probe_shapes(gpt) == [*probe_shapes(bert), (PROBE_TOKENS, gpt.hidden_size, gpt.vocab_size)]
+    assert machine_key(bert) != machine_key(gpt)
+    assert machine_key(bert) == machine_key(ModelConfig(vocab_size=8))  # BERT's cached choices still apply
+
+
+# ------------------------------------------------------------------------------ using the model
+
+
+def test_evaluate_gives_the_runs_held_out_next_token_metrics(gpt_run, wiki_valid_slice, capsys):
+    assert (
+        main(["evaluate", "--model", str(gpt_run), "--corpus", str(wiki_valid_slice), "--json", "--quiet"])
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out)
+    last = read_lines(gpt_run, "valid")[-1]
+    for key in ("clm_loss", "perplexity", "clm_accuracy"):
+        assert metrics[key] == pytest.approx(last[key], rel=1e-6)
+    assert "mlm_loss" not in metrics and metrics["unigram_entropy"] > 0
+
+
+def test_export_loads_in_transformers_with_equal_logits_and_generates(gpt_run, gpt_export):
+    config = json.loads((gpt_export / "config.json").read_text())
+    model, tokenizer, _ = load_model(gpt_run)
+    assert config["architectures"] == ["OpenAIGPTLMHeadModel"] and config["eos_token_id"] == tokenizer.sep_id
+    for cls in (transformers.OpenAIGPTLMHeadModel, transformers.AutoModelForCausalLM):
+        hf = cls.from_pretrained(gpt_export).eval()
+        ids = torch.tensor(tokenizer.encode_batch(["the game was released in japan , and it sold well ."]))
+        with torch.no_grad():
+            torch.testing.assert_close(hf(input_ids=ids).logits, model(ids), rtol=0, atol=1e-5)
+    generator = transformers.pipeline("text-generation", model=str(gpt_export))
+    text = generator(PROMPT, do_sample=False, max_new_tokens=8)[0]["generated_text"]
+    assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+
+
+def test_import_hf_round_trip(tmp_path, capsys, gpt_run, gpt_export, wiki_valid_slice):
+    imported = tmp_path / "imported"
+    assert main(["import-hf", "--from", str(gpt_export), "--out", str(imported)]) == 0
+    ours, theirs = (
+        read_weights(gpt_run / "final" / "model.safetensors"),
+        read_weights(imported / "model.safetensors"),
+    )
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (
+        load_tokenizer(imported).fingerprint == load_tokenizer(gpt_run / "final").fingerprint
+    )  # byte for byte
+    assert read_config(imported).model == read_config(gpt_run / "final").model
+    capsys.readouterr()
+    metrics = []
+    for model in (gpt_run, imported, gpt_export):
+        assert (
+            main(["evaluate", "--model", str(model), "--corpus", str(wiki_valid_slice), "--json", "--quiet"])
+            == 0
+        )
+        metrics.append(json.loads(capsys.readouterr().out))
+    assert metrics[0] == metrics[1] == metrics[2]
+
+
+def test_pretraining_starts_from_an_exported_gpt(tmp_path, gpt_run, gpt_export, wiki_slice):
+    out = tmp_path / "run"
+    argv = ["pretrain", "--init", str(gpt_export), "--corpus", str(wiki_slice), "--out", str(out)]
+    argv += ["--max-steps", "2", "--batch-size", "4", "--precision", "fp32", "--quiet"]
+    assert main([*argv, "--set", "data.max_seq_length=32", "--set", "train.eval_every=2"]) == 0
+    assert read_config(out).model == read_config(gpt_run).model  # a GPT, the exported one's size
+    first = read_lines(out, "train")[0]
+    assert first["clm_loss"] < np.log(2000) - 0.5  # the pretrained weights, not a fresh model
+
+
+def test_generate_greedy_equals_transformers_and_a_seed_repeats_a_draw(gpt_run, gpt_export, capsys):
+    argv = ["generate", "--model", str(gpt_run), PROMPT, "--max-new-tokens", "12", "--json"]
+    assert main([*argv, "--greedy"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    hf = transformers.OpenAIGPTLMHeadModel.from_pretrained(gpt_export).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(gpt_export)
+    encoded = hf_tokenizer(PROMPT, return_tensors="pt")
+    theirs = hf.generate(**encoded, do_sample=False, max_new_tokens=12)
+    assert ours["token_ids"] == theirs[0].tolist() and ours["new_tokens"] > 0
+    assert ours["text"].startswith(PROMPT)
+
+    draws = []
+    for _ in range(2):
+        assert main([*argv, "--seed", "7", "--top-k", "20", "--temperature", "0.8"]) == 0
+        draws.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert draws[0] == draws[1]
+    assert main(["generate", "--model", str(gpt_export), PROMPT, "--greedy", "--max-new-tokens", "12"]) == 0
+    assert capsys.readouterr().out.strip() == ours["text"]  # the exported folder generates the same
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fill-mask", "the [MASK] sat ."],
+        ["nsp", "a .", "b ."],
+        ["showcase", "--corpus", "x"],
+        ["embed", "--input", "x", "--out", "x.npy"],
+    ],
+)
+def test_bert_commands_refuse_a_gpt_in_one_line(tmp_path, capsys, gpt_run, command):
+    if command[0] in ("showcase", "embed"):
+        (tmp_path / "x").write_text("one line of text .\n")
+        command = [part if part != "x" else str(tmp_path / "x") for part in command]
+    assert_clean_failure(capsys, [*command, "--model", str(gpt_run)], "holds a GPT")
+
+
+def test_generate_refuses_a_bert_and_an_empty_prompt(capsys, tiny_pretrained_run, gpt_run):
+    assert_clean_failure(capsys, ["generate", "--model", str(tiny_pretrained_run), PROMPT], "holds a BERT")
+    assert_clean_failure(capsys, ["generate", "--model", str(gpt_run), " "], "prompt is empty")
+
+
+# ---------------------------------------------------------------------------------- fine-tuning
+
+
+def toy_rows(count: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        label = sorted(TOPICS)[i % 2]
+        words = rng.choices(TOPICS[label], k=rng.randint(2, 5)) + rng.choices(("the", "of", "a"), k=2)
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("toy")
+    paths = folder / "train.jsonl", folder / "valid.jsonl"
+    for path, rows in zip(paths, (toy_rows(48, 0), toy_rows(16, 1)), strict=True):
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
+
+
+def finetune_argv(model: Path, toy: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        *("finetune", "--model", str(model), "--train", str(toy[0]), "--valid", str(toy[1])),
+        *("--text-column", "text", "--label-column", "label", "--out", str(out), "--epochs", "2"),
+        *(
+            "--batch-size",
+            "8",
+            "--lr",
+            "3e-3",
+            "--max-length",
+            "32",
+            "--precision",
+            "fp32",
+            "--quiet",
+            *extra,
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def gpt_classifier(tmp_path_factory, gpt_run, toy) -> Path:
+    out = tmp_path_factory.mktemp("gpt-sst") / "run"
+    assert main(finetune_argv(gpt_run, toy, out)) == 0
+    return out
+
+
+@torch.no_grad()
+def test_gpt_classifier_matches_hugging_face_both_ways():
+    config = ModelConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        hidden_act="gelu_new", max_position_embeddings=16, layer_norm_eps=1e-5, initializer_range=0.2,
+        objective="clm",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ours = GPTForSequenceClassification(config, 3).eval()
+    raw = hf_config(config, labels=["a", "b", "c"])
+    assert raw["architectures"] == ["OpenAIGPTForSequenceClassification"] and raw["num_labels"] == 3
+    settings = transformers.OpenAIGPTConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    hf = transformers.OpenAIGPTForSequenceClassification(settings).eval()
+    hf.load_state_dict(to_hf_state_dict(ours.state_dict()), strict=True)
+    lengths = torch.tensor([12, 7, 3])
+    mask = (torch.arange(12) < lengths[:, None]).long()  # (B, T): right padding, as pad_batch makes
+    ids = torch.randint(1, 99, (3, 12), generator=torch.Generator().manual_seed(1)) * mask  # pad id 0
+    theirs = hf(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(ours(ids, None, mask), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours(ids[:1]), hf(input_ids=ids[:1]).logits, rtol=0, atol=1e-5)  # no padding
+    back = GPTForSequenceClassification(config, 3).eval()
+    back.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    torch.testing.assert_close(back(ids, None, mask), theirs, rtol=0, atol=1e-5)
+
+
+def test_finetune_a_gpt_writes_a_gpt_classifier(gpt_classifier, capsys):
+    result = json.loads((gpt_classifier / "result.json").read_text())
+    assert result["best_epoch"] in (1, 2) and 0 <= result["best"]["accuracy"] <= 1
+    weights = read_weights(gpt_classifier / "final" / "model.safetensors")
+    assert weights["score.weight"].shape == (2, 32) and "score.bias" not in weights
+    assert all(k.startswith("gpt.") for k in weights if k != "score.weight")
+    assert main(["classify", "--model", str(gpt_classifier), "album song of the", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] in TOPICS
+
+
+def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(gpt_classifier), "--out", str(out)]) == 0
+    hf = transformers.OpenAIGPTForSequenceClassification.from_pretrained(out).eval()
+    model, tokenizer, labels, _ = load_classifier(gpt_classifier)
+    texts = ["album song of the", "the war battle fought by the army of a", "music"]
+    batch = pad_batch([{"input_ids": tokenizer.encode_pair(text)[0]} for text in texts], tokenizer.pad_id)
+    with torch.no_grad():
+        ours = model(batch["input_ids"], None, batch["attention_mask"])
+        theirs = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+    pipe = transformers.pipeline("text-classification", model=str(out), top_k=None)
+    expected = classify(model, tokenizer, labels, texts)
+    for scores, result in zip(pipe(texts), expected, strict=True):
+        by_label = {s["label"]: s["score"] for s in scores}
+        assert max(abs(by_label[k] - v) for k, v in result["probabilities"].items()) <= 1e-5
+    exported, hf_tokenizer, hf_labels, _ = load_classifier(out)  # the export classifies the same
+    assert hf_labels == labels and hf_tokenizer.fingerprint == tokenizer.fingerprint
+    assert [r["label"] for r in classify(exported, hf_tokenizer, hf_labels, texts)] == [
+        r["label"] for r in expected
+    ]
+
+
+def test_finetune_a_gpt_against_scratch(tmp_path, capsys, gpt_run, toy):
+    out = tmp_path / "compare"
+    argv = finetune_argv(gpt_run, toy, out, "--compare-scratch", "--seeds", "1,2")
+    argv[argv.index("--epochs") + 1] = "1"
+    assert main(argv) == 0
+    assert "sign test" in capsys.readouterr().out
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert [pair["seed"] for pair in comparison["pairs"]] == [1, 2]
+    pretrained = read_weights(out / "pretrained" / "seed_1" / "final" / "model.safetensors")
+    scratch = read_weights(out / "scratch" / "seed_1" / "final" / "model.safetensors")
+    assert pretrained.keys() == scratch.keys() and "score.weight" in pretrained
+
+
+def test_a_gpt_model_loads_as_a_gpt(gpt_run):
+    model, _, config = load_model(gpt_run)
+    assert isinstance(model, GPTLMHeadModel) and config.model.objective == "clm"
