@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from conftest import tiny_config
 
 from bertforge.checkpoint import list_checkpoints, read_config
-from bertforge.config import TrainConfig
+from bertforge.config import TrainConfig, apply_objective
 from bertforge.distributed import batch_plan
 from bertforge.errors import BertforgeError
 from bertforge.pretrain import pretrain
@@ -31,9 +31,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(corpus, valid, dropout: float):
+def run_config(corpus, valid, dropout: float, objective: str = "mlm"):
     # 4 micro-batches of 2 per step: one process accumulates 4, each of two ranks accumulates 2.
     config = tiny_config(corpus, valid, max_steps=6, eval_every=3, keep_checkpoints=3)
+    apply_objective(config, objective)
+    config.model.intermediate_size = 4 * config.model.hidden_size  # OpenAIGPT's fixed feed-forward width
     config.train.gradient_accumulation_steps = 4
     config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = dropout
     config.runtime.threads = 1  # two processes share the CI machine's two cores
@@ -66,6 +68,7 @@ def rank_main(rank, port, corpus, valid, tokenizer_dir, cache_dir, out):
         shutil.rmtree(cut / "final")
     dist.barrier()
     pretrain(read_config(cut), cut, resume=True, cache_dir=cache_dir, show_progress=False)
+    pretrain(run_config(corpus, valid, 0.0, "clm"), out / "ddp_clm", **options)  # GPT-1 through the same loop
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,7 @@ def ddp_runs(tmp_path_factory, wiki_slice, wiki_valid_slice, small_tokenizer_dir
     config = run_config(wiki_slice, wiki_valid_slice, 0.0)
     options = {"tokenizer_dir": small_tokenizer_dir, "cache_dir": cache_dir, "show_progress": False}
     pretrain(config, out / "single", **options)
+    pretrain(run_config(wiki_slice, wiki_valid_slice, 0.0, "clm"), out / "single_clm", **options)
     args = (free_port(), wiki_slice, wiki_valid_slice, small_tokenizer_dir, cache_dir, out)
     mp.spawn(rank_main, args=args, nprocs=WORLD_SIZE, join=True)
     return out
@@ -89,6 +93,18 @@ def test_two_processes_follow_the_one_process_loss_curve(ddp_runs):
     single_valid, ddp_valid = read_lines(ddp_runs / "single", "valid"), read_lines(ddp_runs / "ddp", "valid")
     assert [x["step"] for x in ddp_valid] == [0, 3, 6]
     assert ddp_valid[-1]["mlm_loss"] == pytest.approx(single_valid[-1]["mlm_loss"], rel=1e-4)
+
+
+def test_two_processes_follow_the_one_process_gpt_curve(ddp_runs):
+    single, ddp = read_lines(ddp_runs / "single_clm", "train"), read_lines(ddp_runs / "ddp_clm", "train")
+    assert [x["step"] for x in ddp] == [x["step"] for x in single] == list(range(1, 7))
+    for a, b in zip(single, ddp, strict=True):
+        for key in ("loss", "clm_loss", "clm_accuracy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    single_valid = read_lines(ddp_runs / "single_clm", "valid")[-1]
+    assert read_lines(ddp_runs / "ddp_clm", "valid")[-1]["clm_loss"] == pytest.approx(
+        single_valid["clm_loss"], rel=1e-4
+    )
 
 
 def test_only_rank_zero_writes_the_run_folder(ddp_runs):
