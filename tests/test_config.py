@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bertforge.config import (
@@ -114,3 +116,12 @@ def test_missing_and_invalid_toml(tmp_path):
         load_toml(bad)
     with pytest.raises(BertforgeError, match="unknown preset"):
         apply_preset(RunConfig(), "huge")
+
+
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).parent.parent.glob("configs/*.toml")), ids=lambda p: p.name
+)
+def test_every_shipped_config_is_valid(path):
+    config = RunConfig()
+    apply_mapping(config, load_toml(path), origin=str(path))
+    validate(config)
