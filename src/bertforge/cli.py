@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertforge import __version__
+from bertforge import __version__, distributed
 from bertforge.commands import finetuning, inference, pretraining, views
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import describe_os_error
@@ -36,7 +36,7 @@ EXAMPLES = """examples:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    with one_line_warnings():
+    with one_line_warnings(), left_process_group():
         try:
             return args.handler(args)
         except BertforgeError as error:
@@ -58,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PACKAGE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def left_process_group() -> Iterator[None]:
+    """A command run under torchrun leaves its process group when it returns, however it ends."""
+    try:
+        yield
+    finally:
+        distributed.leave()
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -192,6 +193,18 @@ def joined_after(device: torch.device, timeout_minutes: float) -> Iterator[World
 
 def _teardown() -> None:
     if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def leave() -> None:
+    """Leave the process group at the end of a command, while the interpreter is still whole.
+
+    Objects that hold the group (DDP's reducer, pending work) are freed first; left to the end of
+    the interpreter, their native threads could be torn down in any order, and a process that had
+    finished its work could abort on exit ("terminate called without an active exception").
+    """
+    if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
