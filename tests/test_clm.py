@@ -388,11 +388,11 @@ def test_gpt_classifier_matches_hugging_face_both_ways():
     mask = (torch.arange(12) < lengths[:, None]).long()  # (B, T): right padding, as pad_batch makes
     ids = torch.randint(1, 99, (3, 12), generator=torch.Generator().manual_seed(1)) * mask  # pad id 0
     theirs = hf(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(ours(ids, None, mask), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours(ids, attention_mask=mask), theirs, rtol=0, atol=1e-5)
     torch.testing.assert_close(ours(ids[:1]), hf(input_ids=ids[:1]).logits, rtol=0, atol=1e-5)  # no padding
     back = GPTForSequenceClassification(config, 3).eval()
     back.load_state_dict(from_hf_state_dict(hf.state_dict()))
-    torch.testing.assert_close(back(ids, None, mask), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(back(ids, attention_mask=mask), theirs, rtol=0, atol=1e-5)
 
 
 def test_finetune_a_gpt_writes_a_gpt_classifier(gpt_classifier, capsys):
@@ -413,7 +413,7 @@ def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
     texts = ["album song of the", "the war battle fought by the army of a", "music"]
     batch = pad_batch([{"input_ids": tokenizer.encode_pair(text)[0]} for text in texts], tokenizer.pad_id)
     with torch.no_grad():
-        ours = model(batch["input_ids"], None, batch["attention_mask"])
+        ours = model(batch["input_ids"], attention_mask=batch["attention_mask"])
         theirs = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 

@@ -124,12 +124,16 @@ def test_classifier_matches_hugging_face_both_ways():
     ours.load_state_dict(hf.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
     assert theirs.shape == (3, 3)
-    assert (ours(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+    assert (
+        ours(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
+    ).abs().max() <= 1e-5
 
     fresh = BertForSequenceClassification(ModelConfig(**SIZES), 3).eval()  # other random weights
     hf.load_state_dict(fresh.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
-    assert (fresh(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+    assert (
+        fresh(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
+    ).abs().max() <= 1e-5
 
 
 def test_classifier_head_is_initialised_as_hugging_face():

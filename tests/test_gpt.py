@@ -126,7 +126,7 @@ def test_padding_mask_logits_equal_hugging_face():
     mask[0, 11:] = 0  # right padding
     mask[1, :5] = 0  # left padding
     with torch.no_grad():
-        ours, theirs = model(ids, mask), hf_logits(hf, ids, mask)
+        ours, theirs = model(ids, attention_mask=mask), hf_logits(hf, ids, mask)
     # Right padding and unpadded rows: every position, pads included.
     torch.testing.assert_close(ours[[0, 2]], theirs[[0, 2]], rtol=0, atol=1e-5)
     # Left padding: the real positions. (A left pad has no real key at or before it: Hugging Face
@@ -200,9 +200,9 @@ def test_a_later_token_never_changes_earlier_logits(padded, training):
         changed = ids.clone()
         changed[:, position] = (changed[:, position] + 1) % VOCAB
         torch.manual_seed(3)  # the same dropout masks for both passes
-        before = model(ids, mask if padded else None)
+        before = model(ids, attention_mask=mask if padded else None)
         torch.manual_seed(3)
-        after = model(changed, mask if padded else None)
+        after = model(changed, attention_mask=mask if padded else None)
         assert torch.equal(before[:, :position], after[:, :position])
         assert not torch.allclose(before[:, position:], after[:, position:])
 

@@ -143,7 +143,7 @@ def test_import_keeps_the_rows_and_gives_the_logits_of_transformers(padded):
         assert tokenizer.vocab_size == len(TOKENS)
         ids, types, mask = encoded(tokenizer)
         assert int(ids.max()) < len(TOKENS) and (ids == tokenizer.unk_id).sum() == 0
-        mlm, _ = ours(ids, types, mask)
+        mlm, _ = ours(ids, token_type_ids=types, attention_mask=mask)
         theirs = mlm_logits(model, ids, types, mask)
         real = mask.bool()
         assert mlm.shape[-1] == ROWS

@@ -95,8 +95,8 @@ def test_saved_model_reloads_with_identical_outputs(tmp_path, wiki_slice, small_
     ids, types = tokenizer.encode_pair("the game was released in japan .", "it sold well .")
     ids, types = torch.tensor([ids]), torch.tensor([types])
     with torch.inference_mode():
-        first = final_model(ids, types)
-        second = checkpoint_model(ids, types)
+        first = final_model(ids, token_type_ids=types)
+        second = checkpoint_model(ids, token_type_ids=types)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     assert final_model.cls.predictions.decoder.weight is final_model.bert.embeddings.word_embeddings.weight
 

@@ -190,8 +190,8 @@ def classify(
         batch = pad_batch(examples, tokenizer.pad_id)
         logits = model(
             batch["input_ids"].to(device),
-            batch["token_type_ids"].to(device),
-            batch["attention_mask"].to(device),
+            token_type_ids=batch["token_type_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
         )  # (B, K)
         for row in torch.softmax(logits.float(), dim=-1).cpu().tolist():
             best = max(range(len(row)), key=row.__getitem__)

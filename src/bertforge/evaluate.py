@@ -68,9 +68,9 @@ def pretraining_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, tor
     """BERT's MLM and NSP sums over one batch (`model` may be wrapped: DDP, torch.compile)."""
     mlm_logits, nsp_logits = model(
         batch["input_ids"],
-        batch["token_type_ids"],
-        batch.get("attention_mask"),  # absent when the batch has no padding
-        batch["masked_positions"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch.get("attention_mask"),  # absent when the batch has no padding
+        masked_positions=batch["masked_positions"],
     )  # (M, V), (B, 2)
     return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
 

@@ -323,7 +323,9 @@ class EpochBatches:
 
 
 def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask")).float()  # (B, K)
+    logits = model(
+        batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch.get("attention_mask")
+    ).float()  # (B, K)
     labels = batch["labels"]  # (B,)
     loss_sum = F.cross_entropy(logits, labels, reduction="sum")
     sums = {
@@ -354,7 +356,11 @@ def evaluate_classifier(
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"))
+            logits = model(
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch.get("attention_mask"),
+            )
         logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum")
         predicted = logits.argmax(-1)  # (B,)
