@@ -5,9 +5,12 @@ Parity is against `transformers.OpenAIGPTLMHeadModel` built from tiny configs (n
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
@@ -16,7 +19,7 @@ from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel, next_token_loss, next_t
 from bertforge.gpt_convert import (
     from_hf_state_dict,
     hf_config,
-    load_hf_folder,
+    language_model_from_hf,
     model_config_from_hf,
     save_hf_folder,
     to_hf_state_dict,
@@ -152,7 +155,10 @@ def test_hugging_face_folder_round_trip(tmp_path):
 
     hf_model(model.config, seed=7).save_pretrained(tmp_path / "theirs")
     theirs = transformers.OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "theirs").eval()
-    loaded = load_hf_folder(tmp_path / "theirs")
+    raw = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    weights = load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    loaded, dropped = language_model_from_hf(model_config_from_hf(raw), weights, tmp_path / "theirs")
+    assert dropped == []
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), hf_logits(theirs, ids), rtol=0, atol=1e-5)

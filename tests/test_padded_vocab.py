@@ -12,8 +12,9 @@ from conftest import assert_clean_failure
 
 import bertforge
 from bertforge.checkpoint import read_weights
-from bertforge.classifier import classify, load_classifier
+from bertforge.classifier import classify
 from bertforge.cli import main
+from bertforge.folders import open_classifier
 from bertforge.infer import fill_mask
 
 transformers = pytest.importorskip("transformers")
@@ -216,7 +217,7 @@ def test_a_padded_hugging_face_classifier_classifies_as_transformers_does(tmp_pa
     model = hf_bert(transformers.BertForSequenceClassification, ROWS)
     model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
     folder = save_with_vocab(model, tmp_path / "clf")
-    ours, tokenizer, labels, _ = load_classifier(folder)
+    ours, tokenizer, labels, _ = open_classifier(folder)
     assert labels == ["neg", "pos"] and ours.bert.embeddings.word_embeddings.weight.shape[0] == ROWS
     results = classify(ours, tokenizer, labels, TEXTS)
     with torch.no_grad():

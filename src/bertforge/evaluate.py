@@ -19,7 +19,7 @@ from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
-from bertforge.export import load_model
+from bertforge.folders import open_pretrained
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, summarize
 from bertforge.packing import packed_batches
@@ -121,7 +121,7 @@ def evaluate_model(
     corpus with its own tokenizer, at its training sequence length unless `max_length` is given.
 
     Returns the metrics and, as a reference for `mlm_loss`, the text's `unigram_entropy`."""
-    model, tokenizer, config = load_model(model_path)
+    model, tokenizer, config = open_pretrained(model_path)
     data = config.data
     if max_length is not None:
         if not 8 <= max_length <= config.model.max_position_embeddings:

@@ -47,9 +47,10 @@ from bertforge import distributed
 from bertforge.batches import MaskedBatches, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
-from bertforge.classifier import ENCODER, Classifier, load_encoder, save_classifier, sequence_classifier
+from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
+from bertforge.folders import open_encoder
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
@@ -145,7 +146,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     check_out_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
-    pretrained, tokenizer, encoder = load_encoder(Path(task.model))
+    pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     config.data.corpus, config.data.valid = [task.train], task.valid
     check_max_length(config, task)
