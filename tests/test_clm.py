@@ -18,11 +18,11 @@ from conftest import assert_clean_failure, tiny_config
 from bertforge.batches import real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.checkpoint import list_checkpoints, read_config, read_weights
-from bertforge.classifier import classify, load_classifier
+from bertforge.classifier import classify
 from bertforge.cli import main
 from bertforge.config import ModelConfig, RunConfig, apply_objective, validate
 from bertforge.errors import BertforgeError
-from bertforge.export import load_model
+from bertforge.folders import open_classifier, open_pretrained
 from bertforge.gpt import GPT_TIED_KEYS, GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
 from bertforge.masking import pad_batch
@@ -235,7 +235,7 @@ def test_evaluate_gives_the_runs_held_out_next_token_metrics(gpt_run, wiki_valid
 
 def test_export_loads_in_transformers_with_equal_logits_and_generates(gpt_run, gpt_export):
     config = json.loads((gpt_export / "config.json").read_text())
-    model, tokenizer, _ = load_model(gpt_run)
+    model, tokenizer, _ = open_pretrained(gpt_run)
     assert config["architectures"] == ["OpenAIGPTLMHeadModel"] and config["eos_token_id"] == tokenizer.sep_id
     for cls in (transformers.OpenAIGPTLMHeadModel, transformers.AutoModelForCausalLM):
         hf = cls.from_pretrained(gpt_export).eval()
@@ -388,11 +388,11 @@ def test_gpt_classifier_matches_hugging_face_both_ways():
     mask = (torch.arange(12) < lengths[:, None]).long()  # (B, T): right padding, as pad_batch makes
     ids = torch.randint(1, 99, (3, 12), generator=torch.Generator().manual_seed(1)) * mask  # pad id 0
     theirs = hf(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(ours(ids, None, mask), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours(ids, attention_mask=mask), theirs, rtol=0, atol=1e-5)
     torch.testing.assert_close(ours(ids[:1]), hf(input_ids=ids[:1]).logits, rtol=0, atol=1e-5)  # no padding
     back = GPTForSequenceClassification(config, 3).eval()
     back.load_state_dict(from_hf_state_dict(hf.state_dict()))
-    torch.testing.assert_close(back(ids, None, mask), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(back(ids, attention_mask=mask), theirs, rtol=0, atol=1e-5)
 
 
 def test_finetune_a_gpt_writes_a_gpt_classifier(gpt_classifier, capsys):
@@ -409,11 +409,11 @@ def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
     out = tmp_path / "hf"
     assert main(["export", "--model", str(gpt_classifier), "--out", str(out)]) == 0
     hf = transformers.OpenAIGPTForSequenceClassification.from_pretrained(out).eval()
-    model, tokenizer, labels, _ = load_classifier(gpt_classifier)
+    model, tokenizer, labels, _ = open_classifier(gpt_classifier)
     texts = ["album song of the", "the war battle fought by the army of a", "music"]
     batch = pad_batch([{"input_ids": tokenizer.encode_pair(text)[0]} for text in texts], tokenizer.pad_id)
     with torch.no_grad():
-        ours = model(batch["input_ids"], None, batch["attention_mask"])
+        ours = model(batch["input_ids"], attention_mask=batch["attention_mask"])
         theirs = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
@@ -422,7 +422,7 @@ def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
     for scores, result in zip(pipe(texts), expected, strict=True):
         by_label = {s["label"]: s["score"] for s in scores}
         assert max(abs(by_label[k] - v) for k, v in result["probabilities"].items()) <= 1e-5
-    exported, hf_tokenizer, hf_labels, _ = load_classifier(out)  # the export classifies the same
+    exported, hf_tokenizer, hf_labels, _ = open_classifier(out)  # the export classifies the same
     assert hf_labels == labels and hf_tokenizer.fingerprint == tokenizer.fingerprint
     assert [r["label"] for r in classify(exported, hf_tokenizer, hf_labels, texts)] == [
         r["label"] for r in expected
@@ -443,5 +443,5 @@ def test_finetune_a_gpt_against_scratch(tmp_path, capsys, gpt_run, toy):
 
 
 def test_a_gpt_model_loads_as_a_gpt(gpt_run):
-    model, _, config = load_model(gpt_run)
+    model, _, config = open_pretrained(gpt_run)
     assert isinstance(model, GPTLMHeadModel) and config.model.objective == "clm"

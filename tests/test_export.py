@@ -81,7 +81,7 @@ def test_export_writes_the_hugging_face_files(exported):
 def test_hugging_face_classes_load_the_export_with_equal_logits(exported):
     ours, tokenizer = bertforge.load(exported.parent / "run")
     ids, types, mask = batch(tokenizer)
-    mlm, nsp = ours(ids, types, mask)
+    mlm, nsp = ours(ids, token_type_ids=types, attention_mask=mask)
     real = mask.bool()
 
     model, info = transformers.BertForPreTraining.from_pretrained(exported, output_loading_info=True)
@@ -99,7 +99,7 @@ def test_hugging_face_classes_load_the_export_with_equal_logits(exported):
     model, info = transformers.BertModel.from_pretrained(exported, output_loading_info=True)
     assert not info["missing_keys"]
     out = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
-    hidden, pooled = ours.bert(ids, types, mask)
+    hidden, pooled = ours.bert(ids, token_type_ids=types, attention_mask=mask)
     assert max_diff(out.last_hidden_state[real], hidden[real]) <= TOL
     assert max_diff(out.pooler_output, pooled) <= TOL
 
@@ -188,7 +188,7 @@ def hf_pretraining(tmp_path_factory, small_tokenizer_dir):
 def assert_same_logits(hf_model, folder, tokenizer_dir):
     ours, tokenizer = bertforge.load(folder)
     ids, types, mask = batch(load_tokenizer(tokenizer_dir))
-    mlm, nsp = ours(ids, types, mask)
+    mlm, nsp = ours(ids, token_type_ids=types, attention_mask=mask)
     out = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask)
     real = mask.bool()
     assert max_diff(out.prediction_logits[real], mlm[real]) <= TOL
@@ -242,7 +242,7 @@ def test_import_a_masked_lm_draws_the_missing_heads(tmp_path, small_tokenizer_di
     ours, tokenizer = bertforge.load(tmp_path / "imported")
     ids, types, mask = batch(tokenizer)
     with torch.no_grad():
-        mlm, _ = ours(ids, types, mask)
+        mlm, _ = ours(ids, token_type_ids=types, attention_mask=mask)
         logits = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
     assert max_diff(logits[mask.bool()], mlm[mask.bool()]) <= TOL
 
@@ -270,7 +270,7 @@ def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):
         assert ids[0] == 101 and ids[-1] == 102
     ids, types, mask = batch(tokenizer)
     with torch.no_grad():
-        mlm, nsp = ours(ids, types, mask)
+        mlm, nsp = ours(ids, token_type_ids=types, attention_mask=mask)
         out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
     assert max_diff(out.prediction_logits[mask.bool()], mlm[mask.bool()]) <= TOL
     assert max_diff(out.seq_relationship_logits, nsp) <= TOL

@@ -13,7 +13,7 @@ import torch
 from conftest import HF_TINY_SIZES
 
 from bertforge.checkpoint import read_weights
-from bertforge.classifier import classify, load_classifier, load_encoder
+from bertforge.classifier import classify
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
@@ -28,6 +28,7 @@ from bertforge.finetune import (
     read_task,
     scores,
 )
+from bertforge.folders import open_classifier, open_encoder
 from bertforge.labeled import read_labeled
 from bertforge.model import BertForSequenceClassification
 from bertforge.train import train
@@ -124,12 +125,16 @@ def test_classifier_matches_hugging_face_both_ways():
     ours.load_state_dict(hf.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
     assert theirs.shape == (3, 3)
-    assert (ours(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+    assert (
+        ours(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
+    ).abs().max() <= 1e-5
 
     fresh = BertForSequenceClassification(ModelConfig(**SIZES), 3).eval()  # other random weights
     hf.load_state_dict(fresh.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
-    assert (fresh(input_ids, token_type_ids, attention_mask) - theirs).abs().max() <= 1e-5
+    assert (
+        fresh(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
+    ).abs().max() <= 1e-5
 
 
 def test_classifier_head_is_initialised_as_hugging_face():
@@ -206,7 +211,7 @@ def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
     )
     assert json.loads((final / "labels.json").read_text()) == {"labels": ["music", "war"]}
 
-    model, tokenizer, labels, config = load_classifier(out)
+    model, tokenizer, labels, config = open_classifier(out)
     predictions = classify(model, tokenizer, labels, ["the army fought a battle", "a song of the album"])
     assert [p["label"] for p in predictions] == ["war", "music"]
     assert sum(predictions[0]["probabilities"].values()) == pytest.approx(1.0)
@@ -241,7 +246,7 @@ def test_seeds_are_reproducible_and_differ(tmp_path, tiny_pretrained_run, toy):
 
 
 def test_from_scratch_replaces_only_the_encoder(tiny_pretrained_run):
-    config, _, encoder = load_encoder(tiny_pretrained_run)
+    config, _, encoder = open_encoder(tiny_pretrained_run)
     config.runtime.seed = 5
     tuned = build_classifier(config, 3, encoder)
     scratch = build_classifier(config, 3, None)

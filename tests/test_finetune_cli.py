@@ -125,12 +125,13 @@ def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
 
 def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned):
     transformers = pytest.importorskip("transformers")
-    from bertforge.classifier import classify, load_classifier
+    from bertforge.classifier import classify
     from bertforge.export import export_model
+    from bertforge.folders import open_classifier
 
     export_model(finetuned, tmp_path / "hf")
     texts, pairs = ["album song single", "war battle"], ["music song", "album"]
-    model, tokenizer, labels, config = load_classifier(finetuned)
+    model, tokenizer, labels, config = open_classifier(finetuned)
     ours = classify(model, tokenizer, labels, texts, pairs)
 
     hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
@@ -147,7 +148,7 @@ def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned
     by_label = {s["label"]: s["score"] for s in scores}
     assert max(abs(by_label[k] - v) for k, v in ours[0]["probabilities"].items()) <= 1e-5
 
-    model, tokenizer, labels, _ = load_classifier(tmp_path / "hf")  # the exported folder classifies too
+    model, tokenizer, labels, _ = open_classifier(tmp_path / "hf")  # the exported folder classifies too
     again = classify(model, tokenizer, labels, texts, pairs)
     assert [r["label"] for r in again] == [r["label"] for r in ours]
 

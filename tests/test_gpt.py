@@ -5,9 +5,12 @@ Parity is against `transformers.OpenAIGPTLMHeadModel` built from tiny configs (n
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
@@ -16,7 +19,7 @@ from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel, next_token_loss, next_t
 from bertforge.gpt_convert import (
     from_hf_state_dict,
     hf_config,
-    load_hf_folder,
+    language_model_from_hf,
     model_config_from_hf,
     save_hf_folder,
     to_hf_state_dict,
@@ -126,7 +129,7 @@ def test_padding_mask_logits_equal_hugging_face():
     mask[0, 11:] = 0  # right padding
     mask[1, :5] = 0  # left padding
     with torch.no_grad():
-        ours, theirs = model(ids, mask), hf_logits(hf, ids, mask)
+        ours, theirs = model(ids, attention_mask=mask), hf_logits(hf, ids, mask)
     # Right padding and unpadded rows: every position, pads included.
     torch.testing.assert_close(ours[[0, 2]], theirs[[0, 2]], rtol=0, atol=1e-5)
     # Left padding: the real positions. (A left pad has no real key at or before it: Hugging Face
@@ -152,7 +155,10 @@ def test_hugging_face_folder_round_trip(tmp_path):
 
     hf_model(model.config, seed=7).save_pretrained(tmp_path / "theirs")
     theirs = transformers.OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "theirs").eval()
-    loaded = load_hf_folder(tmp_path / "theirs")
+    raw = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    weights = load_file(str(tmp_path / "theirs" / "model.safetensors"))
+    loaded, dropped = language_model_from_hf(model_config_from_hf(raw), weights, tmp_path / "theirs")
+    assert dropped == []
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), hf_logits(theirs, ids), rtol=0, atol=1e-5)
@@ -200,9 +206,9 @@ def test_a_later_token_never_changes_earlier_logits(padded, training):
         changed = ids.clone()
         changed[:, position] = (changed[:, position] + 1) % VOCAB
         torch.manual_seed(3)  # the same dropout masks for both passes
-        before = model(ids, mask if padded else None)
+        before = model(ids, attention_mask=mask if padded else None)
         torch.manual_seed(3)
-        after = model(changed, mask if padded else None)
+        after = model(changed, attention_mask=mask if padded else None)
         assert torch.equal(before[:, :position], after[:, :position])
         assert not torch.allclose(before[:, position:], after[:, position:])
 

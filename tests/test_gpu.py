@@ -160,9 +160,9 @@ def toy_file(path, count: int, seed: int):
 
 @needs_gpu
 def test_fine_tuning_and_inference_on_gpu(tmp_path, tiny_pretrained_run):
-    from bertforge.classifier import classify, load_classifier
-    from bertforge.export import load_model
+    from bertforge.classifier import classify
     from bertforge.finetune import FinetuneTask, finetune, finetuning_config
+    from bertforge.folders import open_classifier, open_pretrained
     from bertforge.infer import embed, fill_mask, next_sentence
 
     task = FinetuneTask(
@@ -178,11 +178,11 @@ def test_fine_tuning_and_inference_on_gpu(tmp_path, tiny_pretrained_run):
     config.runtime.device = "cuda"
     summary = finetune(task, config, tmp_path / "run", show_progress=False)
     assert summary["runs"][0]["best"]["accuracy"] >= 0.9
-    model, tokenizer, labels, _ = load_classifier(tmp_path / "run")
+    model, tokenizer, labels, _ = open_classifier(tmp_path / "run")
     predicted = classify(model.cuda(), tokenizer, labels, ["the army fought a battle", "a song of the album"])
     assert [p["label"] for p in predicted] == ["war", "music"]
 
-    model, tokenizer, _ = load_model(tiny_pretrained_run)
+    model, tokenizer, _ = open_pretrained(tiny_pretrained_run)
     model = model.cuda()
     top = fill_mask(model, tokenizer, "the [MASK] of the city", top_k=3)
     assert len(top) == 1 and len(top[0]) == 3

@@ -336,7 +336,10 @@ def pair(tokenizer, length: int, offset: int = 0) -> dict:
 @torch.no_grad()
 def batch_sums(model: BertForPreTraining, batch: dict) -> dict[str, torch.Tensor]:
     mlm_logits, nsp_logits = model(
-        batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"), batch["masked_positions"]
+        batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch.get("attention_mask"),
+        masked_positions=batch["masked_positions"],
     )
     return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
 

@@ -70,9 +70,9 @@ def memorise(tokenizer, steps: int = 400) -> BertForPreTraining:
             positions = masked.flatten().nonzero().squeeze(1)
             mlm, nsp = model(
                 ids.masked_fill(masked, tokenizer.mask_id),
-                batch["token_type_ids"],
-                batch["attention_mask"],
-                positions,
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"],
+                masked_positions=positions,
             )
             loss = F.cross_entropy(mlm, ids.flatten()[positions]) + F.cross_entropy(nsp, batch["nsp_labels"])
             optimizer.zero_grad()
@@ -167,7 +167,7 @@ def test_nsp_probabilities_are_a_distribution(random_model):
     for first, second, p in zip(a, b, probabilities, strict=True):
         ids, types = tokenizer.encode_pair(first, second)
         with torch.no_grad():
-            _, logits = model(torch.tensor([ids]), torch.tensor([types]))
+            _, logits = model(torch.tensor([ids]), token_type_ids=torch.tensor([types]))
         is_next, not_next = logits.softmax(-1)[0].tolist()
         assert 0.0 <= p <= 1.0
         assert p == pytest.approx(is_next, abs=1e-6)

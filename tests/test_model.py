@@ -26,7 +26,7 @@ def hf_model(**overrides):
     return transformers.BertForPreTraining(config).eval()
 
 
-def padded_batch(seed: int = 0):
+def padded_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     """Three pairs of different lengths, padded to 12, segment ids 0 then 1 on real tokens."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([12, 7, 4])
@@ -34,7 +34,7 @@ def padded_batch(seed: int = 0):
     attention_mask = (torch.arange(12) < lengths[:, None]).long()  # (B, T)
     input_ids = input_ids * attention_mask  # pad id 0 on padding
     token_type_ids = ((torch.arange(12) >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
-    return input_ids, token_type_ids, attention_mask
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,8 +63,8 @@ def test_parity_hugging_face_to_ours():
     ours = BertForPreTraining(ours_config()).eval()
     ours.load_state_dict(hf.state_dict())
     batch = padded_batch()
-    mlm, nsp = ours(*batch)
-    hf_mlm, hf_nsp = hf_logits(hf, *batch)
+    mlm, nsp = ours(**batch)
+    hf_mlm, hf_nsp = hf_logits(hf, **batch)
     assert mlm.shape == hf_mlm.shape == (3, 12, SIZES["vocab_size"])
     assert nsp.shape == hf_nsp.shape == (3, 2)
     # Every position, padding included: both mask keys only.
@@ -86,8 +86,8 @@ def test_parity_ours_to_hugging_face():
     hf.load_state_dict(ours.state_dict())
     assert hf.cls.predictions.decoder.weight is hf.bert.embeddings.word_embeddings.weight
     batch = padded_batch(seed=3)
-    mlm, nsp = ours(*batch)
-    hf_mlm, hf_nsp = hf_logits(hf, *batch)
+    mlm, nsp = ours(**batch)
+    hf_mlm, hf_nsp = hf_logits(hf, **batch)
     assert max_diff(mlm, hf_mlm) <= TOL
     assert max_diff(nsp, hf_nsp) <= TOL
 
@@ -98,15 +98,20 @@ def test_encoder_parity_and_defaults():
     hf = hf_model()
     encoder = BertModel(ours_config()).eval()
     encoder.load_state_dict(hf.bert.state_dict())
-    input_ids, token_type_ids, attention_mask = padded_batch()
-    seq, pooled = encoder(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-    out = hf.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    batch = padded_batch()
+    seq, pooled = encoder(**batch)
+    out = hf.bert(**batch)
     assert seq.shape == (3, 12, SIZES["hidden_size"]) and pooled.shape == (3, SIZES["hidden_size"])
     assert max_diff(seq, out.last_hidden_state) <= TOL
     assert max_diff(pooled, out.pooler_output) <= TOL
     # None means "all segment 0" and "all real tokens".
+    input_ids = batch["input_ids"]
     default = encoder(input_ids)
-    explicit = encoder(input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool))
+    explicit = encoder(
+        input_ids,
+        token_type_ids=torch.zeros_like(input_ids),
+        attention_mask=torch.ones_like(input_ids, dtype=torch.bool),
+    )
     assert max_diff(default[0], explicit[0]) <= TOL and max_diff(default[1], explicit[1]) <= TOL
 
 
@@ -120,15 +125,15 @@ def test_too_long_sequence_is_a_clear_error():
 def test_masked_positions_equal_dense_logits_gathered():
     torch.manual_seed(5)
     model = BertForPreTraining(ours_config()).eval()
-    input_ids, token_type_ids, attention_mask = padded_batch()
-    dense_mlm, dense_nsp = model(input_ids, token_type_ids, attention_mask)
+    batch = padded_batch()
+    dense_mlm, dense_nsp = model(**batch)
     positions = torch.tensor([0, 3, 11, 12, 15, 26, 25])  # flat indices into B*T = 36, unsorted
-    sparse_mlm, sparse_nsp = model(input_ids, token_type_ids, attention_mask, masked_positions=positions)
+    sparse_mlm, sparse_nsp = model(**batch, masked_positions=positions)
     assert sparse_mlm.shape == (len(positions), SIZES["vocab_size"])
     expected = dense_mlm.reshape(-1, SIZES["vocab_size"])[positions]
     assert max_diff(sparse_mlm, expected) <= TOL
     assert torch.equal(sparse_nsp, dense_nsp)
-    empty, _ = model(input_ids, token_type_ids, attention_mask, masked_positions=positions[:0])
+    empty, _ = model(**batch, masked_positions=positions[:0])
     assert empty.shape == (0, SIZES["vocab_size"])
 
 
@@ -146,8 +151,7 @@ def test_decoder_weight_and_bias_are_tied():
     before_weight = embedding.detach().clone()
     before_bias = model.cls.predictions.bias.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    input_ids, token_type_ids, attention_mask = padded_batch()
-    mlm, nsp = model(input_ids, token_type_ids, attention_mask, masked_positions=torch.tensor([1, 2, 14]))
+    mlm, nsp = model(**padded_batch(), masked_positions=torch.tensor([1, 2, 14]))
     loss = F.cross_entropy(mlm, torch.tensor([5, 6, 7])) + nsp.sum()
     loss.backward()
     optimizer.step()
@@ -174,17 +178,17 @@ def test_padding_does_not_change_real_positions():
     model = BertForPreTraining(ours_config()).eval()
     short = torch.tensor([[2, 17, 33, 3, 41, 3]])  # (1, 6)
     short_types = torch.tensor([[0, 0, 0, 0, 1, 1]])
-    alone_mlm, alone_nsp = model(short, short_types)
+    alone_mlm, alone_nsp = model(short, token_type_ids=short_types)
 
     long = torch.randint(1, SIZES["vocab_size"], (1, 10))
     input_ids = torch.cat([long, F.pad(short, (0, 4))])  # (2, 10), pad id 0
     token_type_ids = torch.cat([torch.zeros(1, 10, dtype=torch.long), F.pad(short_types, (0, 4))])
     attention_mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
-    batch_mlm, batch_nsp = model(input_ids, token_type_ids, attention_mask)
+    batch_mlm, batch_nsp = model(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
     assert max_diff(batch_mlm[1, :6], alone_mlm[0]) <= TOL
     assert max_diff(batch_nsp[1], alone_nsp[0]) <= TOL
     # Without the mask the padding leaks in: the test above can fail.
-    leaky_mlm, _ = model(input_ids, token_type_ids)
+    leaky_mlm, _ = model(input_ids, token_type_ids=token_type_ids)
     assert max_diff(leaky_mlm[1, :6], alone_mlm[0]) > 1e-3
 
 
@@ -222,8 +226,8 @@ def test_activation_parity_with_hugging_face(act):
     ours = BertForPreTraining(ours_config(hidden_act=act)).eval()
     ours.load_state_dict(hf.state_dict())
     batch = padded_batch(seed=10)
-    mlm, nsp = ours(*batch)
-    hf_mlm, hf_nsp = hf_logits(hf, *batch)
+    mlm, nsp = ours(**batch)
+    hf_mlm, hf_nsp = hf_logits(hf, **batch)
     assert max_diff(mlm, hf_mlm) <= TOL
     assert max_diff(nsp, hf_nsp) <= TOL
 
@@ -235,7 +239,7 @@ def test_activation_choice_matters():
     relu = BertForPreTraining(ours_config(hidden_act="relu")).eval()
     relu.load_state_dict(gelu.state_dict())
     batch = padded_batch()
-    assert max_diff(gelu(*batch)[0], relu(*batch)[0]) > 1e-4
+    assert max_diff(gelu(**batch)[0], relu(**batch)[0]) > 1e-4
 
 
 def test_unknown_activation_and_bad_head_count_raise():
@@ -250,10 +254,10 @@ def test_dropout_is_active_in_training_only():
     model = BertForPreTraining(ours_config(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3))
     batch = padded_batch()
     model.train()
-    assert max_diff(model(*batch)[0], model(*batch)[0]) > 1e-4
+    assert max_diff(model(**batch)[0], model(**batch)[0]) > 1e-4
     model.eval()
     with torch.no_grad():
-        assert torch.equal(model(*batch)[0], model(*batch)[0])
+        assert torch.equal(model(**batch)[0], model(**batch)[0])
 
 
 def test_tiny_model_overfits_fixed_batches():
@@ -282,7 +286,7 @@ def test_tiny_model_overfits_fixed_batches():
 
     def losses(batch):
         inputs, token_type_ids, positions, labels, nsp_labels = batch
-        mlm, nsp = model(inputs, token_type_ids, masked_positions=positions)
+        mlm, nsp = model(inputs, token_type_ids=token_type_ids, masked_positions=positions)
         return F.cross_entropy(mlm, labels), F.cross_entropy(nsp, nsp_labels), mlm, nsp
 
     with torch.no_grad():

@@ -12,8 +12,9 @@ from conftest import assert_clean_failure
 
 import bertforge
 from bertforge.checkpoint import read_weights
-from bertforge.classifier import classify, load_classifier
+from bertforge.classifier import classify
 from bertforge.cli import main
+from bertforge.folders import open_classifier
 from bertforge.infer import fill_mask
 
 transformers = pytest.importorskip("transformers")
@@ -143,7 +144,7 @@ def test_import_keeps_the_rows_and_gives_the_logits_of_transformers(padded):
         assert tokenizer.vocab_size == len(TOKENS)
         ids, types, mask = encoded(tokenizer)
         assert int(ids.max()) < len(TOKENS) and (ids == tokenizer.unk_id).sum() == 0
-        mlm, _ = ours(ids, types, mask)
+        mlm, _ = ours(ids, token_type_ids=types, attention_mask=mask)
         theirs = mlm_logits(model, ids, types, mask)
         real = mask.bool()
         assert mlm.shape[-1] == ROWS
@@ -216,7 +217,7 @@ def test_a_padded_hugging_face_classifier_classifies_as_transformers_does(tmp_pa
     model = hf_bert(transformers.BertForSequenceClassification, ROWS)
     model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
     folder = save_with_vocab(model, tmp_path / "clf")
-    ours, tokenizer, labels, _ = load_classifier(folder)
+    ours, tokenizer, labels, _ = open_classifier(folder)
     assert labels == ["neg", "pos"] and ours.bert.embeddings.word_embeddings.weight.shape[0] == ROWS
     results = classify(ours, tokenizer, labels, TEXTS)
     with torch.no_grad():

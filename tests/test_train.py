@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from bertforge.checkpoint import list_checkpoints, load_pretrained, read_weights
+from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.config import TrainConfig
+from bertforge.folders import open_pretrained
 from bertforge.pretrain import pretrain
 from bertforge.train import Schedule, build_optimizer
 
@@ -86,8 +87,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, wiki_slice, wiki_vali
 def test_saved_model_reloads_with_identical_outputs(tmp_path, wiki_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, max_steps=4, eval_every=4)
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    final_model, tokenizer, _ = load_pretrained(tmp_path / "run")
-    checkpoint_model, _, _ = load_pretrained(tmp_path / "run" / "checkpoints" / "step_000004")
+    final_model, tokenizer, _ = open_pretrained(tmp_path / "run")
+    checkpoint_model, _, _ = open_pretrained(tmp_path / "run" / "checkpoints" / "step_000004")
     for (name, a), (_, b) in zip(
         final_model.state_dict().items(), checkpoint_model.state_dict().items(), strict=True
     ):
@@ -95,8 +96,8 @@ def test_saved_model_reloads_with_identical_outputs(tmp_path, wiki_slice, small_
     ids, types = tokenizer.encode_pair("the game was released in japan .", "it sold well .")
     ids, types = torch.tensor([ids]), torch.tensor([types])
     with torch.inference_mode():
-        first = final_model(ids, types)
-        second = checkpoint_model(ids, types)
+        first = final_model(ids, token_type_ids=types)
+        second = checkpoint_model(ids, token_type_ids=types)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     assert final_model.cls.predictions.decoder.weight is final_model.bert.embeddings.word_embeddings.weight
 

@@ -207,9 +207,9 @@ def test_attention_command_draws_every_layer_and_head(tmp_path, capsys, tiny_pre
     assert main([*argv, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["layers"] == [2] and shown["heads"] == [1] and not shown["causal"]
-    from bertforge.export import load_model
+    from bertforge.folders import open_pretrained
 
-    model, tokenizer, _ = load_model(tiny_pretrained_run)
+    model, tokenizer, _ = open_pretrained(tiny_pretrained_run)
     maps = attention_maps(model, tokenizer, text)
     assert shown["tokens"] == maps.tokens
     assert np.allclose(shown["weights"], maps.weights[1:2, 0:1].numpy(), atol=1e-6)

@@ -5,12 +5,13 @@ __version__ = "0.1.0"
 
 def load(path):
     """`(model, tokenizer)` from a run folder, its `final/`, a checkpoint, an imported model or an
-    exported Hugging Face folder; the model is a `bertforge.model.BertForPreTraining` on the CPU in
+    exported Hugging Face folder (see `bertforge.folders`); the model is a
+    `bertforge.model.BertForPreTraining` (a GPT's: `bertforge.gpt.GPTLMHeadModel`) on the CPU in
     eval mode (move it with `.to("cuda")`), ready for `bertforge.infer`.
 
     >>> model, tokenizer = bertforge.load("runs/mini")
     """
-    from bertforge.export import load_model  # here, so that `import bertforge` stays light
+    from bertforge.folders import open_pretrained  # here, so that `import bertforge` stays light
 
-    model, tokenizer, _ = load_model(path)
+    model, tokenizer, _ = open_pretrained(path)
     return model, tokenizer

@@ -10,7 +10,8 @@ A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resu
                         sha256 of each other file (checked on load; older checkpoints lack them)
     config.json         the effective run config
 
-A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files.
+A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files;
+`bertforge.folders` finds the folder a path names and opens it with the readers here.
 Every folder is written beside its final name and renamed into place, so a crash never leaves a
 half-written checkpoint that `--resume` would pick up; a checkpoint damaged later (a flipped bit,
 a truncated file) fails its hash check and is reported as `DamagedCheckpoint`.
@@ -35,7 +36,7 @@ from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
 from bertforge.io import atomic_directory, atomic_write_text, remove_folder
 from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.shards import file_sha256
-from bertforge.tokenizer import BertTokenizer, load_tokenizer
+from bertforge.tokenizer import BertTokenizer
 
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
@@ -257,42 +258,10 @@ def read_config(folder: Path) -> RunConfig:
     return config
 
 
-def find_model_folder(path: Path) -> tuple[Path, Path]:
-    """(weights folder, tokenizer folder) for a run folder, its `final/`, a checkpoint or a model folder."""
-    path = Path(path)
-    if not path.is_dir():
-        what = "is a file, not a folder" if path.exists() else "does not exist"
-        raise BertforgeError(f"model folder {path} {what}; give a run folder, its final/ or a checkpoint")
-    if (path / "final" / WEIGHTS).is_file():
-        path = path / "final"
-    elif not (path / WEIGHTS).is_file() and list_checkpoints(path):
-        path = list_checkpoints(path)[-1]
-    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
-        raise BertforgeError(
-            f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); "
-            "give a run folder, its final/ or one of its checkpoints"
-        )
-    tokenizer_dir = path if (path / "tokenizer.json").is_file() else path.parent.parent / "tokenizer"
-    return path, tokenizer_dir
-
-
 def pretraining_model(config: ModelConfig) -> BertForPreTraining | GPTLMHeadModel:
     """The model `config.objective` pretrains: BERT with its MLM and NSP heads ("mlm"), or GPT-1 with
     its language-model head ("clm")."""
     return GPTLMHeadModel(config) if config.objective == "clm" else BertForPreTraining(config)
-
-
-def load_pretrained(path: Path) -> tuple[BertForPreTraining | GPTLMHeadModel, BertTokenizer, RunConfig]:
-    """Model (on CPU, eval mode), tokenizer and config from any folder `find_model_folder` accepts."""
-    folder, tokenizer_dir = find_model_folder(path)
-    if (folder / STATE).is_file():  # a checkpoint: its files must be those that were written
-        verify_files(folder, read_state(folder), (WEIGHTS, CONFIG))
-    config = read_config(folder)
-    tokenizer = load_tokenizer(tokenizer_dir)
-    check_tokenizer_fits(tokenizer, config, folder)
-    model = pretraining_model(config.model)
-    load_weights(model, folder / WEIGHTS)
-    return model.eval(), tokenizer, config
 
 
 def check_tokenizer_fits(tokenizer: BertTokenizer, config: RunConfig, source: Path) -> None:

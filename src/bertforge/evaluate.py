@@ -19,7 +19,7 @@ from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
-from bertforge.export import load_model
+from bertforge.folders import open_pretrained
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, summarize
 from bertforge.packing import packed_batches
@@ -68,9 +68,9 @@ def pretraining_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, tor
     """BERT's MLM and NSP sums over one batch (`model` may be wrapped: DDP, torch.compile)."""
     mlm_logits, nsp_logits = model(
         batch["input_ids"],
-        batch["token_type_ids"],
-        batch.get("attention_mask"),  # absent when the batch has no padding
-        batch["masked_positions"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch.get("attention_mask"),  # absent when the batch has no padding
+        masked_positions=batch["masked_positions"],
     )  # (M, V), (B, 2)
     return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
 
@@ -121,7 +121,7 @@ def evaluate_model(
     corpus with its own tokenizer, at its training sequence length unless `max_length` is given.
 
     Returns the metrics and, as a reference for `mlm_loss`, the text's `unigram_entropy`."""
-    model, tokenizer, config = load_model(model_path)
+    model, tokenizer, config = open_pretrained(model_path)
     data = config.data
     if max_length is not None:
         if not 8 <= max_length <= config.model.max_position_embeddings:

@@ -47,9 +47,10 @@ from bertforge import distributed
 from bertforge.batches import MaskedBatches, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
-from bertforge.classifier import ENCODER, Classifier, load_encoder, save_classifier, sequence_classifier
+from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
+from bertforge.folders import open_encoder
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
@@ -145,7 +146,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     check_out_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
-    pretrained, tokenizer, encoder = load_encoder(Path(task.model))
+    pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     config.data.corpus, config.data.valid = [task.train], task.valid
     check_max_length(config, task)
@@ -323,7 +324,9 @@ class EpochBatches:
 
 
 def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask")).float()  # (B, K)
+    logits = model(
+        batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch.get("attention_mask")
+    ).float()  # (B, K)
     labels = batch["labels"]  # (B,)
     loss_sum = F.cross_entropy(logits, labels, reduction="sum")
     sums = {
@@ -354,7 +357,11 @@ def evaluate_classifier(
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
-            logits = model(batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"))
+            logits = model(
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch.get("attention_mask"),
+            )
         logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum")
         predicted = logits.argmax(-1)  # (B,)

@@ -145,7 +145,7 @@ class GPTEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, past: int = 0) -> Tensor:
+    def forward(self, input_ids: Tensor, *, past: int = 0) -> Tensor:
         end = past + input_ids.shape[1]
         max_positions = self.position_embeddings.num_embeddings
         if end > max_positions:
@@ -161,7 +161,7 @@ class GPTEmbeddings(nn.Module):
 class GPTModel(nn.Module):
     """The GPT-1 decoder without a head: embeddings then `num_hidden_layers` causal blocks.
 
-    `forward(input_ids, attention_mask=None, cache=None)` returns the last hidden states (B, T, H).
+    `forward(input_ids, *, attention_mask=None, cache=None)` returns the last hidden states (B, T, H).
     attention_mask: None or (B, P + T), 1/True for real tokens (P: positions already in `cache`).
     Positions count from the start of the row, pads included, as Hugging Face's OpenAIGPT does.
     """
@@ -173,11 +173,11 @@ class GPTModel(nn.Module):
         self.layer = nn.ModuleList(GPTBlock(config) for _ in range(config.num_hidden_layers))
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+        self, input_ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
         past = 0 if cache is None else cache.length
         mask = build_attention_mask(attention_mask, input_ids.shape[1], past, input_ids.device)
-        x = self.embeddings(input_ids, past)  # (B, T, H)
+        x = self.embeddings(input_ids, past=past)  # (B, T, H)
         for index, layer in enumerate(self.layer):
             x = layer(x, mask, cache, index)  # (B, T, H)
         return x
@@ -186,7 +186,7 @@ class GPTModel(nn.Module):
 class GPTLMHeadModel(nn.Module):
     """GPT-1 with its language-model head tied to the token embeddings (as `OpenAIGPTLMHeadModel`).
 
-    `forward(input_ids, attention_mask=None, cache=None)` returns next-token logits (B, T, V):
+    `forward(input_ids, *, attention_mask=None, cache=None)` returns next-token logits (B, T, V):
     row t scores the token at t + 1. Pass a `KVCache` (`new_cache()`) to feed a sequence piece by
     piece; each call then appends its positions to the cache.
     """
@@ -208,15 +208,15 @@ class GPTLMHeadModel(nn.Module):
         return KVCache(self.config.num_hidden_layers)
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None
+        self, input_ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
-        return self.lm_head(self.gpt(input_ids, attention_mask, cache))  # (B, T, V)
+        return self.lm_head(self.gpt(input_ids, attention_mask=attention_mask, cache=cache))  # (B, T, V)
 
 
 class GPTForSequenceClassification(nn.Module):
     """GPT-1 with a classification head on the last real token's state (`OpenAIGPTForSequenceClassification`).
 
-    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels),
+    `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels),
     the signature of `BertForSequenceClassification` (`token_type_ids` is ignored). The head is
     `score`, Linear(hidden, num_labels) without bias and without dropout, read at the last real token
     (the rightmost position whose attention_mask is 1; with no mask, the last position): for
@@ -234,9 +234,9 @@ class GPTForSequenceClassification(nn.Module):
         init_weights(self, config)
 
     def forward(
-        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> Tensor:
-        h = self.gpt(input_ids, attention_mask)  # (B, T, H)
+        h = self.gpt(input_ids, attention_mask=attention_mask)  # (B, T, H)
         if attention_mask is None:
             last = h[:, -1]  # (B, H)
         else:

@@ -9,9 +9,10 @@ Owns:
 - the `OpenAIGPTConfig` dict (`hf_config`) and its inverse (`model_config_from_hf`);
 - writing a folder that `transformers.OpenAIGPTLMHeadModel.from_pretrained` loads as it is
   (`save_hf_folder`: config.json + model.safetensors, and with a tokenizer the files that
-  `pipeline("text-generation")` needs), and reading such a folder back (`load_hf_folder`);
-  a classifier (`bertforge.gpt.GPTForSequenceClassification`, whose `score` keeps its name)
-  is written as an `OpenAIGPTForSequenceClassification` with its labels;
+  `pipeline("text-generation")` needs), and our language model from such a folder's weights
+  (`language_model_from_hf`; `bertforge.folders` reads the folder); a classifier
+  (`bertforge.gpt.GPTForSequenceClassification`, whose `score` keeps its name) is written as an
+  `OpenAIGPTForSequenceClassification` with its labels;
 - the tokenizer's two forms: the generation form written for `transformers`
   (`write_gpt_tokenizer`) and bertforge's own, restored on import (`bert_tokenizer`).
 
@@ -30,15 +31,7 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, processors
 from torch import nn
 
-from bertforge.checkpoint import (
-    CONFIG,
-    WEIGHTS,
-    check_and_load_state,
-    hf_label_fields,
-    read_json,
-    read_weights,
-    write_json,
-)
+from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields, write_json
 from bertforge.config import ModelConfig, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_HIDDEN_ACT, GPT_TIED_KEYS, GPTLMHeadModel
@@ -322,28 +315,21 @@ def save_hf_folder(
     return out
 
 
-def load_hf_folder(folder: str | Path) -> GPTLMHeadModel:
-    """A bertforge GPT from a Hugging Face OpenAIGPT folder (config.json, model.safetensors), in eval mode."""
-    return load_hf_language_model(folder)[0]
-
-
-def load_hf_language_model(folder: str | Path) -> tuple[GPTLMHeadModel, list[str]]:
-    """`load_hf_folder`'s model, and the classifier head it left out (`score.weight`, when there was one)."""
-    folder = Path(folder)
-    config = model_config_from_hf(read_json(folder / CONFIG), str(folder / CONFIG))
-    if not (folder / WEIGHTS).is_file() and (folder / "pytorch_model.bin").is_file():
-        raise BertforgeError(
-            f"{folder} holds pytorch_model.bin; resave it with save_pretrained(safe_serialization=True)"
-        )
-    weights = from_hf_state_dict(read_weights(folder / WEIGHTS))
+def language_model_from_hf(
+    config: ModelConfig, weights: dict[str, torch.Tensor], source: Path
+) -> tuple[GPTLMHeadModel, list[str]]:
+    """Our GPT language model holding an `OpenAIGPTLMHeadModel`'s (or `OpenAIGPTModel`'s) state dict
+    read from `source`, in eval mode, and the classifier head it left out (`score.weight`, when the
+    weights were a classifier's)."""
+    weights = from_hf_state_dict(weights)
     dropped = [name for name in CLASSIFIER_HEAD if weights.pop(name, None) is not None]
     embeddings, head = weights.get(WORD_EMBEDDINGS), weights.pop("lm_head.weight", None)
     if embeddings is not None:
         if head is not None and not torch.equal(head, embeddings):
-            raise BertforgeError(f"{folder}: lm_head.weight is not the token embeddings; GPT-1 ties them")
+            raise BertforgeError(f"{source}: lm_head.weight is not the token embeddings; GPT-1 ties them")
         weights["lm_head.weight"] = embeddings  # the alias, which check_and_load_state expects
     model = GPTLMHeadModel(config)
-    check_and_load_state(model, weights, source=str(folder / WEIGHTS))
+    check_and_load_state(model, weights, source=str(source))
     return model.eval(), dropped
 
 

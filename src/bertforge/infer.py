@@ -103,7 +103,12 @@ def next_sentence(
     with _inference(model) as device:
         for rows, input_ids, attention_mask in _batches(pairs, batch_size, tokenizer.pad_id, device):
             types = _pad([token_types[r] for r in rows], 0, device)  # (B, T)
-            _, nsp_logits = model(input_ids, types, attention_mask, masked_positions=_no_positions(device))
+            _, nsp_logits = model(
+                input_ids,
+                token_type_ids=types,
+                attention_mask=attention_mask,
+                masked_positions=_no_positions(device),
+            )
             is_next = nsp_logits.float().softmax(-1)[:, 0]  # (B,): label 0 = IsNext, as Hugging Face
             for row, p in zip(rows, is_next.tolist(), strict=True):
                 probabilities[row] = p

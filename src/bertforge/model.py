@@ -67,7 +67,7 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, *, token_type_ids: Tensor | None = None) -> Tensor:
         T = input_ids.shape[1]
         max_positions = self.position_embeddings.num_embeddings
         if max_positions < T:
@@ -205,11 +205,11 @@ class BertPooler(nn.Module):
 class BertModel(nn.Module):
     """The BERT encoder: embeddings, transformer layers and pooler.
 
-    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns
+    `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns
     `(sequence_output (B, T, H), pooled_output (B, H))`. `attention_mask` is (B, T), 1/True for
     real tokens and 0/False for padding (None: all real); `token_type_ids` None means all zeros.
-    Note the argument order differs from Hugging Face's (which puts attention_mask second): pass
-    them by keyword.
+    Every argument after `input_ids` is keyword-only, as in every model here: Hugging Face puts
+    attention_mask second, so a positional call could not mean the same in both.
     """
 
     def __init__(self, config: ModelConfig):
@@ -221,12 +221,12 @@ class BertModel(nn.Module):
         init_weights(self, config)
 
     def forward(
-        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         # Key-padding mask, built once for all layers; padded queries still attend to the real
         # keys (as Hugging Face), so no row of the softmax is empty.
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        h = self.encoder(self.embeddings(input_ids, token_type_ids), mask)  # (B, T, H)
+        h = self.encoder(self.embeddings(input_ids, token_type_ids=token_type_ids), mask)  # (B, T, H)
         return h, self.pooler(h)
 
 
@@ -270,7 +270,7 @@ class BertPreTrainingHeads(nn.Module):
 class BertForPreTraining(nn.Module):
     """BERT with its masked-LM and next-sentence heads; state dict identical to Hugging Face's.
 
-    `forward(input_ids, token_type_ids=None, attention_mask=None, masked_positions=None)` returns
+    `forward(input_ids, *, token_type_ids=None, attention_mask=None, masked_positions=None)` returns
     `(mlm_logits, nsp_logits)`. With `masked_positions` (LongTensor (M,) of flat indices into the
     B*T positions) the MLM head runs only on those rows and mlm_logits is (M, V); without it,
     (B, T, V). nsp_logits is (B, 2) with Hugging Face's labels: 0 = B follows A, 1 = B is random.
@@ -297,11 +297,13 @@ class BertForPreTraining(nn.Module):
     def forward(
         self,
         input_ids: Tensor,
+        *,
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         masked_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        h, pooled = self.bert(input_ids, token_type_ids, attention_mask)  # (B, T, H), (B, H)
+        # h: (B, T, H), pooled: (B, H)
+        h, pooled = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
         if masked_positions is not None:
             h = h.flatten(0, 1).index_select(0, masked_positions)  # (M, H)
         mlm_logits = self.cls.predictions(h)  # (M, V) or (B, T, V)
@@ -349,7 +351,7 @@ def init_weights(model: nn.Module, config: ModelConfig) -> None:
 class BertForSequenceClassification(nn.Module):
     """BERT with a classification head on the pooled [CLS] output; state dict identical to Hugging Face's.
 
-    `forward(input_ids, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels).
+    `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns logits (B, num_labels).
     The head is dropout then `classifier` (Linear(hidden, num_labels)), as Hugging Face's
     `BertForSequenceClassification` with `classifier_dropout = None` (it then uses
     `hidden_dropout_prob`). There is no pretraining head: fine-tuning loads only `bert.*`.
@@ -367,7 +369,8 @@ class BertForSequenceClassification(nn.Module):
         init_weights(self.classifier, config)
 
     def forward(
-        self, input_ids: Tensor, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> Tensor:
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)  # (B, H)
+        # pooled: (B, H)
+        _, pooled = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
         return self.classifier(self.dropout(pooled))  # (B, num_labels)

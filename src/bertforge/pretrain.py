@@ -57,7 +57,7 @@ from bertforge.evaluate import (
     pretraining_metrics,
     unigram_entropy,
 )
-from bertforge.export import init_from
+from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.losses import pretraining_loss, summarize
@@ -195,6 +195,14 @@ def run_pretraining(
             shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
         raise
     return {**result, **reference}
+
+
+def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], BertTokenizer]:
+    """Weights and tokenizer to start pretraining from; `config` takes the source's model and
+    tokenizer sections (its architecture and vocabulary win over any other setting)."""
+    model, tokenizer, source = open_pretrained(path)
+    config.model, config.tokenizer = source.model, source.tokenizer
+    return model.state_dict(), tokenizer
 
 
 def train_and_save(

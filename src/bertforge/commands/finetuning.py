@@ -273,13 +273,14 @@ def classify_inputs(args) -> list[str]:
 
 
 def run_classify(args) -> int:
-    from bertforge.classifier import classify, load_classifier
+    from bertforge.classifier import classify
+    from bertforge.folders import open_classifier
     from bertforge.runtime import resolve_device
 
     if args.batch_size < 1:
         raise BertforgeError(f"--batch-size must be at least 1, got {args.batch_size}")
     texts = classify_inputs(args)
-    model, tokenizer, labels, config = load_classifier(args.model)
+    model, tokenizer, labels, config = open_classifier(args.model)
     model.to(resolve_device(args.device))
     firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
     max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)

@@ -1,7 +1,7 @@
 """Commands for using a model: `fill-mask`, `nsp`, `embed`, `showcase`, `generate`, `export` and
 `import-hf`.
 
-Each handler reads its inputs, loads the model with `bertforge.export.load_model` and calls one
+Each handler reads its inputs, loads the model with `bertforge.folders.open_pretrained` and calls one
 function of `bertforge.infer`, `bertforge.generate` or `bertforge.export`; printing is the only thing
 done here. `generate` takes a GPT (pretrained with `--objective clm`), the others a BERT: the wrong
 kind of model is refused with one line.
@@ -170,11 +170,11 @@ def add_import_command(commands) -> None:
 def load_on_device(args, objective: str = "mlm"):
     """(model, tokenizer, config) from --model, moved to --device; refused unless its `model.objective`
     is `objective` (a BERT, "mlm", or a GPT, "clm")."""
-    from bertforge.export import load_model
+    from bertforge.folders import open_pretrained
     from bertforge.runtime import resolve_device
 
     device = resolve_device(args.device)
-    model, tokenizer, config = load_model(args.model)
+    model, tokenizer, config = open_pretrained(args.model)
     if config.model.objective != objective:
         raise BertforgeError(WRONG_MODEL[objective].format(model=args.model, command=args.command))
     return model.to(device), tokenizer, config

@@ -87,10 +87,10 @@ def chosen(numbers: list[int] | None, count: int, what: str) -> list[int]:
 
 def load_model_for_views(path: Path, device: str):
     """(model, tokenizer) of a model folder, BERT or GPT, on `device`."""
-    from bertforge.export import load_model
+    from bertforge.folders import open_pretrained
     from bertforge.runtime import resolve_device
 
-    model, tokenizer, _ = load_model(path)
+    model, tokenizer, _ = open_pretrained(path)
     return model.to(resolve_device(device)), tokenizer
 
 

@@ -1,0 +1,194 @@
+"""The bridge between bertforge's BERT (`bertforge.model`) and Hugging Face's, both ways.
+
+Our state dicts already carry Hugging Face's key names, so most of the conversion is of configs.
+Owns:
+- `hf_config`: a `BertConfig` dict (config.json) naming `BertForPreTraining`, or with labels
+  `BertForSequenceClassification`; `tokenizer_config` and `SPECIAL_TOKENS_MAP` beside it;
+- `model_config_from_hf`: the inverse, refusing what our BERT cannot hold (relative positions, a
+  decoder); fields a config.json leaves out take `BertConfig`'s defaults (`HF_DEFAULTS`);
+- `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare
+  `BertModel`'s keys get their `bert.` prefix, TensorFlow-era LayerNorm `gamma`/`beta` are renamed,
+  saved buffers and task heads are left out, tied decoder aliases are checked and dropped, and
+  missing heads are drawn fresh (as `from_pretrained` does);
+- `check_keys_and_shapes`: weights against the names and shapes a config describes.
+
+Reading the files of a Hugging Face folder is `bertforge.folders`'s; `bertforge.gpt_convert` is
+the same bridge for GPT-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from bertforge.checkpoint import CONFIG, hf_label_fields
+from bertforge.config import ModelConfig, RunConfig, validate_model
+from bertforge.errors import BertforgeError
+from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
+from bertforge.model import TIED_KEYS, BertForPreTraining
+from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer
+
+SPECIAL_TOKENS_MAP = dict(
+    zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
+)
+# `BertConfig`'s defaults, for fields a Hugging Face config.json leaves out.
+HF_DEFAULTS = dict(
+    vocab_size=30522,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    hidden_act="gelu",
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+    initializer_range=0.02,
+    pad_token_id=0,
+)
+ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
+TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
+BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versions; not weights
+
+
+# ---------------------------------------------------------------------------------------- configs
+
+
+def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | None) -> dict:
+    """A `BertConfig` as JSON: our model fields already carry its names."""
+    fields = {key: value for key, value in asdict(model_config).items() if key != "objective"}
+    config = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        **fields,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
+    return config if labels is None else {**config, **hf_label_fields(labels)}
+
+
+def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dict:
+    # strip_accents and do_lower_case repeat what tokenizer.json's normalizer does, so that a
+    # transformers version that rebuilds the normalizer from them builds the same one.
+    return {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": tokenizer.lowercase,
+        "strip_accents": tokenizer.lowercase,
+        "tokenize_chinese_chars": True,
+        "model_max_length": model_config.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        **SPECIAL_TOKENS_MAP,
+    }
+
+
+def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
+    """The `ModelConfig` of the BERT config.json `raw` (read from folder `src`)."""
+    if raw["model_type"] != "bert":
+        raise BertforgeError(
+            f"{src} holds a {raw['model_type']!r} model (config.json model_type); bertforge imports BERT "
+            f'(model_type "bert") and GPT-1 ("{GPT_MODEL_TYPE}") only'
+        )
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise BertforgeError(
+            f"{src} uses position_embedding_type = {raw['position_embedding_type']!r}; bertforge's BERT has "
+            "absolute (learned) positions only"
+        )
+    if raw.get("is_decoder") or raw.get("add_cross_attention"):
+        raise BertforgeError(
+            f"{src} is a BERT decoder (is_decoder / add_cross_attention); bertforge imports encoders"
+        )
+    values = {name: raw.get(name) for name in HF_DEFAULTS}
+    values = {name: HF_DEFAULTS[name] if value is None else value for name, value in values.items()}
+    config = RunConfig.from_dict({"model": values})  # checks every type, naming the field
+    try:
+        validate_model(config.model)
+    except BertforgeError as error:
+        raise BertforgeError(f"{src / CONFIG}: {error}") from None
+    return config.model
+
+
+# ------------------------------------------------------------------------------------ state dicts
+
+
+def model_from_hf_weights(
+    model_config: ModelConfig, weights: dict[str, torch.Tensor], src: Path
+) -> tuple[BertForPreTraining, dict]:
+    """Our pretraining model holding `weights`, with missing pooler and heads drawn fresh (seeded),
+    and a report: `{"initialised": [names drawn fresh], "dropped": [task heads left out]}`."""
+    weights, dropped = rename_hf_keys(weights)
+    tie_hf_aliases(weights, src)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = BertForPreTraining(model_config)
+    own = {name: t for name, t in model.state_dict().items() if name not in TIED_KEYS}
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    missing_encoder = [name for name in missing if name.startswith(ENCODER_PREFIXES)]
+    if missing_encoder or unexpected:
+        raise BertforgeError(
+            f"{src}: the weights do not form a BERT encoder: missing {missing_encoder[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    check_keys_and_shapes(
+        weights, {name: tuple(own[name].shape) for name in weights}, src, "config.json's sizes"
+    )
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    return model, {"initialised": missing, "dropped": dropped}
+
+
+def rename_hf_keys(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Our names for a Hugging Face state dict: a `bert.` prefix for a bare `BertModel`, old
+    TensorFlow-era LayerNorm `gamma`/`beta`, buffers and task heads left out (the heads reported)."""
+    renamed, dropped = {}, []
+    for name, tensor in weights.items():
+        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if name.startswith(("embeddings.", "encoder.", "pooler.")):
+            name = f"bert.{name}"
+        if name.endswith(BUFFERS):
+            continue
+        if name.startswith(TASK_HEADS):
+            dropped.append(name)
+            continue
+        renamed[name] = tensor
+    return renamed, sorted(dropped)
+
+
+def without_buffers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict without the buffers old transformers versions saved beside the weights."""
+    return {name: tensor for name, tensor in weights.items() if not name.endswith(BUFFERS)}
+
+
+def tie_hf_aliases(weights: dict[str, torch.Tensor], src: Path) -> None:
+    """Drop the tied decoder aliases (older checkpoints save them), refusing an untied decoder."""
+    bias = weights.pop("cls.predictions.decoder.bias", None)
+    if bias is not None:
+        weights.setdefault("cls.predictions.bias", bias)
+    decoder = weights.pop("cls.predictions.decoder.weight", None)
+    embeddings = weights.get("bert.embeddings.word_embeddings.weight")
+    if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
+        raise BertforgeError(
+            f"{src}: the MLM decoder is not tied to the word embeddings; bertforge's BERT always ties them"
+        )
+
+
+def check_keys_and_shapes(
+    weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], source: Path, described_by: str
+) -> None:
+    """Refuse `weights` unless they hold exactly the `expected` names, each of the expected shape."""
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise BertforgeError(
+            f"{source} does not fit the model {described_by} describe: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise BertforgeError(
+                f"{source}: {name} has shape {tuple(weights[name].shape)} but {described_by} say {shape}"
+            )

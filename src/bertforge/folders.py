@@ -1,0 +1,379 @@
+"""Every kind of model folder bertforge reads: finding the one a path names, and opening it.
+
+The kinds, as `find_model_folder` tells them apart:
+- a run folder (what `bertforge pretrain` or `finetune` writes): its `final/` when there is one,
+  else its newest checkpoint. A fine-tuning folder with one run per seed (`seed_N/`) is refused,
+  naming one of them;
+- a model folder (a run's `final/`, or what `bertforge import-hf` writes): model.safetensors,
+  config.json (bertforge's RunConfig) and the tokenizer files;
+- a checkpoint (`checkpoints/step_NNNNNN/`): a model folder whose tokenizer is its run's
+  `tokenizer/`; its weights and config are checked against the hashes in its state.json;
+- a classifier folder (a fine-tuning run's `final/`): a model folder with labels.json;
+- a Hugging Face folder: what `bertforge export` writes, or a BERT or OpenAIGPT model saved by
+  `transformers`: config.json with a `model_type`, model.safetensors or pytorch_model.bin
+  (sharded or not), tokenizer.json or vocab.txt, and for a classifier its labels in `id2label`.
+
+Opening (every model on the CPU, in eval mode):
+- `open_pretrained`: model, tokenizer and run config of any folder but one of our classifiers:
+  BERT with its MLM and NSP heads, or GPT-1 with its LM head (`model.objective = "clm"`);
+- `open_encoder`: run config, tokenizer and encoder weights, where fine-tuning starts;
+- `open_classifier`: model, tokenizer, labels and run config of a classifier (ours or exported);
+- `open_hf_folder`: a Hugging Face folder as a pretraining model, with a report of the weights
+  drawn fresh or left out (what `bertforge import-hf` writes).
+
+The files' formats are `bertforge.checkpoint`'s and `bertforge.tokenizer`'s; Hugging Face's names
+and configs are converted by `bertforge.bert_convert` and `bertforge.gpt_convert`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from bertforge import bert_convert, gpt_convert
+from bertforge.checkpoint import (
+    CONFIG,
+    LABELS,
+    STATE,
+    WEIGHTS,
+    check_and_load_state,
+    check_tokenizer_fits,
+    list_checkpoints,
+    load_weights,
+    pretraining_model,
+    read_config,
+    read_json,
+    read_labels,
+    read_state,
+    read_weights,
+    verify_files,
+    write_json,
+)
+from bertforge.classifier import ENCODER, Classifier, sequence_classifier
+from bertforge.config import ModelConfig, RunConfig, load_json, validate
+from bertforge.errors import BertforgeError
+from bertforge.gpt import GPTLMHeadModel
+from bertforge.model import BertForPreTraining
+from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
+
+BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
+HF_BIN = "pytorch_model.bin"
+MODEL_HINT = "give a run folder, its final/ or one of its checkpoints"
+CLASSIFIER_HINT = "give a fine-tuned classifier folder, written by `bertforge finetune` or `bertforge export`"
+
+PretrainingModel = BertForPreTraining | GPTLMHeadModel
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model folder found on disk (see `find_model_folder`)."""
+
+    path: Path  # holds the weights and config.json
+    tokenizer_dir: Path  # holds the tokenizer files: `path`, or a checkpoint's run's tokenizer/
+    hugging_face: bool  # config.json is a Hugging Face config (an export, or a transformers model)
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return (self.path / STATE).is_file()
+
+    @property
+    def has_labels(self) -> bool:
+        """A classifier of ours, or one we exported (an export keeps labels.json beside id2label)."""
+        return (self.path / LABELS).is_file()
+
+
+# ---------------------------------------------------------------------------------------- finding
+
+
+def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFolder:
+    """The model folder that `path` names: itself, its `final/` or, unless a `classifier` is wanted,
+    its newest checkpoint. With `classifier`, a folder that names no labels is refused."""
+    path = Path(path)
+    hint = CLASSIFIER_HINT if classifier else MODEL_HINT
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise BertforgeError(f"model folder {path} {what}; {hint}")
+    if (path / "final" / WEIGHTS).is_file():
+        path = path / "final"
+    elif not classifier and not (path / WEIGHTS).is_file() and list_checkpoints(path):
+        path = list_checkpoints(path)[-1]  # (a checkpoint has no labels: never a classifier folder)
+    if is_hf_folder(path):
+        folder = ModelFolder(path, path, hugging_face=True)
+    else:
+        check_model_files(path, hint)
+        tokenizer_dir = path if (path / TOKENIZER_FILE).is_file() else path.parent.parent / "tokenizer"
+        folder = ModelFolder(path, tokenizer_dir, hugging_face=False)
+    if classifier and not folder.has_labels and not read_json(path / CONFIG).get("id2label"):
+        raise BertforgeError(
+            f"{path} holds a pretrained model, not a classifier (it names no labels); "
+            "fine-tune it first with `bertforge finetune`"
+        )
+    return folder
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A folder whose config.json is a Hugging Face config (it has `model_type`; ours has sections)."""
+    try:
+        return "model_type" in json.loads((Path(path) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_model_files(path: Path, hint: str) -> None:
+    """Refuse a folder of ours that lacks weights or config, naming a seed's folder where it has them."""
+    seeds = sorted(p.name for p in path.glob("seed_*") if p.is_dir())
+    if seeds and not (path / WEIGHTS).is_file():
+        raise BertforgeError(
+            f"{path} holds one fine-tuning run per seed; give one of them, e.g. {path / seeds[0]}"
+        )
+    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
+        raise BertforgeError(
+            f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); {hint}"
+        )
+
+
+# ---------------------------------------------------------------------------------------- opening
+
+
+def open_pretrained(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig]:
+    """Model, tokenizer and run config of any model folder but one of our classifiers (a Hugging Face
+    classifier opens as its encoder with fresh pretraining heads, as `open_hf_folder` reads it)."""
+    folder = find_model_folder(path)
+    if folder.hugging_face:
+        model, tokenizer, config, _ = open_hf_folder(folder.path)
+        return model, tokenizer, config
+    if folder.has_labels:
+        raise BertforgeError(
+            f"{folder.path} holds a fine-tuned classifier (it has {LABELS}), not a pretrained model with MLM "
+            "and NSP heads; use `bertforge classify` (or bertforge.folders.open_classifier) for it"
+        )
+    if folder.is_checkpoint:  # its files must be those that were written
+        verify_files(folder.path, read_state(folder.path), (WEIGHTS, CONFIG))
+    config, tokenizer = read_config_and_tokenizer(folder)
+    model = pretraining_model(config.model)
+    load_weights(model, folder.path / WEIGHTS)
+    return model.eval(), tokenizer, config
+
+
+def open_encoder(path: str | Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
+    """Run config, tokenizer and encoder weights (`BertModel`'s, or a GPT's `GPTModel`'s) of any model
+    folder. Pretraining heads (`cls.*`, `lm_head`) and classifier heads are left out: fine-tuning
+    starts from the encoder (and BERT's pooler) only."""
+    folder = find_model_folder(path)
+    if folder.hugging_face:
+        model, tokenizer, config, _ = open_hf_folder(folder.path)
+        return config, tokenizer, getattr(model, ENCODER[config.model.objective]).state_dict()
+    config, tokenizer = read_config_and_tokenizer(folder)
+    weights = read_weights(folder.path / WEIGHTS)
+    prefix = ENCODER[config.model.objective] + "."
+    encoder = {name[len(prefix) :]: t for name, t in weights.items() if name.startswith(prefix)}
+    return config, tokenizer, encoder
+
+
+def open_classifier(path: str | Path) -> tuple[Classifier, BertTokenizer, list[str], RunConfig]:
+    """Model, tokenizer, label names and run config of a classifier folder (ours or exported), or of
+    a fine-tuning run folder's `final/`."""
+    folder = find_model_folder(path, classifier=True)
+    if folder.hugging_face:
+        config, tokenizer, weights = hf_classifier_parts(folder.path)
+    else:
+        config, tokenizer = read_config_and_tokenizer(folder)
+        weights = read_weights(folder.path / WEIGHTS)
+    labels = read_labels(folder.path)
+    model = sequence_classifier(config.model, len(labels))
+    check_and_load_state(model, weights, source=str(folder.path / WEIGHTS))
+    return model.eval(), tokenizer, labels, config
+
+
+def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig, dict]:
+    """Model (BERT with its pretraining heads, or GPT's language model), tokenizer, run config and a
+    report `{"initialised", "dropped"}` from a Hugging Face BERT or OpenAIGPT folder: head weights
+    it lacked (drawn fresh, as Hugging Face does) and task heads it had that pretraining does not use."""
+    src = Path(path)
+    if not src.is_dir():
+        raise BertforgeError(f"{src} is not a folder; give a Hugging Face model folder")
+    model_config, tokenizer = hf_model_config_and_tokenizer(src)
+    config = run_config_for(src, model_config, tokenizer)
+    check_tokenizer_fits(tokenizer, config, src)
+    weights = read_hf_weights(src)
+    if model_config.objective == "clm":
+        model, dropped = gpt_convert.language_model_from_hf(model_config, weights, src)
+        return model, tokenizer, config, {"initialised": [], "dropped": dropped}
+    model, report = bert_convert.model_from_hf_weights(model_config, weights, src)
+    return model.eval(), tokenizer, config, report
+
+
+def read_config_and_tokenizer(folder: ModelFolder) -> tuple[RunConfig, BertTokenizer]:
+    """The run config and tokenizer of a model folder of ours, checked to fit each other."""
+    config = read_config(folder.path)
+    tokenizer = load_tokenizer(folder.tokenizer_dir)
+    check_tokenizer_fits(tokenizer, config, folder.path)
+    return config, tokenizer
+
+
+# ---------------------------------------------------------------------------- Hugging Face folders
+
+
+def hf_model_config_and_tokenizer(src: Path) -> tuple[ModelConfig, BertTokenizer]:
+    """The model config and tokenizer (in bertforge's form) of a Hugging Face BERT or OpenAIGPT folder."""
+    raw = read_hf_config(src)
+    if raw["model_type"] == gpt_convert.MODEL_TYPE:
+        model_config = gpt_convert.model_config_from_hf(raw, str(src / CONFIG))
+        return model_config, gpt_convert.bert_tokenizer(read_hf_tokenizer(src))
+    return bert_convert.model_config_from_hf(raw, src), read_hf_tokenizer(src)
+
+
+def hf_classifier_parts(src: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
+    """Run config, tokenizer and weights (in our names) of an exported BERT or OpenAIGPT classifier."""
+    model_config, tokenizer = hf_model_config_and_tokenizer(src)
+    config = RunConfig(model=model_config)
+    config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
+    check_tokenizer_fits(tokenizer, config, src)
+    weights = read_hf_weights(src)
+    if model_config.objective == "clm":
+        return config, tokenizer, gpt_convert.from_hf_state_dict(weights)
+    return config, tokenizer, bert_convert.without_buffers(weights)
+
+
+def read_hf_config(src: Path) -> dict:
+    path = src / CONFIG
+    if not path.is_file():
+        raise BertforgeError(f"{src} has no {CONFIG}; it is not a Hugging Face model folder")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BertforgeError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise BertforgeError(f"{path} has no model_type; it is not a Hugging Face model config")
+    return raw
+
+
+def read_hf_tokenizer(src: Path) -> BertTokenizer:
+    """The source's tokenizer (tokenizer.json, or vocab.txt with tokenizer_config.json's casing).
+
+    Staged in a temporary folder so that a tokenizer.json saved with truncation or padding turned
+    on loads without them, and a bare vocab.txt gets its casing.
+    """
+    backend = None
+    if (src / TOKENIZER_FILE).is_file():
+        try:
+            backend = Tokenizer.from_file(str(src / TOKENIZER_FILE))
+        except Exception as error:  # the Rust side raises a bare Exception for any parse problem
+            raise BertforgeError(f"{src / TOKENIZER_FILE} is not a valid tokenizer file ({error})") from None
+    elif not (src / VOCAB_FILE).is_file():
+        raise BertforgeError(
+            f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}; it holds no BERT tokenizer"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp)
+        if backend is not None:
+            backend.no_truncation()
+            backend.no_padding()
+            backend.save(str(staged / TOKENIZER_FILE))
+        else:
+            shutil.copyfile(src / VOCAB_FILE, staged / VOCAB_FILE)
+            casing = {"kind": "wordpiece", "lowercase": hf_lowercase(src)}
+            write_json(staged / SETTINGS_FILE, casing)
+        if (src / SETTINGS_FILE).is_file():  # a bertforge export: kind, casing, min_frequency
+            shutil.copyfile(src / SETTINGS_FILE, staged / SETTINGS_FILE)
+        try:
+            return load_tokenizer(staged)
+        except BertforgeError as error:
+            raise BertforgeError(str(error).replace(str(staged), str(src))) from None
+
+
+def hf_lowercase(src: Path) -> bool:
+    path = src / "tokenizer_config.json"
+    if not path.is_file():
+        return True  # BertTokenizer's default
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get("do_lower_case", True))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise BertforgeError(f"{path} is damaged; fix it or remove it") from None
+
+
+def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:
+    """Our run config for an imported model: the one a bertforge export carries, or defaults; the
+    model section always comes from config.json and the tokenizer section from the tokenizer."""
+    config = load_json(src / BERTFORGE_CONFIG) if (src / BERTFORGE_CONFIG).is_file() else RunConfig()
+    config.model = model_config
+    config.tokenizer.kind = tokenizer.kind
+    config.tokenizer.lowercase = tokenizer.lowercase
+    config.tokenizer.vocab_size = tokenizer.vocab_size
+    config.data.max_seq_length = min(config.data.max_seq_length, model_config.max_position_embeddings)
+    validate(config)
+    return config
+
+
+def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors` or `pytorch_model.bin`, sharded or not (`.index.json`).
+
+    Only files inside `src` are read: an index naming `../x` or `/x`, or a symlink that leads out
+    of the folder, is refused (a downloaded folder must not make bertforge read other files).
+    """
+    for name in (WEIGHTS, HF_BIN):
+        index = src / f"{name}.index.json"
+        if index.is_file():
+            shards = [inside(src, shard) for shard in shard_files(inside(src, index))]
+            return {k: v for shard in shards for k, v in read_weight_file(shard).items()}
+        if (src / name).is_file():
+            return read_weight_file(inside(src, src / name))
+    raise BertforgeError(
+        f"{src} has no weights: expected {WEIGHTS} or {HF_BIN} (TensorFlow and Flax weights are not read)"
+    )
+
+
+def shard_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as error:
+        raise BertforgeError(f"{index} is damaged ({error})") from None
+    for name in names:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise BertforgeError(
+                f"{index} names the weight file {name!r}, outside its folder; "
+                "an index may name only files beside it"
+            )
+    return [index.parent / name for name in names]
+
+
+def inside(src: Path, path: Path) -> Path:
+    """`path`, refused when it resolves (through symlinks) outside `src`. A Hugging Face cache
+    snapshot (`.../snapshots/REV/`) links its files into the repository's `blobs/`: allowed."""
+    root, target = src.resolve(), path.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":
+        allowed.append(root.parent.parent / "blobs")
+    if not any(folder in target.parents for folder in allowed):
+        raise BertforgeError(
+            f"{path} leads to {target}, outside {src}; bertforge reads weights only from inside "
+            "the model folder (copy the file in instead of linking it)"
+        )
+    return path
+
+
+def read_weight_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise BertforgeError(f"{path} is missing; the model folder is incomplete")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as error:
+            raise BertforgeError(f"{path} is damaged and cannot be read ({error})") from None
+    try:
+        # weights_only: a pickle from the internet must not run code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several unrelated types for a bad file
+        raise BertforgeError(f"{path} cannot be read as PyTorch weights ({type(error).__name__})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise BertforgeError(f"{path} does not hold a state dict of tensors")
+    return state
