@@ -338,7 +338,8 @@ def batch_sums(model: BertForPreTraining, batch: dict) -> dict[str, torch.Tensor
     mlm_logits, nsp_logits = model(
         batch["input_ids"], batch["token_type_ids"], batch.get("attention_mask"), batch["masked_positions"]
     )
-    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+    vocab_size = model.config.vocab_size
+    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"], vocab_size)
 
 
 def test_fixed_shapes_keep_every_batch_alike_and_the_loss_unchanged(tokenizer):
@@ -443,7 +444,7 @@ def test_a_batch_without_padding_passes_no_mask(tokenizer):
 
     for batch in (full, padded):
         batch = dict(batch, masked_labels=torch.zeros_like(batch["masked_labels"]))
-        pretrain.masked_lm_and_nsp_loss(Spy(), batch)
+        pretrain.masked_lm_and_nsp_loss(Spy(), batch, vocab_size=5)
     assert seen[0] is None and seen[1] is padded["attention_mask"]
     fixed = pretraining_collator(tokenizer, DataConfig(max_seq_length=32), fixed_shapes=True)
     # compiled: one graph for all batches, so the mask stays even without padding

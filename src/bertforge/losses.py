@@ -20,10 +20,26 @@ from bertforge.fast_ops import cross_entropy_sum
 NO_LABEL = -1
 
 
+def real_token_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`logits` (..., rows) without the rows past the tokenizer's `vocab_size` tokens.
+
+    A padded vocabulary (an embedding matrix rounded up to a multiple of 8 or 64) has rows that no
+    token uses: left in, they would take probability from the real tokens and could win the argmax.
+    """
+    assert logits.shape[-1] >= vocab_size, "the model has fewer output rows than the tokenizer has tokens"
+    return logits if logits.shape[-1] == vocab_size else logits[..., :vocab_size]
+
+
 def pretraining_sums(
-    mlm_logits: torch.Tensor, masked_labels: torch.Tensor, nsp_logits: torch.Tensor, nsp_labels: torch.Tensor
+    mlm_logits: torch.Tensor,
+    masked_labels: torch.Tensor,
+    nsp_logits: torch.Tensor,
+    nsp_labels: torch.Tensor,
+    vocab_size: int,
 ) -> dict[str, torch.Tensor]:
-    """Summed losses and correct counts, all as 0-d tensors (no host synchronisation)."""
+    """Summed losses and correct counts, all as 0-d tensors (no host synchronisation); the MLM
+    softmax runs over the tokenizer's `vocab_size` tokens only (`real_token_logits`)."""
+    mlm_logits = real_token_logits(mlm_logits, vocab_size)  # (M, V)
     nsp_logits = nsp_logits.float()  # (B, 2)
     has_mlm = masked_labels != NO_LABEL  # (M,)
     label_logits = mlm_logits.gather(-1, masked_labels.clamp(min=0)[:, None]).squeeze(-1)  # (M,)

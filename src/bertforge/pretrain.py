@@ -26,6 +26,7 @@ the last checkpoint by itself (see `commands.pretraining`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -218,9 +219,11 @@ def train_and_save(
     objective = Objective(
         model=model,
         batches=batches(train_shards, tokenizer, config),
-        loss=loss,
+        loss=functools.partial(loss, vocab_size=tokenizer.vocab_size),  # a padded vocabulary's extra rows out
         evaluate=lambda m: (
-            pretraining_metrics(m, valid_batches, config.runtime.precision) if valid_batches else {}
+            pretraining_metrics(m, valid_batches, tokenizer.vocab_size, config.runtime.precision)
+            if valid_batches
+            else {}
         ),
         summarize=summarize_sums,
     )
@@ -378,12 +381,12 @@ def epoch_seq_length(data: DataConfig, epoch: int) -> int:
     return data.max_seq_length
 
 
-def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-    sums = pretraining_batch_sums(model, batch)
+def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict, vocab_size: int) -> tuple[torch.Tensor, dict]:
+    sums = pretraining_batch_sums(model, batch, vocab_size)
     return pretraining_loss(sums), sums
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+def causal_lm_loss(model: torch.nn.Module, batch: dict, vocab_size: int) -> tuple[torch.Tensor, dict]:
     """Mean next-token cross-entropy over the batch's targets, and the sums to log."""
-    sums = next_token_batch_sums(model, batch)
+    sums = next_token_batch_sums(model, batch, vocab_size)
     return sums["clm_loss_sum"] / sums["clm_count"], sums
