@@ -23,7 +23,7 @@ from bertforge.config import DataConfig, ModelConfig, RunConfig, RuntimeConfig, 
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import cross_entropy_sum
 from bertforge.finetune import ClassificationCollator, classification_loss, evaluate_classifier
-from bertforge.losses import NO_LABEL, pretraining_sums
+from bertforge.losses import NO_LABEL, Summary, pretraining_sums
 from bertforge.model import BertForPreTraining, BertForSequenceClassification
 from bertforge.tokenizer import load_tokenizer
 
@@ -228,10 +228,13 @@ def test_log_lines_take_metrics_in_one_transfer(monkeypatch):
         window.add({"mlm_loss_sum": torch.tensor(6.0), "mlm_count": torch.tensor(3)}, tokens=10)
     monkeypatch.setattr(torch.Tensor, "__float__", lambda self: pytest.fail("one float() per value"))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("one item() per value"))
-    record, tokens = window.flush(
-        lambda totals: {"mlm_loss": totals["mlm_loss_sum"] / totals["mlm_count"]}, 1e-3
-    )
-    assert record["mlm_loss"] == 2.0 and tokens == 30
+
+    def summarize(totals):
+        loss = totals["mlm_loss_sum"] / totals["mlm_count"]
+        return Summary(loss, {"mlm_loss": loss})
+
+    record, tokens = window.flush(summarize, 1e-3)
+    assert record["mlm_loss"] == record["loss"] == 2.0 and tokens == 30
 
 
 def test_the_clock_is_shared_every_log_every_steps_under_ddp(monkeypatch):
@@ -241,15 +244,15 @@ def test_the_clock_is_shared_every_log_every_steps_under_ddp(monkeypatch):
         world=distributed.World(rank=1, world_size=2),
         schedule=SimpleNamespace(budget_s=600.0),
         train_cfg=SimpleNamespace(log_every=5),
-        state={"step": 0},
+        state=train.TrainState(),
         clock=0.0,
         clock_read=None,
     )
     seen = set()
     for step in range(20):  # the loop reads the clock at the top and again after the step
-        trainer.state["step"] = step
+        trainer.state.step = step
         seen.add(train.Trainer.elapsed(trainer))
-        trainer.state["step"] = step + 1
+        trainer.state.step = step + 1
         seen.add(train.Trainer.elapsed(trainer))
     assert len(broadcasts) == 5  # at the start, then at steps 5, 10, 15 and 20; not 40
     assert seen == {42.0}  # every rank uses rank 0's reading

@@ -21,7 +21,7 @@ from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.export import load_model
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
-from bertforge.losses import pretraining_sums, real_token_logits, summarize
+from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device, to_host
@@ -92,7 +92,7 @@ def pretraining_metrics(
     if isinstance(model, GPTLMHeadModel):
         batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
     else:
-        batch_sums, summarize_totals = pretraining_batch_sums, summarize
+        batch_sums, summarize_totals = pretraining_batch_sums, summarize_pretraining
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -105,7 +105,7 @@ def pretraining_metrics(
             totals[key] = totals.get(key, 0) + value
     model.train(was_training)
     keys = sorted(totals)
-    return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True)))
+    return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True))).metrics
 
 
 def evaluate_model(

@@ -52,6 +52,7 @@ from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
+from bertforge.losses import Summary
 from bertforge.masking import pad_batch
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
@@ -334,9 +335,11 @@ def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tens
     return loss_sum / labels.numel(), sums
 
 
-def summarize_training(totals: dict[str, float]) -> dict[str, float]:
+def summarize_classification(totals: dict[str, float]) -> Summary:
+    """Accumulated `classification_loss` sums -> the mean cross-entropy, and it with the accuracy."""
     count = max(totals["count"], 1.0)
-    return {"classification_loss": totals["loss_sum"] / count, "accuracy": totals["correct"] / count}
+    loss = totals["loss_sum"] / count
+    return Summary(loss, {"classification_loss": loss, "accuracy": totals["correct"] / count})
 
 
 @torch.inference_mode()
@@ -426,7 +429,7 @@ class Job:
             batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
             loss=classification_loss,
             evaluate=evaluator,
-            summarize=summarize_training,
+            summarize=summarize_classification,
         )
         last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
         return self.finish(seed, run_dir, last, config)

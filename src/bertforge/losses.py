@@ -11,6 +11,7 @@ device: no value is built on the host in the step, which would make a GPU wait f
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +64,17 @@ def pretraining_loss(sums: dict[str, torch.Tensor]) -> torch.Tensor:
     return mlm + nsp
 
 
-def summarize(totals: dict[str, float]) -> dict[str, float]:
-    """Turn accumulated sums into the reported metrics (NSP ones only when pairs had NSP labels)."""
+class Summary(NamedTuple):
+    """Sums accumulated over batches, summarized: the loss training minimises (a log line's `loss`)
+    and the metrics reported beside it."""
+
+    loss: float
+    metrics: dict[str, float]
+
+
+def summarize_pretraining(totals: dict[str, float]) -> Summary:
+    """Accumulated `pretraining_sums` -> the MLM loss plus the NSP loss (as `pretraining_loss`), and the
+    metrics (NSP ones only when pairs had NSP labels)."""
     mlm_count = max(totals["mlm_count"], 1.0)
     mlm_loss = totals["mlm_loss_sum"] / mlm_count
     metrics = {
@@ -72,7 +82,8 @@ def summarize(totals: dict[str, float]) -> dict[str, float]:
         "perplexity": math.exp(min(mlm_loss, 50.0)),
         "mlm_accuracy": totals["mlm_correct"] / mlm_count,
     }
-    if totals["nsp_count"] > 0:
-        metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]
-        metrics["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
-    return metrics
+    if totals["nsp_count"] == 0:
+        return Summary(mlm_loss, metrics)
+    metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]
+    metrics["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
+    return Summary(mlm_loss + metrics["nsp_loss"], metrics)

@@ -61,7 +61,7 @@ from bertforge.evaluate import (
 from bertforge.export import init_from
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
-from bertforge.losses import pretraining_loss, summarize
+from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import PairDataset, build_pairs
@@ -239,7 +239,7 @@ def objective_parts(objective: str) -> tuple:
     """(epoch batches, loss, summarize) of an objective: BERT's MLM + NSP ("mlm") or GPT's next token."""
     if objective == "clm":
         return packed_epoch_batches, causal_lm_loss, summarize_clm
-    return epoch_batches, masked_lm_and_nsp_loss, summarize
+    return epoch_batches, masked_lm_and_nsp_loss, summarize_pretraining
 
 
 def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> None:
