@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import assert_clean_failure, tiny_config
 
-from bertforge.batches import real_tokens
+from bertforge.batches import pad_batch, real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.checkpoint import list_checkpoints, read_config, read_weights
 from bertforge.classifier import classify, load_classifier
@@ -25,7 +25,6 @@ from bertforge.errors import BertforgeError
 from bertforge.export import load_model
 from bertforge.gpt import GPT_TIED_KEYS, GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
-from bertforge.masking import pad_batch
 from bertforge.packing import PackedWindows, packed_batches, window_starts
 from bertforge.precision import PROBE_TOKENS, machine_key, probe_shapes
 from bertforge.pretrain import pretrain

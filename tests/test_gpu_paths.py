@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 from bertforge import distributed, precision, pretrain, runtime, train
-from bertforge.batches import pretraining_collator, real_tokens, shape_batch
+from bertforge.batches import real_tokens, shape_batch
 from bertforge.checkpoint import encode_rng, restore_rng_states, rng_states
 from bertforge.config import DataConfig, ModelConfig, RunConfig, RuntimeConfig, apply_overrides, validate
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import cross_entropy_sum
 from bertforge.finetune import ClassificationCollator, classification_loss, evaluate_classifier
 from bertforge.losses import NO_LABEL, Summary, pretraining_sums
+from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining, BertForSequenceClassification
 from bertforge.tokenizer import load_tokenizer
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from bertforge.batches import pad_batch
 from bertforge.checkpoint import (
     CONFIG,
     LABELS,
@@ -54,7 +55,6 @@ from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
 from bertforge.gpt_convert import bert_tokenizer, from_hf_state_dict
 from bertforge.gpt_convert import model_config_from_hf as gpt_config_from_hf
 from bertforge.io import atomic_directory, atomic_write_text
-from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 

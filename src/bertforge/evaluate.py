@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.batches import SeededBatches
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
@@ -22,6 +22,7 @@ from bertforge.errors import BertforgeError
 from bertforge.export import load_model
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
+from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device, to_host
@@ -49,7 +50,7 @@ def evaluation_batches(
         pairs = pairs[: data.eval_max_pairs]
     examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
     collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
-    batches = MaskedBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
+    batches = SeededBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
     return [batches[i] for i in range(len(batches))]
 
 

@@ -6,6 +6,10 @@ nothing. NSP uses Hugging Face's labels (0: B follows A, 1: B is random); pairs 
 label (-1, the MLM-only setting) are ignored. Sums are returned alongside counts so that evaluation
 can weight every token and pair equally across batches of different sizes. Everything stays on the
 device: no value is built on the host in the step, which would make a GPU wait for the CPU.
+
+Also owns `Summary`, the loss and metrics that every objective (this one, GPT's next token in
+`gpt`, classification in `finetune`) makes of its accumulated sums, and `real_token_logits`, which
+leaves a padded vocabulary's unused output rows out of every softmax.
 """
 
 from __future__ import annotations

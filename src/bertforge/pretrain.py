@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from bertforge import distributed
-from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.batches import Batches, SeededBatches
 from bertforge.cache import (
     cached_shards,
     cached_tokenizer,
@@ -62,6 +62,7 @@ from bertforge.export import init_from
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.losses import pretraining_loss, summarize_pretraining
+from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import PairDataset, build_pairs
@@ -352,10 +353,10 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
 
-    def batches(epoch: int) -> MaskedBatches:
+    def batches(epoch: int) -> SeededBatches:
         pairs = build_pairs(shards, epoch_seq_length(data, epoch), data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
-        return MaskedBatches(examples, micro_batch, collate, seed, epoch)
+        return SeededBatches(examples, micro_batch, collate, seed, epoch)
 
     return batches
 
@@ -366,7 +367,7 @@ def packed_epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenize
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
 
-    def batches(epoch: int) -> MaskedBatches:
+    def batches(epoch: int) -> Batches:
         length = epoch_seq_length(data, epoch)
         return packed_batches(shards, length, tokenizer.sep_id, micro_batch, seed, epoch)
 
