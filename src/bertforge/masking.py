@@ -60,12 +60,10 @@ class MaskingCollator:
         special[[pad_id, mask_id]] = True
         if special.all():
             raise BertforgeError("the vocabulary has no ordinary tokens to mask; train a larger vocabulary")
-        self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.mask_id = mask_id
         self.mlm_probability = mlm_probability
         self.max_predictions = max_predictions
-        self.whole_word_mask = whole_word_mask
         self._special = torch.from_numpy(special)  # (V,)
         self._replacements = torch.from_numpy(np.flatnonzero(~special))  # (V',) random-token pool
         self._continuation = None
