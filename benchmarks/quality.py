@@ -73,7 +73,7 @@ class Contender:
 
 
 def ours_loss(model, batch):
-    return masked_lm_and_nsp_loss(model, batch)[0]
+    return masked_lm_and_nsp_loss(model, batch, model.config.vocab_size)[0]  # as many rows as tokens
 
 
 def default_precision(device: torch.device) -> str:
@@ -124,7 +124,7 @@ def run(minutes: float, bench: Bench, step_rows: list[dict]) -> dict:
             "steps": contender.steps,
             "tokens": contender.tokens,
             "train_seconds": contender.spent,
-            **pretraining_metrics(model, valid_batches, "fp32"),
+            **pretraining_metrics(model, valid_batches, tokenizer.vocab_size, "fp32"),
         }
     result["accuracy_gain"] = result["bertforge"]["mlm_accuracy"] - result["hf"]["mlm_accuracy"]
     return result

@@ -77,7 +77,7 @@ def make_step(
 
 
 def ours_loss(model, batch):
-    return masked_lm_and_nsp_loss(model, batch)[0]
+    return masked_lm_and_nsp_loss(model, batch, model.config.vocab_size)[0]
 
 
 def contenders(config: ModelConfig, with_reference: bool) -> dict[str, tuple[torch.nn.Module, object]]:

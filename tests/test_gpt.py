@@ -278,7 +278,9 @@ def test_next_token_loss_matches_a_hand_computation():
     assert accuracy.item() == pytest.approx(sum(hits) / len(hits))
     sums = {name: value.item() for name, value in next_token_sums(logits, ids, mask).items()}
     assert sums["clm_count"] == 7 and sums["clm_loss_sum"] == pytest.approx(sum(losses), rel=1e-6)
-    assert summarize_clm(sums)["perplexity"] == pytest.approx(torch.tensor(sum(losses) / 7).exp().item())
+    assert summarize_clm(sums).metrics["perplexity"] == pytest.approx(
+        torch.tensor(sum(losses) / 7).exp().item()
+    )
 
 
 def test_next_token_loss_equals_hugging_face_lm_loss():

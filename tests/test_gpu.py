@@ -199,14 +199,14 @@ def test_steady_state_steps_never_wait_for_the_gpu(tmp_path, wiki_slice, small_t
     synced_steps = []
 
     def watched(self, stream, lr):
-        if self.state["step"] < 3:  # warm-up: allocator, kernels, the first data from the workers
+        if self.state.step < 3:  # warm-up: allocator, kernels, the first data from the workers
             return step(self, stream, lr)
         torch.cuda.set_sync_debug_mode("error")
         try:
             return step(self, stream, lr)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-            synced_steps.append(self.state["step"])
+            synced_steps.append(self.state.step)
 
     monkeypatch.setattr(train.Trainer, "optimizer_step", watched)
     config = tiny_config(wiki_slice, max_steps=10, eval_every=10, log_every=10)

@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 from bertforge import distributed, precision, pretrain, runtime, train
-from bertforge.batches import pretraining_collator, real_tokens, shape_batch
+from bertforge.batches import real_tokens, shape_batch
 from bertforge.checkpoint import encode_rng, restore_rng_states, rng_states
 from bertforge.config import DataConfig, ModelConfig, RunConfig, RuntimeConfig, apply_overrides, validate
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import cross_entropy_sum
 from bertforge.finetune import ClassificationCollator, classification_loss, evaluate_classifier
-from bertforge.losses import NO_LABEL, pretraining_sums
+from bertforge.losses import NO_LABEL, Summary, pretraining_sums
+from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining, BertForSequenceClassification
 from bertforge.tokenizer import load_tokenizer
 
@@ -228,10 +229,13 @@ def test_log_lines_take_metrics_in_one_transfer(monkeypatch):
         window.add({"mlm_loss_sum": torch.tensor(6.0), "mlm_count": torch.tensor(3)}, tokens=10)
     monkeypatch.setattr(torch.Tensor, "__float__", lambda self: pytest.fail("one float() per value"))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("one item() per value"))
-    record, tokens = window.flush(
-        lambda totals: {"mlm_loss": totals["mlm_loss_sum"] / totals["mlm_count"]}, 1e-3
-    )
-    assert record["mlm_loss"] == 2.0 and tokens == 30
+
+    def summarize(totals):
+        loss = totals["mlm_loss_sum"] / totals["mlm_count"]
+        return Summary(loss, {"mlm_loss": loss})
+
+    record, tokens = window.flush(summarize, 1e-3)
+    assert record["mlm_loss"] == record["loss"] == 2.0 and tokens == 30
 
 
 def test_the_clock_is_shared_every_log_every_steps_under_ddp(monkeypatch):
@@ -241,15 +245,15 @@ def test_the_clock_is_shared_every_log_every_steps_under_ddp(monkeypatch):
         world=distributed.World(rank=1, world_size=2),
         schedule=SimpleNamespace(budget_s=600.0),
         train_cfg=SimpleNamespace(log_every=5),
-        state={"step": 0},
+        state=train.TrainState(),
         clock=0.0,
         clock_read=None,
     )
     seen = set()
     for step in range(20):  # the loop reads the clock at the top and again after the step
-        trainer.state["step"] = step
+        trainer.state.step = step
         seen.add(train.Trainer.elapsed(trainer))
-        trainer.state["step"] = step + 1
+        trainer.state.step = step + 1
         seen.add(train.Trainer.elapsed(trainer))
     assert len(broadcasts) == 5  # at the start, then at steps 5, 10, 15 and 20; not 40
     assert seen == {42.0}  # every rank uses rank 0's reading
@@ -341,7 +345,8 @@ def batch_sums(model: BertForPreTraining, batch: dict) -> dict[str, torch.Tensor
         attention_mask=batch.get("attention_mask"),
         masked_positions=batch["masked_positions"],
     )
-    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+    vocab_size = model.config.vocab_size
+    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"], vocab_size)
 
 
 def test_fixed_shapes_keep_every_batch_alike_and_the_loss_unchanged(tokenizer):
@@ -446,7 +451,7 @@ def test_a_batch_without_padding_passes_no_mask(tokenizer):
 
     for batch in (full, padded):
         batch = dict(batch, masked_labels=torch.zeros_like(batch["masked_labels"]))
-        pretrain.masked_lm_and_nsp_loss(Spy(), batch)
+        pretrain.masked_lm_and_nsp_loss(Spy(), batch, vocab_size=5)
     assert seen[0] is None and seen[1] is padded["attention_mask"]
     fixed = pretraining_collator(tokenizer, DataConfig(max_seq_length=32), fixed_shapes=True)
     # compiled: one graph for all batches, so the mask stays even without padding

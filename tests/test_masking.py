@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge.batches import pad_batch
 from bertforge.errors import BertforgeError
-from bertforge.masking import MaskingCollator, pad_batch
+from bertforge.masking import MaskingCollator
 
 VOCAB = 1000
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -78,7 +79,7 @@ def test_padding_and_attention_mask(examples):
         types = torch.from_numpy(examples[row]["token_type_ids"])
         assert (batch["token_type_ids"][row, :length] == types).all()
     assert batch["nsp_labels"].tolist() == [e["nsp_label"] for e in examples[:5]]
-    plain = pad_batch([{"input_ids": np.array([CLS, 7, SEP])}], PAD)
+    plain = collator()([{"input_ids": np.array([CLS, 7, SEP])}], generator=seeded(0))
     assert plain["nsp_labels"].tolist() == [-1] and plain["token_type_ids"].tolist() == [[0, 0, 0]]
 
 

@@ -14,8 +14,10 @@ import bertforge
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify
 from bertforge.cli import main
+from bertforge.evaluate import pretraining_batch_sums, pretraining_metrics
 from bertforge.folders import open_classifier
 from bertforge.infer import fill_mask
+from bertforge.losses import NO_LABEL
 
 transformers = pytest.importorskip("transformers")
 
@@ -167,6 +169,32 @@ def test_fill_mask_predicts_only_real_tokens(padded, capsys):
     capsys.readouterr()
     assert main(["fill-mask", "--model", str(imported), "--top-k", "5", text]) == 0
     assert "[unused" not in capsys.readouterr().out
+
+
+@torch.no_grad()
+def test_mlm_loss_and_accuracy_leave_out_the_padding_rows(padded):
+    _, _, imported = padded
+    model, tokenizer = bertforge.load(imported)
+    ids, types, mask = encoded(tokenizer)
+    positions = mask.flatten().nonzero().squeeze(1)  # (M,) every real token predicted
+    labels = ids.flatten()[positions]  # (M,)
+    batch = {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "masked_positions": positions,
+        "masked_labels": labels,
+        "nsp_labels": torch.full((len(TEXTS),), NO_LABEL),
+    }
+    sums = pretraining_batch_sums(model, batch, tokenizer.vocab_size)
+    logits, _ = model(ids, token_type_ids=types, attention_mask=mask, masked_positions=positions)
+    assert (logits.argmax(-1) >= len(TOKENS)).all()  # with every row, a padding row always wins
+    real = logits[:, : len(TOKENS)]
+    expected = torch.nn.functional.cross_entropy(real, labels, reduction="sum")
+    torch.testing.assert_close(sums["mlm_loss_sum"], expected, rtol=1e-5, atol=1e-4)
+    assert int(sums["mlm_correct"]) == int((real.argmax(-1) == labels).sum())
+    metrics = pretraining_metrics(model, [batch], tokenizer.vocab_size)
+    assert metrics["mlm_loss"] == pytest.approx(float(expected) / len(labels), rel=1e-5)
 
 
 def test_export_writes_the_padded_model_back_the_same(padded, tmp_path):

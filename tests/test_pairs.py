@@ -55,6 +55,11 @@ def document_of(shards: FakeShards, positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(doc_token_starts, positions, side="right") - 1
 
 
+def chunk_columns(chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_nsp_chunks`' table as its pair rows (N, 5), target lengths (N,) and sentences per chunk (N,)."""
+    return chunks[:, :5], chunks[:, 5], chunks[:, 6]
+
+
 def test_nsp_pairs_are_many_and_in_bounds(pairs):
     assert pairs.dtype == np.int64 and pairs.shape[1] == 5
     assert len(pairs) >= 10_000
@@ -69,7 +74,7 @@ def test_nsp_pairs_are_many_and_in_bounds(pairs):
 def test_nsp_label_balance(shards, pairs):
     # A fair coin for every chunk; only one-sentence documents can offer no continuation.
     assert abs((pairs[:, 4] == IS_NEXT).mean() - 0.5) <= 0.02
-    rows, _, sizes = _nsp_chunks(shards, MAX_LEN - 3, SHORT, np.random.default_rng([7, 0]))
+    rows, _, sizes = chunk_columns(_nsp_chunks(shards, MAX_LEN - 3, SHORT, np.random.default_rng([7, 0])))
     assert len(rows) == len(pairs)
     one_sentence_docs = np.diff(shards.document_offsets) == 1
     lone_rows = rows[sizes == 1]
@@ -111,7 +116,9 @@ def test_is_next_continues_a_in_the_same_document(shards, pairs):
 
 def test_chunks_follow_googles_rules(shards):
     """Before truncation: whole sentences, chunks that just reach their target, B where it belongs."""
-    rows, targets, sizes = _nsp_chunks(shards, MAX_LEN - 3, SHORT, np.random.default_rng([3, 1]))
+    rows, targets, sizes = chunk_columns(
+        _nsp_chunks(shards, MAX_LEN - 3, SHORT, np.random.default_rng([3, 1]))
+    )
     offsets = shards.sentence_offsets
     for column in range(4):
         assert np.isin(rows[:, column], offsets).all()  # every boundary is a sentence boundary
@@ -141,14 +148,14 @@ def test_chunks_follow_googles_rules(shards):
 
 
 def test_short_targets_drawn_per_document_at_short_seq_prob(shards):
-    rows, targets, _ = _nsp_chunks(shards, MAX_LEN - 3, 0.1, np.random.default_rng([5, 0]))
+    rows, targets, _ = chunk_columns(_nsp_chunks(shards, MAX_LEN - 3, 0.1, np.random.default_rng([5, 0])))
     docs = document_of(shards, rows[:, 0])
     short_docs = np.unique(docs[targets < MAX_LEN - 3])
     # Google draws the target once per document (shorter with probability short_seq_prob).
     assert abs(short_docs.size / np.unique(docs).size - 0.1) <= 0.03
     assert (targets >= 2).all() and (targets <= MAX_LEN - 3).all()
     assert 0.05 <= (targets < MAX_LEN - 3).mean() <= 0.4  # short documents yield more, shorter pairs
-    _, no_short, _ = _nsp_chunks(shards, MAX_LEN - 3, 0.0, np.random.default_rng([5, 0]))
+    _, no_short, _ = chunk_columns(_nsp_chunks(shards, MAX_LEN - 3, 0.0, np.random.default_rng([5, 0])))
     assert (no_short == MAX_LEN - 3).all()
 
 

@@ -20,6 +20,7 @@ from bertforge.cli import main
 from bertforge.io import RunFolderLock, entry_lock
 from bertforge.labeled import label_names, read_labeled
 from bertforge.pretrain import pretrain
+from bertforge.train import TrainState
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -250,3 +251,21 @@ def test_messages_name_the_real_cause(tmp_path, capsys, tiny_pretrained_run):
         capsys, argv, f"{hf / 'config.json'}: model.num_hidden_layers must be positive"
     )
     assert "does not fit" not in err and not (tmp_path / "imported").exists()
+
+
+def test_train_state_keeps_the_state_json_layout_and_reads_older_checkpoints():
+    state = TrainState(
+        step=4, epoch=1, batch=3, elapsed_s=2.5, tokens=900, last_valid={"mlm_loss": 7.0}, micro_batch=8
+    )
+    saved = state.state_dict()
+    assert list(saved) == [
+        "step", "epoch", "batch", "elapsed_s", "tokens", "last_valid", "micro_batch", "world_size"
+    ]  # fmt: skip
+    restored = TrainState()
+    restored.load_state_dict(json.loads(json.dumps({**saved, "rng": {}, "sha256": {}})))
+    assert restored == state
+    older = TrainState(micro_batch=16, world_size=2)  # written before micro_batch and world_size were kept
+    older.load_state_dict(
+        {"step": 3, "epoch": 0, "batch": 6, "elapsed_s": 1.0, "tokens": 50, "last_valid": {}}
+    )
+    assert (older.step, older.batch, older.micro_batch, older.world_size) == (3, 6, 16, 2)

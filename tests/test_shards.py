@@ -39,6 +39,18 @@ def prepared(tokenizer, tmp_path_factory) -> tuple[dict, Path]:
     return prepare_shards(VALID, tokenizer, out_dir, show_progress=False), out_dir
 
 
+def document(shards, d: int) -> list[np.ndarray]:
+    """The token ids of each sentence of document `d` of a shard folder or shard set."""
+    first, last = shards.document_offsets[d], shards.document_offsets[d + 1]
+    bounds = shards.sentence_offsets[first : last + 1]
+    return [shards.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def counts(shards) -> tuple[int, int, int]:
+    """(tokens, sentences, documents) of a shard folder or shard set."""
+    return len(shards.tokens), len(shards.sentence_offsets) - 1, len(shards.document_offsets) - 1
+
+
 @pytest.fixture(scope="module")
 def documents() -> list[list[str]]:
     return list(read_documents(VALID))
@@ -62,17 +74,17 @@ def test_documents_hold_their_tokenized_sentences(prepared, tokenizer, documents
     shards = TokenShards.open(prepared[1])
     assert shards.tokens.dtype == np.uint16 and not shards.tokens.flags.writeable
     for d in (0, 17, 59):
-        sentences = shards.document(d)
+        sentences = document(shards, d)
         assert [ids.tolist() for ids in sentences] == tokenizer.encode_batch(documents[d])
-    assert shards.document(0)[0].tolist() == tokenizer.encode_batch([documents[0][0]])[0]
+    assert document(shards, 0)[0].tolist() == tokenizer.encode_batch([documents[0][0]])[0]
 
 
 def test_offsets_are_monotone_and_consistent(prepared):
     shards = TokenShards.open(prepared[1])
-    assert (shards.num_tokens, shards.num_sentences, shards.num_documents) == (
+    assert counts(shards) == (shards.num_tokens, shards.num_sentences, 60)
+    assert (shards.num_tokens, shards.num_sentences) == (
         prepared[0]["num_tokens"],
         prepared[0]["num_sentences"],
-        60,
     )
     for offsets, end in (
         (shards.sentence_offsets, shards.num_tokens),
@@ -95,11 +107,11 @@ def test_empty_sentences_and_documents_are_skipped_and_reprepare_replaces(tokeni
     prepare_shards(corpus, tokenizer, out_dir)
     assert "tokenizing corpus.jsonl" in capsys.readouterr().err  # the progress bar
     shards = TokenShards.open(out_dir)
-    assert (shards.num_documents, shards.num_sentences) == (2, 2)
-    assert tokenizer.decode(shards.document(1)[0]) == "it turns red."
+    assert counts(shards)[1:] == (2, 2)
+    assert tokenizer.decode(document(shards, 1)[0]) == "it turns red."
     corpus.write_text("One more.\n", encoding="utf-8")
     meta = prepare_shards(corpus, tokenizer, out_dir, format="text", show_progress=False)
-    assert TokenShards.open(out_dir).num_documents == meta["num_documents"] == 1
+    assert counts(TokenShards.open(out_dir))[2] == meta["num_documents"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "shards"]
 
 
@@ -183,16 +195,15 @@ def test_a_shard_set_holds_the_documents_of_each_folder_in_turn(two_corpora):
     small, large = two_corpora
     shards = concat_shards([small, large])
     assert isinstance(shards, ShardSet) and concat_shards([large]) is large
-    assert shards.num_documents == small.num_documents + large.num_documents
-    assert shards.num_sentences == small.num_sentences + large.num_sentences
-    assert shards.num_tokens == len(shards.tokens) == small.num_tokens + large.num_tokens
-    assert (shards.vocab_size, shards.tokenizer_fingerprint) == (
-        large.vocab_size,
-        large.tokenizer_fingerprint,
-    )
-    for d in range(shards.num_documents):
-        part, index = (small, d) if d < small.num_documents else (large, d - small.num_documents)
-        assert [ids.tolist() for ids in shards.document(d)] == [ids.tolist() for ids in part.document(index)]
+    assert counts(shards) == tuple(a + b for a, b in zip(counts(small), counts(large), strict=True))
+    assert counts(large)[:2] == (large.num_tokens, large.num_sentences)
+    assert shards.vocab_size == large.vocab_size
+    small_documents = counts(small)[2]
+    for d in range(counts(shards)[2]):
+        part, index = (small, d) if d < small_documents else (large, d - small_documents)
+        assert [ids.tolist() for ids in document(shards, d)] == [
+            ids.tolist() for ids in document(part, index)
+        ]
     flat = np.concatenate([small.tokens, large.tokens])
     for start, stop in (
         (0, 5),
@@ -222,7 +233,7 @@ def test_pairs_over_a_shard_set_come_from_each_corpus_by_size(two_corpora, token
     for nsp in (True, False):
         pairs = build_pairs(shards, 64, 0.1, nsp, seed=3, epoch=0)
         from_small = float(np.mean(pairs[:, 1] <= small.num_tokens))
-        assert from_small == pytest.approx(small.num_tokens / shards.num_tokens, rel=0.2), nsp
+        assert from_small == pytest.approx(small.num_tokens / len(shards.tokens), rel=0.2), nsp
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         for row in (0, 1, len(pairs) - 1):
             a_start, a_end = pairs[row, :2]

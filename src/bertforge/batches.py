@@ -1,9 +1,12 @@
-"""Batch-level datasets: which examples form micro-batch `b` of epoch `e`, and the seed its masking uses.
+"""Batches: padding, the epoch's batches as datasets, and shaping for the model's kernels.
 
-Item `b` is a whole collated batch, so a `DataLoader(batch_size=None)` can prefetch in workers
-while every batch stays a pure function of (seed, epoch, b). That is what lets `--resume`
-continue with exactly the batches the uninterrupted run would have seen, whatever the number of
-workers, and lets evaluation use one fixed mask every time.
+`pad_batch` right-pads examples to the longest one, with the attention mask. `Batches` and
+`SeededBatches` are datasets whose item `b` is a whole collated batch (consecutive examples of an
+epoch already in its order), so a `DataLoader(batch_size=None)` can prefetch in workers while every
+batch stays a pure function of its position. `SeededBatches` gives its collator a generator seeded
+from (seed, epoch, b), for collators that draw (masking): that is what lets `--resume` continue
+with exactly the batches the uninterrupted run would have seen, whatever the number of workers,
+and lets evaluation use one fixed mask every time.
 
 `shape_batch` then fits a collated batch to the model's kernels, on the host: a batch without
 padding carries no attention mask (attention may then use its flash kernel), and for
@@ -13,16 +16,13 @@ padding carries no attention mask (attention may then use its flash kernel), and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from bertforge.config import DataConfig, max_predictions
 from bertforge.losses import NO_LABEL
-from bertforge.masking import MaskingCollator
 
 
 def batch_seed(seed: int, epoch: int, index: int) -> int:
@@ -30,8 +30,65 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
-class MaskedBatches(Dataset):
-    """Consecutive slices of `examples` (already shuffled for the epoch), collated with a per-batch seed."""
+def pad_batch(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad examples to the longest one.
+
+    Each example has `input_ids` and optionally `token_type_ids` (default 0). Returns `input_ids`,
+    `token_type_ids` and `attention_mask` (1 real, 0 padding), all (B, T) long.
+    """
+    if not examples:
+        raise ValueError("pad_batch needs at least one example")
+    lengths = [len(example["input_ids"]) for example in examples]
+    batch_size, width = len(examples), max(lengths)
+    input_ids = np.full((batch_size, width), pad_id, dtype=np.int64)  # (B, T)
+    token_type_ids = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
+    attention_mask = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
+    for row, (example, length) in enumerate(zip(examples, lengths, strict=True)):
+        input_ids[row, :length] = example["input_ids"]
+        if example.get("token_type_ids") is not None:
+            token_type_ids[row, :length] = example["token_type_ids"]
+        attention_mask[row, :length] = 1
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(token_type_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+    }
+
+
+class Batches(Dataset):
+    """Item b: `collate` of the b-th consecutive slice of `batch_size` examples (a last, smaller
+    slice only without `drop_last`)."""
+
+    def __init__(
+        self,
+        examples: Sequence[dict],
+        batch_size: int,
+        collate: Callable[[list[dict]], dict[str, torch.Tensor]],
+        drop_last: bool = True,
+    ) -> None:
+        self.examples = examples
+        self.batch_size = batch_size
+        self.collate = collate
+        full, rest = divmod(len(examples), batch_size)
+        self.num_batches = full if drop_last or not rest else full + 1
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.collate(self.slice(index))
+
+    def slice(self, index: int) -> list[dict]:
+        if not 0 <= index < self.num_batches:
+            raise IndexError(index)
+        start = index * self.batch_size
+        stop = min(start + self.batch_size, len(self.examples))
+        return [self.examples[i] for i in range(start, stop)]
+
+
+class SeededBatches(Batches):
+    """`Batches` whose collator draws from a generator seeded from (seed, epoch, b): called as
+    `collate(examples, generator=...)`."""
 
     def __init__(
         self,
@@ -42,24 +99,14 @@ class MaskedBatches(Dataset):
         epoch: int,
         drop_last: bool = True,
     ) -> None:
-        self.examples = examples
-        self.batch_size = batch_size
-        self.collate = collate
+        super().__init__(examples, batch_size, collate, drop_last)
         self.seed = seed
         self.epoch = epoch
-        full, rest = divmod(len(examples), batch_size)
-        self.num_batches = full if drop_last or not rest else full + 1
-
-    def __len__(self) -> int:
-        return self.num_batches
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < self.num_batches:
-            raise IndexError(index)
-        start = index * self.batch_size
-        stop = min(start + self.batch_size, len(self.examples))
+        examples = self.slice(index)
         generator = torch.Generator().manual_seed(batch_seed(self.seed, self.epoch, index))
-        return self.collate([self.examples[i] for i in range(start, stop)], generator=generator)
+        return self.collate(examples, generator=generator)
 
 
 def real_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -95,42 +142,3 @@ def shape_batch(
         shaped["masked_positions"] = F.pad(positions, (0, extra), value=0)
         shaped["masked_labels"] = F.pad(batch["masked_labels"], (0, extra), value=NO_LABEL)
     return shaped
-
-
-class PretrainingCollator:
-    """Masks a batch (`MaskingCollator`), then shapes it (`shape_batch`); fixed shapes when `width`
-    is given, with room for `masked_per_row` masked positions per sequence."""
-
-    def __init__(self, masking: MaskingCollator, width: int | None = None, masked_per_row: int = 0) -> None:
-        self.masking = masking
-        self.width = width
-        self.masked_per_row = masked_per_row
-
-    def __call__(
-        self, examples: list[dict], generator: torch.Generator | None = None
-    ) -> dict[str, torch.Tensor]:
-        batch = self.masking(examples, generator=generator)
-        masked = len(examples) * self.masked_per_row if self.width else None
-        return shape_batch(batch, self.masking.pad_id, self.width, masked)
-
-
-def pretraining_collator(
-    tokenizer, data: DataConfig, mlm_probability: float | None = None, fixed_shapes: bool = False
-) -> PretrainingCollator:
-    """The collator for a tokenizer and data settings (evaluation passes its fixed rate); with
-    `fixed_shapes` (for torch.compile) every batch of a given size has the same shapes."""
-    if mlm_probability is not None:
-        data = replace(data, mlm_probability=mlm_probability, max_predictions_per_seq=0)
-    masking = MaskingCollator(
-        vocab_size=tokenizer.vocab_size,
-        pad_id=tokenizer.pad_id,
-        mask_id=tokenizer.mask_id,
-        special_ids=tokenizer.special_ids,
-        mlm_probability=data.mlm_probability,
-        max_predictions=max_predictions(data),
-        whole_word_mask=data.whole_word_masking,
-        continuation_mask=tokenizer.continuation_mask() if data.whole_word_masking else None,
-    )
-    if not fixed_shapes:
-        return PretrainingCollator(masking)
-    return PretrainingCollator(masking, data.max_seq_length, max_predictions(data))

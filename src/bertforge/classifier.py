@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from bertforge.batches import pad_batch
 from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, save_weights
 from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.gpt import GPTForSequenceClassification
 from bertforge.io import atomic_directory, atomic_write_text
-from bertforge.masking import pad_batch
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer
 

@@ -65,6 +65,8 @@ class DataConfig:
 
     # training text: files, folders or glob patterns (recorded so that --resume needs no paths)
     corpus: list[str] = field(default_factory=list)
+    # or shard folders written by `bertforge prepare`, trained on instead (with the tokenizer that made them)
+    shards: list[str] = field(default_factory=list)
     valid: str = ""  # held-out text for evaluation ("" : no evaluation)
     format: str = "auto"  # auto | wikitext | text | jsonl | parquet
     text_column: str = "text"  # the jsonl field or Parquet column that holds the text

@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.batches import SeededBatches
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.folders import open_pretrained
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
-from bertforge.losses import pretraining_sums, summarize
+from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
+from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.runtime import autocast, resolve_device, to_device, to_host
@@ -49,7 +50,7 @@ def evaluation_batches(
         pairs = pairs[: data.eval_max_pairs]
     examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
     collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
-    batches = MaskedBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
+    batches = SeededBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
     return [batches[i] for i in range(len(batches))]
 
 
@@ -64,32 +65,35 @@ def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def pretraining_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
-    """BERT's MLM and NSP sums over one batch (`model` may be wrapped: DDP, torch.compile)."""
+def pretraining_batch_sums(model: torch.nn.Module, batch: dict, vocab_size: int) -> dict[str, torch.Tensor]:
+    """BERT's MLM and NSP sums over one batch, predicting the tokenizer's `vocab_size` tokens (`model`
+    may be wrapped: DDP, torch.compile)."""
     mlm_logits, nsp_logits = model(
         batch["input_ids"],
         token_type_ids=batch["token_type_ids"],
         attention_mask=batch.get("attention_mask"),  # absent when the batch has no padding
         masked_positions=batch["masked_positions"],
     )  # (M, V), (B, 2)
-    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"])
+    return pretraining_sums(mlm_logits, batch["masked_labels"], nsp_logits, batch["nsp_labels"], vocab_size)
 
 
-def next_token_batch_sums(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+def next_token_batch_sums(model: torch.nn.Module, batch: dict, vocab_size: int) -> dict[str, torch.Tensor]:
     """GPT's next-token sums over one batch of packed windows (no padding: every position but the
-    last has a target)."""
-    return next_token_sums(model(batch["input_ids"]), batch["input_ids"])  # logits (B, T, V)
+    last has a target), predicting the tokenizer's `vocab_size` tokens."""
+    logits = real_token_logits(model(batch["input_ids"]), vocab_size)  # (B, T, V)
+    return next_token_sums(logits, batch["input_ids"])
 
 
 @torch.inference_mode()
 def pretraining_metrics(
-    model: torch.nn.Module, batches: list[dict], precision: str = "fp32"
+    model: torch.nn.Module, batches: list[dict], vocab_size: int, precision: str = "fp32"
 ) -> dict[str, float]:
-    """Token- and pair-weighted metrics over all batches, on the model's device (a GPT's: next-token)."""
+    """Token- and pair-weighted metrics over all batches, on the model's device (a GPT's: next-token),
+    over the tokenizer's `vocab_size` tokens."""
     if isinstance(model, GPTLMHeadModel):
         batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
     else:
-        batch_sums, summarize_totals = pretraining_batch_sums, summarize
+        batch_sums, summarize_totals = pretraining_batch_sums, summarize_pretraining
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -97,12 +101,12 @@ def pretraining_metrics(
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device, precision):
-            sums = batch_sums(model, batch)
+            sums = batch_sums(model, batch, vocab_size)
         for key, value in sums.items():
             totals[key] = totals.get(key, 0) + value
     model.train(was_training)
     keys = sorted(totals)
-    return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True)))
+    return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True))).metrics
 
 
 def evaluate_model(
@@ -137,5 +141,5 @@ def evaluate_model(
     )
     batches = evaluation_batches(shards, tokenizer, data, config.model.objective)
     model.to(resolve_device(device))
-    metrics = pretraining_metrics(model, batches, precision)
+    metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision)
     return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import distributed
-from bertforge.batches import MaskedBatches, shape_batch
+from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
 from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
@@ -53,7 +53,7 @@ from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
 from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
-from bertforge.masking import pad_batch
+from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, resolve_device, to_device
@@ -265,7 +265,8 @@ def encode(tokenizer: BertTokenizer, data: LabeledExamples, ids: list[int], max_
 
 
 def set_epochs(config: RunConfig, epochs: int, num_examples: int) -> None:
-    """Express epochs in the loop's terms: evaluate and checkpoint once per epoch, stop after the last."""
+    """Express epochs in the loop's terms: evaluate and checkpoint every `steps_per_epoch` steps, stop
+    after the last epoch."""
     train_cfg = config.train
     steps = steps_per_epoch(num_examples, train_cfg)
     if steps == 0:
@@ -288,18 +289,15 @@ def steps_per_epoch(num_examples: int, train_cfg: TrainConfig) -> int:
 
 
 class ClassificationCollator:
-    """Pads examples into a batch with `labels` (B,), shaped by `shape_batch` (to `width` tokens when
-    compiling); the batch needs no randomness."""
+    """Pads examples into a batch with their `labels` (B,), shaped by `shape_batch` (to `width` tokens
+    when compiling)."""
 
     def __init__(self, pad_id: int, width: int | None = None) -> None:
         self.pad_id = pad_id
         self.width = width
 
-    def __call__(
-        self, examples: list[dict], generator: torch.Generator | None = None
-    ) -> dict[str, torch.Tensor]:
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = pad_batch(examples, self.pad_id)
-        del batch["nsp_labels"]
         batch["labels"] = torch.tensor([example["label"] for example in examples])  # (B,)
         return shape_batch(batch, self.pad_id, self.width)
 
@@ -317,10 +315,10 @@ class EpochBatches:
         width = config.data.max_seq_length if config.runtime.compile else None
         self.collate = ClassificationCollator(pad_id, width)
 
-    def __call__(self, epoch: int) -> MaskedBatches:
+    def __call__(self, epoch: int) -> Batches:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
         shuffled = [self.examples[i] for i in order[: self.per_epoch]]
-        return MaskedBatches(shuffled, self.micro_batch, self.collate, self.seed, epoch, drop_last=False)
+        return Batches(shuffled, self.micro_batch, self.collate, drop_last=False)
 
 
 def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -337,9 +335,11 @@ def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tens
     return loss_sum / labels.numel(), sums
 
 
-def summarize_training(totals: dict[str, float]) -> dict[str, float]:
+def summarize_classification(totals: dict[str, float]) -> Summary:
+    """Accumulated `classification_loss` sums -> the mean cross-entropy, and it with the accuracy."""
     count = max(totals["count"], 1.0)
-    return {"classification_loss": totals["loss_sum"] / count, "accuracy": totals["correct"] / count}
+    loss = totals["loss_sum"] / count
+    return Summary(loss, {"classification_loss": loss, "accuracy": totals["correct"] / count})
 
 
 @torch.inference_mode()
@@ -410,9 +410,10 @@ class Job:
     ) -> None:
         self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
         self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
+        self.steps_per_epoch = steps_per_epoch(len(train_set), config.train)
         self.valid_labels = [example["label"] for example in valid_set]
         collate = ClassificationCollator(tokenizer.pad_id)
-        batches = MaskedBatches(valid_set, EVAL_BATCH_SIZE, collate, seed=0, epoch=0, drop_last=False)
+        batches = Batches(valid_set, EVAL_BATCH_SIZE, collate, drop_last=False)
         self.valid_batches = [batches[i] for i in range(len(batches))]
 
     def run(self, seed: int, run_dir: Path, from_scratch: bool) -> dict:
@@ -433,19 +434,18 @@ class Job:
             batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
             loss=classification_loss,
             evaluate=evaluator,
-            summarize=summarize_training,
+            summarize=summarize_classification,
         )
         last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
-        return self.finish(seed, run_dir, last, config)
+        return self.finish(seed, run_dir, last)
 
-    def finish(self, seed: int, run_dir: Path, last: dict, config: RunConfig) -> dict:
+    def finish(self, seed: int, run_dir: Path, last: dict) -> dict:
         """Make the best epoch the run's model, plot, record the result, drop the checkpoints."""
         if (run_dir / "best").is_dir():
             if (run_dir / "final").exists():
                 shutil.rmtree(run_dir / "final")
             os.replace(run_dir / "best", run_dir / "final")
-        steps = config.train.eval_every
-        plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", steps)
+        plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
         result = {
@@ -511,9 +511,8 @@ class EpochEvaluator:
 
     def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
         self.job, self.config, self.run_dir = job, config, run_dir
-        self.steps = config.train.eval_every
         checkpoints = list_checkpoints(run_dir)
-        self.epoch = read_state(checkpoints[-1])["step"] // self.steps + 1 if checkpoints else 0
+        self.epoch = read_state(checkpoints[-1])["step"] // job.steps_per_epoch + 1 if checkpoints else 0
         self.best = read_json(run_dir / BEST) if (run_dir / BEST).is_file() else None
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
@@ -524,7 +523,7 @@ class EpochEvaluator:
         epoch, self.epoch = self.epoch, self.epoch + 1
         MetricsLog(self.run_dir / "metrics.jsonl").append(
             {
-                "step": epoch * self.steps,
+                "step": epoch * self.job.steps_per_epoch,
                 "split": "confusion",
                 "epoch": epoch,
                 "labels": labels,

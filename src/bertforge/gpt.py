@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
+from bertforge.losses import Summary
 from bertforge.model import BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput, init_weights
 
 GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
@@ -296,12 +297,14 @@ def next_token_loss(
     return sums["clm_loss_sum"] / count, sums["clm_correct"] / count
 
 
-def summarize_clm(totals: dict[str, float]) -> dict[str, float]:
-    """Accumulated `next_token_sums` -> held-out metrics: loss, perplexity and top-1 accuracy."""
+def summarize_clm(totals: dict[str, float]) -> Summary:
+    """Accumulated `next_token_sums` -> the next-token loss, and the metrics: that loss, perplexity
+    and top-1 accuracy."""
     count = max(totals["clm_count"], 1.0)
     loss = totals["clm_loss_sum"] / count
-    return {
+    metrics = {
         "clm_loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
         "clm_accuracy": totals["clm_correct"] / count,
     }
+    return Summary(loss, metrics)

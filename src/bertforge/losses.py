@@ -6,11 +6,16 @@ nothing. NSP uses Hugging Face's labels (0: B follows A, 1: B is random); pairs 
 label (-1, the MLM-only setting) are ignored. Sums are returned alongside counts so that evaluation
 can weight every token and pair equally across batches of different sizes. Everything stays on the
 device: no value is built on the host in the step, which would make a GPU wait for the CPU.
+
+Also owns `Summary`, the loss and metrics that every objective (this one, GPT's next token in
+`gpt`, classification in `finetune`) makes of its accumulated sums, and `real_token_logits`, which
+leaves a padded vocabulary's unused output rows out of every softmax.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +25,26 @@ from bertforge.fast_ops import cross_entropy_sum
 NO_LABEL = -1
 
 
+def real_token_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`logits` (..., rows) without the rows past the tokenizer's `vocab_size` tokens.
+
+    A padded vocabulary (an embedding matrix rounded up to a multiple of 8 or 64) has rows that no
+    token uses: left in, they would take probability from the real tokens and could win the argmax.
+    """
+    assert logits.shape[-1] >= vocab_size, "the model has fewer output rows than the tokenizer has tokens"
+    return logits if logits.shape[-1] == vocab_size else logits[..., :vocab_size]
+
+
 def pretraining_sums(
-    mlm_logits: torch.Tensor, masked_labels: torch.Tensor, nsp_logits: torch.Tensor, nsp_labels: torch.Tensor
+    mlm_logits: torch.Tensor,
+    masked_labels: torch.Tensor,
+    nsp_logits: torch.Tensor,
+    nsp_labels: torch.Tensor,
+    vocab_size: int,
 ) -> dict[str, torch.Tensor]:
-    """Summed losses and correct counts, all as 0-d tensors (no host synchronisation)."""
+    """Summed losses and correct counts, all as 0-d tensors (no host synchronisation); the MLM
+    softmax runs over the tokenizer's `vocab_size` tokens only (`real_token_logits`)."""
+    mlm_logits = real_token_logits(mlm_logits, vocab_size)  # (M, V)
     nsp_logits = nsp_logits.float()  # (B, 2)
     has_mlm = masked_labels != NO_LABEL  # (M,)
     label_logits = mlm_logits.gather(-1, masked_labels.clamp(min=0)[:, None]).squeeze(-1)  # (M,)
@@ -47,8 +68,17 @@ def pretraining_loss(sums: dict[str, torch.Tensor]) -> torch.Tensor:
     return mlm + nsp
 
 
-def summarize(totals: dict[str, float]) -> dict[str, float]:
-    """Turn accumulated sums into the reported metrics (NSP ones only when pairs had NSP labels)."""
+class Summary(NamedTuple):
+    """Sums accumulated over batches, summarized: the loss training minimises (a log line's `loss`)
+    and the metrics reported beside it."""
+
+    loss: float
+    metrics: dict[str, float]
+
+
+def summarize_pretraining(totals: dict[str, float]) -> Summary:
+    """Accumulated `pretraining_sums` -> the MLM loss plus the NSP loss (as `pretraining_loss`), and the
+    metrics (NSP ones only when pairs had NSP labels)."""
     mlm_count = max(totals["mlm_count"], 1.0)
     mlm_loss = totals["mlm_loss_sum"] / mlm_count
     metrics = {
@@ -56,7 +86,8 @@ def summarize(totals: dict[str, float]) -> dict[str, float]:
         "perplexity": math.exp(min(mlm_loss, 50.0)),
         "mlm_accuracy": totals["mlm_correct"] / mlm_count,
     }
-    if totals["nsp_count"] > 0:
-        metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]
-        metrics["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
-    return metrics
+    if totals["nsp_count"] == 0:
+        return Summary(mlm_loss, metrics)
+    metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]
+    metrics["nsp_accuracy"] = totals["nsp_correct"] / totals["nsp_count"]
+    return Summary(mlm_loss + metrics["nsp_loss"], metrics)

@@ -1,8 +1,9 @@
-"""Batches for pretraining: padding and dynamic masked-language-model masking.
+"""Batches for pretraining: dynamic masked-language-model masking.
 
-Owns `pad_batch` (right padding to the batch's longest example, with the attention mask) and
-`MaskingCollator`, which masks each batch afresh (dynamic masking, as RoBERTa does, instead of
-Google's masking once at data preparation and copying the data `dupe_factor` times).
+Owns `MaskingCollator`, which pads a batch (`batches.pad_batch`) with its NSP labels and masks it
+afresh (dynamic masking, as RoBERTa does, instead of Google's masking once at data preparation and
+copying the data `dupe_factor` times), and `PretrainingCollator`, which then shapes it for the
+model (`batches.shape_batch`).
 
 The masking rule is BERT's (Devlin et al. 2019, section 3.1 and appendix A.1; Google's
 `create_masked_lm_predictions` in `create_pretraining_data.py`): per sequence, k =
@@ -20,47 +21,23 @@ only those through the vocabulary (sparse MLM head). Every random draw comes fro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 
+from bertforge.batches import pad_batch, shape_batch
+from bertforge.config import DataConfig, max_predictions
 from bertforge.errors import BertforgeError
-
-
-def pad_batch(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad examples to the longest one.
-
-    Each example has `input_ids`, optionally `token_type_ids` (default 0) and `nsp_label`
-    (default -1). Returns `input_ids`, `token_type_ids`, `attention_mask` (1 real, 0 padding), all
-    (B, T) long, and `nsp_labels` (B,) long.
-    """
-    if not examples:
-        raise ValueError("pad_batch needs at least one example")
-    lengths = [len(example["input_ids"]) for example in examples]
-    batch_size, width = len(examples), max(lengths)
-    input_ids = np.full((batch_size, width), pad_id, dtype=np.int64)  # (B, T)
-    token_type_ids = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
-    attention_mask = np.zeros((batch_size, width), dtype=np.int64)  # (B, T)
-    nsp_labels = np.empty(batch_size, dtype=np.int64)  # (B,)
-    for row, (example, length) in enumerate(zip(examples, lengths, strict=True)):
-        input_ids[row, :length] = example["input_ids"]
-        if example.get("token_type_ids") is not None:
-            token_type_ids[row, :length] = example["token_type_ids"]
-        attention_mask[row, :length] = 1
-        nsp_labels[row] = int(example.get("nsp_label", -1))
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "token_type_ids": torch.from_numpy(token_type_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "nsp_labels": torch.from_numpy(nsp_labels),
-    }
+from bertforge.losses import NO_LABEL
 
 
 class MaskingCollator:
     """Pads a list of examples and masks them for MLM; use as a DataLoader `collate_fn`.
 
-    Returns `pad_batch`'s tensors, with masked ids in `input_ids`, plus `masked_positions` (M,):
-    sorted flat indices into the (B, T) batch, and `masked_labels` (M,): the original ids there.
+    Returns `pad_batch`'s tensors, with masked ids in `input_ids`, plus `nsp_labels` (B,): each
+    example's `nsp_label` (default -1, none), `masked_positions` (M,): sorted flat indices into the
+    (B, T) batch, and `masked_labels` (M,): the original ids there.
     """
 
     def __init__(
@@ -83,12 +60,10 @@ class MaskingCollator:
         special[[pad_id, mask_id]] = True
         if special.all():
             raise BertforgeError("the vocabulary has no ordinary tokens to mask; train a larger vocabulary")
-        self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.mask_id = mask_id
         self.mlm_probability = mlm_probability
         self.max_predictions = max_predictions
-        self.whole_word_mask = whole_word_mask
         self._special = torch.from_numpy(special)  # (V,)
         self._replacements = torch.from_numpy(np.flatnonzero(~special))  # (V',) random-token pool
         self._continuation = None
@@ -110,6 +85,7 @@ class MaskingCollator:
         self, examples: list[dict], generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:
         batch = pad_batch(examples, self.pad_id)
+        batch["nsp_labels"] = torch.tensor([int(example.get("nsp_label", NO_LABEL)) for example in examples])
         input_ids = batch["input_ids"]  # (B, T)
         candidates = batch["attention_mask"].bool() & ~self._special[input_ids]  # (B, T)
         count = candidates.sum(1)  # (B,)
@@ -140,6 +116,45 @@ class MaskingCollator:
         batch["masked_positions"] = masked_positions
         batch["masked_labels"] = masked_labels
         return batch
+
+
+class PretrainingCollator:
+    """Masks a batch (`MaskingCollator`), then shapes it (`shape_batch`); fixed shapes when `width`
+    is given, with room for `masked_per_row` masked positions per sequence."""
+
+    def __init__(self, masking: MaskingCollator, width: int | None = None, masked_per_row: int = 0) -> None:
+        self.masking = masking
+        self.width = width
+        self.masked_per_row = masked_per_row
+
+    def __call__(
+        self, examples: list[dict], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        batch = self.masking(examples, generator=generator)
+        masked = len(examples) * self.masked_per_row if self.width else None
+        return shape_batch(batch, self.masking.pad_id, self.width, masked)
+
+
+def pretraining_collator(
+    tokenizer, data: DataConfig, mlm_probability: float | None = None, fixed_shapes: bool = False
+) -> PretrainingCollator:
+    """The collator for a tokenizer and data settings (evaluation passes its fixed rate); with
+    `fixed_shapes` (for torch.compile) every batch of a given size has the same shapes."""
+    if mlm_probability is not None:
+        data = replace(data, mlm_probability=mlm_probability, max_predictions_per_seq=0)
+    masking = MaskingCollator(
+        vocab_size=tokenizer.vocab_size,
+        pad_id=tokenizer.pad_id,
+        mask_id=tokenizer.mask_id,
+        special_ids=tokenizer.special_ids,
+        mlm_probability=data.mlm_probability,
+        max_predictions=max_predictions(data),
+        whole_word_mask=data.whole_word_masking,
+        continuation_mask=tokenizer.continuation_mask() if data.whole_word_masking else None,
+    )
+    if not fixed_shapes:
+        return PretrainingCollator(masking)
+    return PretrainingCollator(masking, data.max_seq_length, max_predictions(data))
 
 
 def _choose_words(

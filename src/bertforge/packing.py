@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bertforge.batches import MaskedBatches
+from bertforge.batches import Batches
 from bertforge.errors import BertforgeError
 
 
@@ -72,9 +72,8 @@ class PackedWindows(Dataset):
         return {"input_ids": ids}
 
 
-def collate_windows(examples: list[dict], generator: torch.Generator | None = None) -> dict:
-    """Windows of one length -> `{"input_ids": (B, T)}`; no padding, so no attention mask (the
-    generator is unused: packing draws nothing per batch)."""
+def collate_windows(examples: list[dict]) -> dict:
+    """Windows of one length -> `{"input_ids": (B, T)}`; no padding, so no attention mask."""
     return {"input_ids": torch.from_numpy(np.stack([example["input_ids"] for example in examples]))}
 
 
@@ -87,11 +86,12 @@ def packed_batches(
     epoch: int,
     max_windows: int = 0,
     drop_last: bool = True,
-) -> MaskedBatches:
+) -> Batches:
     """The batches of one epoch: consecutive slices of its shuffled windows (the first `max_windows`
-    of them, 0: all; a last, smaller batch only without `drop_last`)."""
+    of them, 0: all; a last, smaller batch only without `drop_last`). Packing draws nothing per
+    batch: the order of the windows is the epoch's only randomness."""
     starts = window_starts(shards, length, seed, epoch)
     if max_windows:
         starts = starts[:max_windows]
     windows = PackedWindows(shards, starts, length, sep_id)
-    return MaskedBatches(windows, batch_size, collate_windows, seed, epoch, drop_last)
+    return Batches(windows, batch_size, collate_windows, drop_last)

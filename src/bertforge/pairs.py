@@ -64,7 +64,7 @@ def build_pairs(
                 f"data.max_seq_length must be at least 5 with next sentence prediction "
                 f"([CLS] A [SEP] B [SEP]), got {max_seq_length}"
             )
-        rows, _targets, _sizes = _nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)
+        rows = np.ascontiguousarray(_nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)[:, :5])
         _truncate_pairs(rows, max_seq_length - 3, rng)
     else:
         if max_seq_length < 3:
@@ -102,13 +102,10 @@ def _sentence_table(shards: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 def _nsp_chunks(
     shards: Any, max_num_tokens: int, short_seq_prob: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Untruncated NSP rows in Google's chunking, with each row's target length and chunk size.
-
-    All documents advance in lockstep, one chunk per document per iteration, so the Python loop
-    runs as many times as the longest document has chunks and every step is vectorized.
-    Returns rows (N, 5), targets (N,) and sentences in the chunk (N,).
-    """
+) -> np.ndarray:
+    """Google's chunking, untruncated: (N, 7) int64 rows `(a_start, a_end, b_start, b_end, nsp_label,
+    target, sentences)`, a pair table's five columns and then how the chunk was drawn (`build_pairs`
+    keeps the five). All documents advance in lockstep, one vectorized chunk per document a round."""
     starts, ends, doc_first, doc_stop = _sentence_table(shards)  # (S,) tokens, (D,) sentences
     num_docs = doc_first.size
     if num_docs < 2:
@@ -160,8 +157,7 @@ def _nsp_chunks(
         # Random B leaves the chunk's unused sentences for the next chunk ("put them back").
         cursor[active] = np.where(random_next, s + a, j + 1)
         active = active[cursor[active] < stop]
-    table = np.concatenate(pieces).astype(np.int64)  # (N, 7)
-    return np.ascontiguousarray(table[:, :5]), table[:, 5].copy(), table[:, 6].copy()
+    return np.concatenate(pieces).astype(np.int64)  # (N, 7)
 
 
 def _truncation_cuts(

@@ -1,13 +1,14 @@
-"""Pretraining from raw text: the run folder, its tokenizer and shards, and the objective: BERT's
-MLM+NSP, or with `model.objective = "clm"` GPT-1's next-token prediction over packed windows of
-contiguous text (`bertforge.packing`), trained by the same loop.
+"""Pretraining from raw text (or the token shards `bertforge prepare` wrote, `data.shards`): the run
+folder, its tokenizer and shards, and the objective: BERT's MLM+NSP, or with `model.objective =
+"clm"` GPT-1's next-token prediction over packed windows of contiguous text (`bertforge.packing`),
+trained by the same loop.
 
 Run folder layout (`--out DIR`):
 
     config.json         the effective config (also inside every checkpoint and final/); data
                         paths absolute, so that `--resume` works from any working directory
-    data.json           the sha256 of every corpus and validation file: `--resume` refuses
-                        changed text unless `--allow-changed-data`
+    data.json           the sha256 of every corpus and validation file (of a shard folder: its
+                        meta.json): `--resume` refuses changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
     metrics.jsonl       one line per log window ("train") and per evaluation ("valid")
     checkpoints/        step_NNNNNN/ folders, the newest `train.keep_checkpoints` kept
@@ -26,6 +27,7 @@ the last checkpoint by itself (see `commands.pretraining`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 from bertforge import distributed
-from bertforge.batches import MaskedBatches, pretraining_collator
+from bertforge.batches import Batches, SeededBatches
 from bertforge.cache import (
     cached_shards,
     cached_tokenizer,
@@ -60,14 +62,22 @@ from bertforge.evaluate import (
 from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
-from bertforge.losses import pretraining_loss, summarize
+from bertforge.losses import pretraining_loss, summarize_pretraining
+from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device
-from bertforge.shards import ShardSet, TokenShards, concat_shards, token_counts
+from bertforge.shards import (
+    META_FILE,
+    ShardSet,
+    TokenShards,
+    check_prepared_with,
+    concat_shards,
+    token_counts,
+)
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 
@@ -134,8 +144,6 @@ def run_pretraining(
     if resume and not list_checkpoints(out):
         start_afresh(out)
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
-    if isinstance(config.data.corpus, (str, Path)):  # a library caller's single path
-        config.data.corpus = [str(config.data.corpus)] if str(config.data.corpus) else []
     absolute_data_paths(config.data)
     validate(config)
     apply_threads(config.runtime)
@@ -144,9 +152,8 @@ def run_pretraining(
     # and every rank has checked `out` before rank 0 writes there.
     device = resolve_device(config.runtime.device)
     with distributed.joined_after(device, config.runtime.dist_timeout_minutes) as world:
-        data = config.data
-        corpus_files = resolve_corpus_files(data.corpus)  # checks every file before any work
-        hashes = data_hashes(corpus_files, data.valid)
+        corpus_files, prepared = training_text(config.data)  # checked before any work
+        hashes = data_hashes(corpus_files, config.data.valid, prepared)
         if resume and not allow_changed_data:
             check_same_data(out, hashes)
         init_state = None
@@ -158,25 +165,9 @@ def run_pretraining(
             config.model.vocab_size = tokenizer.vocab_size
         config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
         validate(config)
-        train_shards = concat_shards(
-            [
-                cached_shards(file, tokenizer, data.format, cache_dir, show_progress, data.text_column)
-                for file in corpus_files
-            ]
-        )
+        train_shards = training_shards(corpus_files, prepared, tokenizer, config, cache_dir, show_progress)
         check_training_data(train_shards, config)
-        valid_batches, reference = [], {}
-        if data.valid:
-            valid_shards = cached_shards(
-                corpus_path(data.valid, "valid"),
-                tokenizer,
-                data.format,
-                cache_dir,
-                show_progress,
-                data.text_column,
-            )
-            valid_batches = evaluation_batches(valid_shards, tokenizer, data, config.model.objective)
-            reference = {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
+        valid_batches, reference = validation_data(config, tokenizer, cache_dir, show_progress)
 
     choose_run_precision(config, world, cache_dir, show_progress)
     agree_on_precision(config)  # outside the block above: every rank must reach this collective
@@ -205,6 +196,53 @@ def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], B
     return model.state_dict(), tokenizer
 
 
+def training_text(data: DataConfig) -> tuple[list[Path], list[TokenShards]]:
+    """The corpus files (`data.corpus`), or the shard folders that `bertforge prepare` wrote
+    (`data.shards`), opened and checked before any work; exactly one of the two is given."""
+    if data.shards and data.corpus:
+        raise BertforgeError(
+            "data.corpus and data.shards both name the training text; give one: --corpus or --shards"
+        )
+    if data.shards:
+        return [], [TokenShards.open(folder) for folder in data.shards]
+    return resolve_corpus_files(data.corpus), []
+
+
+def training_shards(
+    corpus_files: list[Path],
+    prepared: list[TokenShards],
+    tokenizer: BertTokenizer,
+    config: RunConfig,
+    cache_dir: Path,
+    show_progress: bool,
+) -> TokenShards | ShardSet:
+    """The training text as one corpus of shards: the prepared folders if given (made by this
+    tokenizer), else the corpus files tokenized through the cache."""
+    data = config.data
+    if prepared:
+        return concat_shards([check_prepared_with(part, tokenizer) for part in prepared])
+    return concat_shards(
+        [
+            cached_shards(file, tokenizer, data.format, cache_dir, show_progress, data.text_column)
+            for file in corpus_files
+        ]
+    )
+
+
+def validation_data(
+    config: RunConfig, tokenizer: BertTokenizer, cache_dir: Path, show_progress: bool
+) -> tuple[list[dict], dict[str, float]]:
+    """The fixed evaluation batches of `data.valid` and its unigram entropy; none without it."""
+    data = config.data
+    if not data.valid:
+        return [], {}
+    valid_shards = cached_shards(
+        corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress, data.text_column
+    )
+    valid_batches = evaluation_batches(valid_shards, tokenizer, data, config.model.objective)
+    return valid_batches, {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
+
+
 def train_and_save(
     config: RunConfig,
     out: Path,
@@ -226,9 +264,11 @@ def train_and_save(
     objective = Objective(
         model=model,
         batches=batches(train_shards, tokenizer, config),
-        loss=loss,
+        loss=functools.partial(loss, vocab_size=tokenizer.vocab_size),  # a padded vocabulary's extra rows out
         evaluate=lambda m: (
-            pretraining_metrics(m, valid_batches, config.runtime.precision) if valid_batches else {}
+            pretraining_metrics(m, valid_batches, tokenizer.vocab_size, config.runtime.precision)
+            if valid_batches
+            else {}
         ),
         summarize=summarize_sums,
     )
@@ -244,7 +284,7 @@ def objective_parts(objective: str) -> tuple:
     """(epoch batches, loss, summarize) of an objective: BERT's MLM + NSP ("mlm") or GPT's next token."""
     if objective == "clm":
         return packed_epoch_batches, causal_lm_loss, summarize_clm
-    return epoch_batches, masked_lm_and_nsp_loss, summarize
+    return epoch_batches, masked_lm_and_nsp_loss, summarize_pretraining
 
 
 def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> None:
@@ -306,16 +346,21 @@ def start_afresh(out: Path) -> None:
 
 
 def absolute_data_paths(data: DataConfig) -> None:
-    """Make the corpus specs (files, folders, glob patterns) and the validation file absolute, so that
-    the saved config names the same files from any working directory."""
+    """Make the corpus specs (files, folders, glob patterns), the shard folders and the validation file
+    absolute, so that the saved config names the same files from any working directory."""
+    if isinstance(data.corpus, (str, Path)):  # a library caller's single path
+        data.corpus = [str(data.corpus)] if str(data.corpus) else []
     data.corpus = [os.path.abspath(spec) for spec in data.corpus]
+    data.shards = [os.path.abspath(folder) for folder in data.shards]
     data.valid = os.path.abspath(data.valid) if data.valid else data.valid
 
 
-def data_hashes(corpus_files: list[Path], valid: str) -> dict[str, str]:
-    """The sha256 of every training and validation file, by absolute path (what `--resume` checks)."""
+def data_hashes(corpus_files: list[Path], valid: str, prepared: list[TokenShards]) -> dict[str, str]:
+    """The sha256 of every training and validation file, by absolute path (what `--resume` checks);
+    a shard folder's is that of its meta.json, which names its source text, tokenizer and counts."""
     files = [*corpus_files, *([Path(valid)] if valid else [])]
-    return {os.path.abspath(file): content_hash(file) for file in files}
+    hashes = {os.path.abspath(file): content_hash(file) for file in files}
+    return hashes | {os.path.abspath(part.path): content_hash(part.path / META_FILE) for part in prepared}
 
 
 def check_same_data(out: Path, hashes: dict[str, str]) -> None:
@@ -347,6 +392,11 @@ def run_tokenizer(
         return load_tokenizer(out / "tokenizer")
     if tokenizer_dir:
         return load_tokenizer(Path(tokenizer_dir))
+    if not corpus_files:
+        raise BertforgeError(
+            "training on prepared shards (data.shards) needs the tokenizer that prepared them: "
+            "pass it with --tokenizer"
+        )
     data = config.data
     return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
 
@@ -357,10 +407,10 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
 
-    def batches(epoch: int) -> MaskedBatches:
+    def batches(epoch: int) -> SeededBatches:
         pairs = build_pairs(shards, epoch_seq_length(data, epoch), data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
-        return MaskedBatches(examples, micro_batch, collate, seed, epoch)
+        return SeededBatches(examples, micro_batch, collate, seed, epoch)
 
     return batches
 
@@ -371,7 +421,7 @@ def packed_epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenize
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
 
-    def batches(epoch: int) -> MaskedBatches:
+    def batches(epoch: int) -> Batches:
         length = epoch_seq_length(data, epoch)
         return packed_batches(shards, length, tokenizer.sep_id, micro_batch, seed, epoch)
 
@@ -386,12 +436,12 @@ def epoch_seq_length(data: DataConfig, epoch: int) -> int:
     return data.max_seq_length
 
 
-def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-    sums = pretraining_batch_sums(model, batch)
+def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict, vocab_size: int) -> tuple[torch.Tensor, dict]:
+    sums = pretraining_batch_sums(model, batch, vocab_size)
     return pretraining_loss(sums), sums
 
 
-def causal_lm_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+def causal_lm_loss(model: torch.nn.Module, batch: dict, vocab_size: int) -> tuple[torch.Tensor, dict]:
     """Mean next-token cross-entropy over the batch's targets, and the sums to log."""
-    sums = next_token_batch_sums(model, batch)
+    sums = next_token_batch_sums(model, batch, vocab_size)
     return sums["clm_loss_sum"] / sums["clm_count"], sums

@@ -1,6 +1,7 @@
 """Token shards: a corpus tokenized once into flat binary files that are memory-mapped for training.
 
-Owns the folder layout and its checks. `tokens.bin` holds every token id back to back (uint16 when
+Owns the folder layout and its checks, among them `check_prepared_with`: that a folder holds the
+ids of a given tokenizer. `tokens.bin` holds every token id back to back (uint16 when
 the vocabulary fits, else uint32); `sentence_offsets.bin` (int64, num_sentences + 1) says where
 each sentence starts in it; `document_offsets.bin` (int64, num_documents + 1) says which
 sentences each document holds; `meta.json` records the counts, the tokenizer fingerprint and the
@@ -188,22 +189,12 @@ class TokenShards:
         return int(self.meta["num_sentences"])
 
     @property
-    def num_documents(self) -> int:
-        return int(self.meta["num_documents"])
-
-    @property
     def vocab_size(self) -> int:
         return int(self.meta["vocab_size"])
 
     @property
     def tokenizer_fingerprint(self) -> str:
         return self.meta["tokenizer_fingerprint"]
-
-    def document(self, d: int) -> list[np.ndarray]:
-        """The token ids of each sentence of document `d`."""
-        first, last = self.document_offsets[d], self.document_offsets[d + 1]
-        bounds = self.sentence_offsets[first : last + 1]
-        return [self.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def max_token_id(self) -> int:
         """The largest token id held, read in blocks so that memory stays flat."""
@@ -215,7 +206,7 @@ class ShardSet:
     """Several shard folders seen as one corpus: the documents of the first, then of the next, ...
 
     It has the attributes training reads from a `TokenShards` (`tokens`, `sentence_offsets`,
-    `document_offsets`, the counts, `document(d)`), so pairs are drawn from all documents at once
+    `document_offsets`, `vocab_size`), so pairs are drawn from all documents at once
     and each folder contributes in proportion to its size. The offsets are shifted and
     concatenated in memory (8 bytes per sentence and per document); the token arrays stay
     memory-mapped, one per folder, behind `ConcatTokens`.
@@ -236,30 +227,8 @@ class ShardSet:
         self.document_offsets = _concat_offsets([part.document_offsets for part in parts], sentence_starts)
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def num_sentences(self) -> int:
-        return len(self.sentence_offsets) - 1
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.document_offsets) - 1
-
-    @property
     def vocab_size(self) -> int:
         return self.parts[0].vocab_size
-
-    @property
-    def tokenizer_fingerprint(self) -> str:
-        return self.parts[0].tokenizer_fingerprint
-
-    def document(self, d: int) -> list[np.ndarray]:
-        """The token ids of each sentence of document `d`."""
-        first, last = self.document_offsets[d], self.document_offsets[d + 1]
-        bounds = self.sentence_offsets[first : last + 1]
-        return [self.tokens[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _concat_offsets(offsets: list[np.ndarray], shifts: np.ndarray) -> np.ndarray:
@@ -304,6 +273,22 @@ class ConcatTokens:
 def concat_shards(parts: Sequence[TokenShards]) -> TokenShards | ShardSet:
     """One corpus from the shards of several files; a single folder is returned as it is."""
     return parts[0] if len(parts) == 1 else ShardSet(parts)
+
+
+def check_prepared_with(shards: TokenShards, tokenizer: BertTokenizer) -> TokenShards:
+    """Refuse a shard folder that another tokenizer prepared, or that holds ids past its vocabulary."""
+    if shards.tokenizer_fingerprint != tokenizer.fingerprint:
+        raise BertforgeError(
+            f"token shard folder {shards.path} was prepared with another tokenizer than this run's: "
+            "pretrain with the tokenizer that `bertforge prepare` used for it (--tokenizer), or prepare "
+            "the corpus again with this one"
+        )
+    top = shards.max_token_id()
+    if top >= tokenizer.vocab_size:
+        raise _damaged(
+            shards.path, f"it holds token id {top}, but the tokenizer has {tokenizer.vocab_size} tokens"
+        )
+    return shards
 
 
 def token_counts(shards: TokenShards | ShardSet, exclude: Sequence[int] = ()) -> np.ndarray:

@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -63,13 +63,15 @@ from bertforge.checkpoint import (
 from bertforge.config import RunConfig, TrainConfig
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import WriteError, append_text, atomic_write_text
+from bertforge.losses import Summary
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
 
 
 @dataclass
 class Objective:
-    """What a run trains. `loss` returns the loss to minimise and detached named sums for logging.
+    """What a run trains. `loss` returns a micro-batch's loss to minimise and named sums for logging;
+    `summarize` turns the sums accumulated over a log window into its loss and reported metrics.
 
     Micro-batches hold `distributed.batch_plan(config.train).micro_batch` sequences (with one
     process: batch_size / gradient_accumulation_steps).
@@ -79,7 +81,31 @@ class Objective:
     batches: Callable[[int], Dataset]  # epoch -> dataset whose item b is micro-batch b (dict of tensors)
     loss: Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     evaluate: Callable[[torch.nn.Module], dict[str, float]]
-    summarize: Callable[[dict[str, float]], dict[str, float]]  # summed train stats -> reported metrics
+    summarize: Callable[[dict[str, float]], Summary]
+
+
+@dataclass
+class TrainState:
+    """Where a run stands: what every checkpoint's `state.json` holds besides the RNG states and file
+    hashes that `checkpoint.save_checkpoint` adds, in this order, and what `--resume` restores."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # the data position: the epoch, and the micro-batches of it that all ranks took
+    batch: int = 0
+    elapsed_s: float = 0.0  # seconds of training, written at each checkpoint
+    tokens: int = 0  # real tokens trained on, counted at each log line
+    last_valid: dict[str, float] = field(default_factory=dict)  # the last evaluation's metrics
+    micro_batch: int = 0  # sequences per micro-batch: a resumed run must keep it
+    world_size: int = 1  # the processes that trained the run
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Take the fields a checkpoint's state holds (older ones lack some: those stay as they are)."""
+        for name in (f.name for f in fields(self)):
+            if name in saved:
+                setattr(self, name, saved[name])
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -325,19 +351,14 @@ class Trainer:
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoint_every = self.train_cfg.checkpoint_every or self.train_cfg.eval_every
         self.signals = StopSignals()
-        self.state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "tokens": 0, "last_valid": {}}
+        self.state = TrainState(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
         if resume:
             self.restore()
         else:
             # The dropout stream (the model was seeded by its builder); each rank draws its own.
             torch.manual_seed(self.runtime.seed + self.world.rank)
-            if self.world.is_main:
-                self.log.append({"step": 0, "split": "valid", **objective.evaluate(self.model)})
-        self.state.update(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
-        self.clock = time.perf_counter() - self.state["elapsed_s"]
         self.clock_read: tuple[int, float] | None = None  # (step, seconds) last agreed under DDP
-        self.window = Window()
-        self.checked_step = self.state["step"]  # the last step whose loss, gradients and weights were finite
+        self.checked_step = self.state.step  # the last step whose loss, gradients and weights were finite
         # False once a step's gradient norm was non-finite (fp16's scaler skips those steps itself).
         self.grads_finite = torch.ones((), dtype=torch.bool, device=self.device)
 
@@ -347,32 +368,35 @@ class Trainer:
             raise BertforgeError(
                 f"{self.run_dir} has no checkpoint to resume from; start again without --resume"
             )
-        path = self.load_newest_intact(checkpoints)
-        saved = self.state.get("micro_batch", self.plan.micro_batch)
+        path, saved_state = self.load_newest_intact(checkpoints)
+        self.state.load_state_dict(saved_state)  # older checkpoints lack micro_batch: this run's stands
+        saved = self.state.micro_batch
         if saved != self.plan.micro_batch:
             raise BertforgeError(
                 f"{path} was trained with micro-batches of {saved} sequences on "
-                f"{self.state.get('world_size', 1)} process(es), but {self.world.world_size} would use "
+                f"{self.state.world_size} process(es), but {self.world.world_size} would use "
                 f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
                 f"or with --set train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
             )
-        self.restore_rank_rng(self.state.pop("rank_rng", None))
+        self.state.world_size = self.world.world_size
+        self.restore_rank_rng(saved_state.get("rank_rng"))
         if self.world.is_main:
-            self.log.truncate_after(self.state["step"])
+            self.log.truncate_after(self.state.step)
 
-    def load_newest_intact(self, checkpoints: list[Path]) -> Path:
-        """Load the newest checkpoint that passes its checks into the run, warning about newer damaged
-        ones (they are overwritten when the run reaches their step again); return its path."""
+    def load_newest_intact(self, checkpoints: list[Path]) -> tuple[Path, dict]:
+        """Load the newest checkpoint that passes its checks into the model and optimizer, warning
+        about newer damaged ones (they are overwritten when the run reaches their step again); return
+        its path and its state.json."""
         damaged = []
         for path in reversed(checkpoints):
             try:
-                self.state = load_checkpoint(path, self.model, self.optimizer, self.scaler)
+                saved = load_checkpoint(path, self.model, self.optimizer, self.scaler)
             except DamagedCheckpoint as error:
                 damaged.append(str(error))
                 continue
             if damaged:
                 warnings.warn(f"{'; '.join(damaged)}; resuming from {path.name} instead", stacklevel=4)
-            return path
+            return path, saved
         raise BertforgeError(
             f"no intact checkpoint to resume from: {'; '.join(damaged)}; start a new run in another --out"
         )
@@ -385,7 +409,7 @@ class Trainer:
         if saved and rank < len(saved):
             restore_rng_states(saved[rank], self.device)
         else:  # the checkpoint came from fewer processes: a fresh stream, still a function of the seed
-            torch.manual_seed(batch_seed(self.runtime.seed, self.state["step"], rank))
+            torch.manual_seed(batch_seed(self.runtime.seed, self.state.step, rank))
 
     def elapsed(self) -> float:
         """Seconds of training so far. With a time budget under DDP every rank takes rank 0's clock,
@@ -394,37 +418,42 @@ class Trainer:
         seconds = time.perf_counter() - self.clock
         if not (self.world.distributed and self.schedule.budget_s):
             return seconds
-        step = self.state["step"]
+        step = self.state.step
         if self.clock_read is None or (step != self.clock_read[0] and step % self.train_cfg.log_every == 0):
             self.clock_read = (step, distributed.broadcast_float(seconds))
         return self.clock_read[1]
 
     def run(self, show_progress: bool) -> dict:
+        if self.state.step == 0 and self.world.is_main:  # a new run: the model before training
+            self.log.append({"step": 0, "split": "valid", **self.objective.evaluate(self.model)})
         stream = self.start()
         bar = self.progress_bar(show_progress)
         while True:
             now = self.elapsed()
-            if self.schedule.progress(self.state["step"], now) >= 1.0:
+            if self.schedule.progress(self.state.step, now) >= 1.0:
                 break
-            lr = self.schedule.learning_rate(self.schedule.progress(self.state["step"] + 1, now))
+            lr = self.schedule.learning_rate(self.schedule.progress(self.state.step + 1, now))
             self.optimizer_step(stream, lr)
             self.advance(bar, now)
             stop = self.agreed_stop()
             self.after_step(lr, bar, checkpoint_now=bool(stop))
             if stop:
                 bar.close()
-                step = self.state["step"]
+                step = self.state.step
                 raise Interrupted(stop, step, checkpoint_dir(self.run_dir, step), self.world.is_main)
         bar.close()
         return {
-            "step": self.state["step"],
+            "step": self.state.step,
             "elapsed_s": time.perf_counter() - self.clock,
-            "tokens": self.state["tokens"],
-            **self.state["last_valid"],
+            "tokens": self.state.tokens,
+            **self.state.last_valid,
         }
 
     def start(self) -> Iterator[tuple[int, int, dict]]:
-        """Wrap (DDP) and compile the model; the stream of micro-batches from the run's position."""
+        """Start the clock, wrap (DDP) and compile the model; the stream of micro-batches from the
+        run's position."""
+        self.clock = time.perf_counter() - self.state.elapsed_s
+        self.window = Window()
         self.step_model = compile_model(
             distributed.wrap(self.model, self.device, self.world), self.runtime.compile
         )
@@ -432,8 +461,8 @@ class Trainer:
         self.compile_unconfirmed = self.world.distributed and self.runtime.compile
         return micro_batches(
             self.objective,
-            self.state["epoch"],
-            self.state["batch"],
+            self.state.epoch,
+            self.state.batch,
             data_workers(self.runtime, self.device),
             self.device.type == "cuda",
             self.world.rank,
@@ -446,7 +475,7 @@ class Trainer:
         if not self.schedule.budget_s:
             return tqdm(
                 total=self.train_cfg.max_steps,
-                initial=self.state["step"],
+                initial=self.state.step,
                 unit="step",
                 disable=disable,
                 dynamic_ncols=True,
@@ -462,7 +491,7 @@ class Trainer:
     def advance(self, bar: tqdm, elapsed_s: float) -> None:
         """Move the bar to the run's progress (steps or budget, whichever is further)."""
         if self.schedule.budget_s:
-            seconds = round(self.schedule.progress(self.state["step"], elapsed_s) * bar.total)
+            seconds = round(self.schedule.progress(self.state.step, elapsed_s) * bar.total)
             bar.update(seconds - bar.n)  # tqdm redraws at most every mininterval
         else:
             bar.update(1)
@@ -478,7 +507,7 @@ class Trainer:
             self.window.add(sums, real_tokens(batch))  # counted on the host copy: no device sync
         if self.compile_unconfirmed:
             self.agree_on_compiling()
-        self.state.update(epoch=micro[-1][0], batch=micro[-1][1])
+        self.state.epoch, self.state.batch = micro[-1][0], micro[-1][1]
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.train_cfg.max_grad_norm:
@@ -491,7 +520,7 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state["step"] += 1
+        self.state.step += 1
 
     def gradients(self, batches: list[dict]) -> list[dict[str, torch.Tensor]]:
         """Accumulate the gradients of this rank's micro-batches of one step; return their loss sums.
@@ -539,14 +568,14 @@ class Trainer:
         steps (one all-reduce), so that all stop after the same step whichever rank had the signal."""
         if not self.world.distributed:
             return self.signals.received
-        if self.state["step"] % self.train_cfg.log_every:
+        if self.state.step % self.train_cfg.log_every:
             return 0
         return distributed.all_reduce_max(self.signals.received)
 
     def after_step(self, lr: float, bar: tqdm, checkpoint_now: bool = False) -> None:
         """Log, evaluate and checkpoint on their cadences, and always after the last step; checkpoint
         (and log) also when `checkpoint_now`."""
-        step = self.state["step"]
+        step = self.state.step
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done or checkpoint_now
         evaluate = step % self.train_cfg.eval_every == 0 or done
@@ -559,22 +588,22 @@ class Trainer:
         if log or evaluate:
             self.check_finite()  # before anything of this step is logged, evaluated or saved
         if log:
-            self.state["tokens"] += tokens
+            self.state.tokens += tokens
             if self.world.is_main:
                 self.log.append({"step": step, "split": "train", **record})
                 bar.set_postfix(
                     step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
                 )
         if evaluate and self.world.is_main:
-            self.state["last_valid"] = self.objective.evaluate(self.model)
-            if any(_nonfinite(value) for value in self.state["last_valid"].values()):
+            self.state.last_valid = self.objective.evaluate(self.model)
+            if any(_nonfinite(value) for value in self.state.last_valid.values()):
                 raise self.diverged("the validation metrics")
             self.log.append(
-                {"step": step, "split": "valid", "tokens": self.state["tokens"], **self.state["last_valid"]}
+                {"step": step, "split": "valid", "tokens": self.state.tokens, **self.state.last_valid}
             )
-            if self.state["last_valid"]:  # empty without validation text
+            if self.state.last_valid:  # empty without validation text
                 bar.write(
-                    f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state["last_valid"].items())
+                    f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state.last_valid.items())
                 )
         if checkpoint:
             self.save_checkpoint(step)
@@ -589,10 +618,10 @@ class Trainer:
             raise self.diverged("the gradients")
         if not weights_ok:
             raise self.diverged("the weights")
-        self.checked_step = self.state["step"]
+        self.checked_step = self.state.step
 
     def diverged(self, what: str) -> BertforgeError:
-        step, last = self.state["step"], self.checked_step
+        step, last = self.state.step, self.checked_step
         when = f"at step {step}" if last >= step - 1 else f"between steps {last + 1} and {step}"
         fp16 = "; with fp16 precision try bf16" if self.runtime.precision == "fp16" else ""
         return BertforgeError(
@@ -609,8 +638,8 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the checkpoint, with every rank's RNG state; the others wait for it."""
-        self.state["elapsed_s"] = time.perf_counter() - self.clock
-        state = dict(self.state)
+        self.state.elapsed_s = time.perf_counter() - self.clock
+        state = self.state.state_dict()
         if self.world.distributed:
             state["rank_rng"] = distributed.gather_objects(rng_states(self.device))
         if self.world.is_main:
@@ -643,7 +672,7 @@ class Window:
         self.tokens += tokens
         self.new_tokens += tokens
 
-    def flush(self, summarize: Callable[[dict[str, float]], dict[str, float]], lr: float) -> tuple[dict, int]:
+    def flush(self, summarize: Callable[[dict[str, float]], Summary], lr: float) -> tuple[dict, int]:
         """Synchronise once, sum over ranks, and return the window's metrics and its new tokens.
 
         Sums (not means) are reduced, so masked-token and pair weighting is exact across ranks.
@@ -652,9 +681,8 @@ class Window:
         keys = sorted(self.sums)
         local = (to_host([self.sums[key] for key in keys]) if keys else []) + [self.tokens, self.new_tokens]
         *totals, tokens, new_tokens = distributed.all_reduce_sum([float(value) for value in local])
-        metrics = summarize(dict(zip(keys, totals, strict=True)))
-        loss = sum(value for key, value in metrics.items() if key.endswith("_loss"))
-        record = {"loss": loss, **metrics, "lr": lr, "tokens_per_s": tokens / seconds}
+        summary = summarize(dict(zip(keys, totals, strict=True)))
+        record = {"loss": summary.loss, **summary.metrics, "lr": lr, "tokens_per_s": tokens / seconds}
         self.sums = {}
         self.new_tokens = 0
         self.restart()

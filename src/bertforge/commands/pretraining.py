@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -69,7 +70,8 @@ def add_prepare_command(commands) -> None:
     p = commands.add_parser(
         "prepare",
         help="tokenize a corpus into memory-mapped shards",
-        description="Tokenize once into flat token shards with sentence and document offsets.",
+        description="Tokenize once into flat token shards with sentence and document offsets; "
+        "`pretrain --shards` trains on them.",
     )
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
@@ -91,6 +93,13 @@ def add_pretrain_command(commands) -> None:
         action="append",
         help="training text: a file (WikiText, plain text, JSON lines, Parquet; .gz read as it is), a "
         "folder (every file in it) or a quoted glob pattern; repeat to train on several corpora",
+    )
+    p.add_argument(
+        "--shards",
+        action="append",
+        metavar="DIR",
+        help="train on a folder of token shards written by `bertforge prepare` instead of --corpus, "
+        "with the --tokenizer that prepared it; repeat for several folders",
     )
     p.add_argument("--valid", type=Path, help="held-out text for evaluation")
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
@@ -201,6 +210,8 @@ def run_prepare(args) -> int:
         f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
         f"{meta['num_tokens']} tokens written to {args.out}"
     )
+    shards, tokenizer = shlex.quote(str(args.out)), shlex.quote(str(args.tokenizer))
+    print(f"train on them with: bertforge pretrain --shards {shards} --tokenizer {tokenizer} --out RUN")
     return 0
 
 
@@ -226,6 +237,7 @@ def pretrain_config(args) -> RunConfig:
             apply_mapping(config, load_toml(args.config), origin=str(args.config))
     flags = {
         "data.corpus": args.corpus,  # every --corpus value; `pretrain` saves them absolute
+        "data.shards": args.shards,
         "data.valid": str(args.valid) if args.valid else None,
         "data.format": args.format,
         "data.text_column": args.text_column,
