@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import HF_TINY_SIZES
 
-from bertforge.config import ModelConfig
+from bertforge.config import HIDDEN_ACTS, ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel, init_weights
 
@@ -214,7 +214,7 @@ def test_initialisation_matches_hugging_face_statistics():
     assert abs(big.std().item() - config.initializer_range) < 0.05 * config.initializer_range
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu", "silu", "tanh"])
+@pytest.mark.parametrize("act", HIDDEN_ACTS)
 @torch.no_grad()
 def test_activation_parity_with_hugging_face(act):
     torch.manual_seed(9)

@@ -15,14 +15,31 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Literal, get_args
 
-from bertforge.corpus import FORMATS
+from bertforge.corpus import CorpusFormat
 from bertforge.errors import BertforgeError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
+
+# The values a setting accepts, each list written once: its field below has the `Literal` type, so
+# `validate`, `--set` and the command line's `choices` all read it from here.
+Objective = Literal["mlm", "clm"]  # mlm: BERT (`bertforge.model`), clm: GPT-1 (`bertforge.gpt`)
+Activation = Literal["gelu", "relu", "gelu_new", "silu", "tanh"]  # Hugging Face's names
+TokenizerKind = Literal["wordpiece", "wordlevel"]
+Schedule = Literal["linear", "constant"]  # the learning rate after warmup: linear decay to 0, or flat
+MlmBiasInit = Literal["unigram", "zero"]  # the MLM bias: log token frequencies of the corpus, or HF's 0
+ExplicitPrecision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", ExplicitPrecision]  # auto: measured (`bertforge.precision`)
+
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+HIDDEN_ACTS: tuple[Activation, ...] = get_args(Activation)
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = get_args(TokenizerKind)
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+EXPLICIT_PRECISIONS: tuple[ExplicitPrecision, ...] = get_args(ExplicitPrecision)
 
 
 @dataclass
@@ -38,7 +55,7 @@ class ModelConfig:
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     intermediate_size: int = 1024
-    hidden_act: str = "gelu"
+    hidden_act: Activation = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
@@ -46,14 +63,14 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
-    objective: str = "mlm"  # mlm (BERT) | clm (GPT-1); not a BertConfig field (export leaves it out)
+    objective: Objective = "mlm"  # not a BertConfig field (export leaves it out)
 
 
 @dataclass
 class TokenizerConfig:
     """How the vocabulary is learned when the run trains its own tokenizer."""
 
-    kind: str = "wordpiece"  # wordpiece | wordlevel
+    kind: TokenizerKind = "wordpiece"
     vocab_size: int = 30522
     min_frequency: int = 2
     lowercase: bool = True
@@ -66,7 +83,7 @@ class DataConfig:
     # training text: files, folders or glob patterns (recorded so that --resume needs no paths)
     corpus: list[str] = field(default_factory=list)
     valid: str = ""  # held-out text for evaluation ("" : no evaluation)
-    format: str = "auto"  # auto | wikitext | text | jsonl | parquet
+    format: CorpusFormat = "auto"
     text_column: str = "text"  # the jsonl field or Parquet column that holds the text
     max_seq_length: int = 128
     # a sequence-length warmup: pairs of this many tokens (0: off) in the first `warmup_seq_epochs`
@@ -94,8 +111,8 @@ class TrainConfig:
     adam_epsilon: float = 1e-6
     warmup_steps: int = 0  # 0: warmup_ratio * max_steps
     warmup_ratio: float = 0.06
-    schedule: str = "linear"  # linear | constant
-    mlm_bias_init: str = "unigram"  # unigram (log token frequencies of the corpus) | zero (Hugging Face's)
+    schedule: Schedule = "linear"
+    mlm_bias_init: MlmBiasInit = "unigram"
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_minutes: float = 0.0  # 0: no time budget; otherwise the schedule ends when time runs out
@@ -110,7 +127,7 @@ class RuntimeConfig:
     """Where and how the run executes; none of this changes the maths of a step."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: str = "auto"  # auto (measured: `bertforge.precision`) | fp32 | bf16 | fp16
+    precision: Precision = "auto"
     compile: bool = False
     seed: int = 1234
     num_workers: int = -1  # data workers masking batches in the background; -1: 2 on CUDA, 0 elsewhere
@@ -242,7 +259,9 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
 
 def _coerce(value, expected, name: str, origin: str):
     if isinstance(expected, types.UnionType):  # e.g. `int | None`
-        expected = next(t for t in typing.get_args(expected) if t is not type(None))
+        expected = next(t for t in get_args(expected) if t is not type(None))
+    if typing.get_origin(expected) is Literal:  # a string here; `validate` checks it is one of the choices
+        expected = str
     if expected == list[str]:  # one string is a list of one (config.json files of older versions)
         items = ([value] if value else []) if isinstance(value, str) else value
         if isinstance(items, list) and all(isinstance(item, str) for item in items):
@@ -255,16 +274,10 @@ def _coerce(value, expected, name: str, origin: str):
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 
-OBJECTIVES = ("mlm", "clm")
-CHOICES = {
-    "model.hidden_act": ("gelu", "relu", "gelu_new", "silu", "tanh"),
-    "model.objective": OBJECTIVES,
-    "tokenizer.kind": ("wordpiece", "wordlevel"),
-    "data.format": FORMATS,
-    "train.schedule": ("linear", "constant"),
-    "train.mlm_bias_init": ("unigram", "zero"),
-    "runtime.precision": ("auto", "fp32", "bf16", "fp16"),
-}
+def choices(section) -> dict[str, tuple[str, ...]]:
+    """The settings of a config section that take one of a list of values, and each one's list."""
+    hints = typing.get_type_hints(type(section))
+    return {key: get_args(hint) for key, hint in hints.items() if typing.get_origin(hint) is Literal}
 
 
 MAX_POSITIONS = 1 << 16  # BERT uses 512; attention's cost grows with the square of the length
@@ -343,11 +356,11 @@ def validate(config: RunConfig) -> None:
     """Raise `BertforgeError` naming the first impossible setting."""
     m, t, d, tr, rt = config.model, config.tokenizer, config.data, config.train, config.runtime
     validate_model(m)
-    for name, allowed in CHOICES.items():
-        section, key = name.split(".")
-        value = getattr(getattr(config, section), key)
-        if value not in allowed:
-            raise BertforgeError(f"{name} = {value!r} is not one of: {', '.join(allowed)}")
+    for section in fields(config):
+        for key, allowed in choices(getattr(config, section.name)).items():
+            value = getattr(getattr(config, section.name), key)
+            if value not in allowed:
+                raise BertforgeError(f"{section.name}.{key} = {value!r} is not one of: {', '.join(allowed)}")
     require_positive(
         {
             "tokenizer.vocab_size": t.vocab_size,

@@ -16,10 +16,12 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError
 
-FORMATS = ("auto", "wikitext", "text", "jsonl", "parquet")
+CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
+FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 

@@ -51,7 +51,7 @@ from bertforge.classifier import ENCODER, Classifier, load_encoder, save_classif
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
-from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
+from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.masking import pad_batch
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
@@ -82,7 +82,7 @@ class FinetuneTask:
     text_column: str
     label_column: str
     text_pair_column: str | None = None
-    format: str = "auto"  # auto | csv | tsv | jsonl
+    format: LabeledFormat = "auto"
     epochs: int = 3
     seeds: list[int] | None = None  # None: one run in --out itself, seeded by runtime.seed
     from_scratch: bool = False  # same architecture and tokenizer, random initialisation

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertforge.config import ModelConfig
+from bertforge.config import Activation, ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention
 
@@ -38,8 +38,8 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# Hugging Face's "gelu" is the exact erf form, which is also torch's default.
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+# Each of `config.HIDDEN_ACTS`; Hugging Face's "gelu" is the exact erf form, also torch's default.
+ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": _gelu_tanh,
     "relu": F.relu,

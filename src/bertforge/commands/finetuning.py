@@ -11,8 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
-from bertforge.config import CHOICES
+from bertforge.config import PRECISIONS
 from bertforge.errors import BertforgeError
+from bertforge.labeled import FORMATS
 from bertforge.reporting import add_report_to_argument, reporting_to
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
@@ -58,7 +59,7 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--text-column", help="the column (or JSON field) holding the text")
     p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
     p.add_argument("--label-column", help="the column holding the label")
-    p.add_argument("--format", choices=("auto", "csv", "tsv", "jsonl"), help="default: from the file name")
+    p.add_argument("--format", choices=FORMATS, help="default: from the file name")
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
@@ -76,7 +77,7 @@ def add_finetune_command(commands) -> None:
     )
     p.add_argument(
         "--precision",
-        choices=CHOICES["runtime.precision"],
+        choices=PRECISIONS,
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
