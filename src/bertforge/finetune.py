@@ -149,6 +149,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     config.data.corpus, config.data.valid = [task.train], task.valid
     check_max_length(config, task)
+    validate(config)  # before set_epochs divides by the batch size
     train_data, valid_data, labels = read_task_data(task)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     if resume:
@@ -156,7 +157,6 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
     valid_set = encode(tokenizer, valid_data, label_ids(valid_data, labels), config.data.max_seq_length)
     set_epochs(config, task.epochs, len(train_set))
-    validate(config)
     apply_threads(config.runtime)
     choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
     if choice is not None and show_progress:

@@ -153,8 +153,7 @@ def train_tokenizer(
     Each file is read in `format` (detected per file for "auto"); `text_column` names the text
     field of jsonl and Parquet files.
     """
-    if config.kind not in TOKENIZER_KINDS:
-        raise BertforgeError(f"tokenizer.kind = {config.kind!r} is not one of: {', '.join(TOKENIZER_KINDS)}")
+    assert config.kind in TOKENIZER_KINDS, f"tokenizer.kind {config.kind!r} (config.validate checks it)"
     if not corpus_files:
         raise BertforgeError("no corpus files given to train the tokenizer on; pass at least one text file")
 
