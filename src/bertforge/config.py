@@ -204,7 +204,7 @@ def apply_objective(config: RunConfig, objective: str) -> None:
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise BertforgeError(f"config file {path} does not exist; check the path given to --config")
+        raise BertforgeError(f"config file {path} does not exist; check the path")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:

@@ -100,8 +100,8 @@ def check_precision(device: torch.device, precision: str) -> None:
         major, minor = torch.cuda.get_device_capability(device)
         raise BertforgeError(
             f"runtime.precision = bf16, but {torch.cuda.get_device_name(device)} (compute capability "
-            f"{major}.{minor}) has no native bf16 (it needs 8.0, Ampere or later); use --precision fp16 "
-            "(with a loss scaler) or auto"
+            f"{major}.{minor}) has no native bf16 (it needs 8.0, Ampere or later); "
+            "use runtime.precision=fp16 (with a loss scaler) or auto"
         )
 
 

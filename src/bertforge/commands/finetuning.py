@@ -17,6 +17,16 @@ from bertforge.labeled import FORMATS
 from bertforge.reporting import add_report_to_argument, reporting_to
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
+# How library errors name what `finetune`'s flags set (`bertforge.cli.in_flags`).
+SETTING_FLAGS = {
+    "task.epochs": "--epochs",
+    "task.format": "--format",
+    "task.seeds": "--seeds",
+    "task.from_scratch": "--from-scratch",
+    "task.compare_scratch": "--compare-scratch",
+    "data.max_seq_length": "--max-length",
+    "train.batch_size": "--batch-size",
+}
 RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
@@ -91,7 +101,7 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
-    p.set_defaults(handler=run_finetune)
+    p.set_defaults(handler=run_finetune, setting_flags=SETTING_FLAGS)
 
 
 def add_classify_command(commands) -> None:

@@ -110,7 +110,7 @@ def add_showcase_command(commands) -> None:
     p.add_argument("--sentences", type=int, default=5, help="how many sentences")
     p.add_argument("--seed", type=int, default=0)
     add_model_arguments(p)
-    p.set_defaults(handler=run_showcase)
+    p.set_defaults(handler=run_showcase, setting_flags={"data.format": "--format"})
 
 
 def add_generate_command(commands) -> None:

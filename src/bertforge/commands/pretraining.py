@@ -31,6 +31,12 @@ FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others d
 TEXT_COLUMN_HELP = (
     f'the JSON-lines field or Parquet column holding the text (default "{DEFAULT_TEXT_COLUMN}")'
 )
+# How library errors name what these commands' flags set (`bertforge.cli.in_flags`). `pretrain` keeps
+# the names that config validation uses (data.format, runtime.precision): a bad value there came from
+# --set or --config, since argparse checks the flags' own values.
+CORPUS_FLAGS = {"data.corpus": "--corpus", "data.text_column": "--text-column"}
+READER_FLAGS = {**CORPUS_FLAGS, "data.format": "--format"}
+EVALUATE_FLAGS = {**READER_FLAGS, "runtime.precision": "--precision", "`max_length`": "--max-length"}
 
 
 def register(commands) -> None:
@@ -68,7 +74,7 @@ def add_tokenizer_command(commands) -> None:
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
-    p.set_defaults(handler=run_tokenizer_train)
+    p.set_defaults(handler=run_tokenizer_train, setting_flags=READER_FLAGS)
 
 
 def add_prepare_command(commands) -> None:
@@ -82,7 +88,7 @@ def add_prepare_command(commands) -> None:
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True)
-    p.set_defaults(handler=run_prepare)
+    p.set_defaults(handler=run_prepare, setting_flags=READER_FLAGS)
 
 
 def add_pretrain_command(commands) -> None:
@@ -143,7 +149,7 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
-    p.set_defaults(handler=run_pretrain)
+    p.set_defaults(handler=run_pretrain, setting_flags=CORPUS_FLAGS)
 
 
 def add_evaluate_command(commands) -> None:
@@ -173,7 +179,7 @@ def add_evaluate_command(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(handler=run_evaluate)
+    p.set_defaults(handler=run_evaluate, setting_flags=EVALUATE_FLAGS)
 
 
 def run_tokenizer_train(args) -> int:
