@@ -366,3 +366,16 @@ def test_a_run_whose_config_holds_one_corpus_string_resumes(
     (run / "config.json").write_text(json.dumps(saved))
     assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"]) == 0
     assert "trained 4 steps" in capsys.readouterr().out
+
+
+def test_errors_show_the_library_names_as_the_commands_flags():
+    from bertforge.cli import COMMON_FLAGS, in_flags
+    from bertforge.commands.finetuning import SETTING_FLAGS
+
+    flags = COMMON_FLAGS | SETTING_FLAGS
+    assert in_flags("x is a file; `out` must name a folder", flags) == "x is a file; --out must name a folder"
+    assert in_flags("pass `resume=True` to continue it", flags) == "pass --resume to continue it"
+    assert in_flags("lower train.batch_size", flags) == "lower --batch-size"
+    assert in_flags("use runtime.device=cuda", flags) == "use --device=cuda"
+    unrelated = "xtrain.batch_size and train.batch_size_of_x, data.max_seq_length2, out of memory"
+    assert in_flags(unrelated, flags) == unrelated

@@ -221,7 +221,7 @@ def test_parquet_reader_reads_one_document_per_row_in_batches(tmp_path):
 def test_parquet_errors(tmp_path, monkeypatch):
     path = write_parquet(tmp_path / "docs.parquet", {"id": [1, 2], "body": ["A.", "B."]})
     message = error_message(path)  # the default column, "text", is not there
-    assert "has no column 'text'" in message and "id, body" in message and "--text-column" in message
+    assert "has no column 'text'" in message and "id, body" in message and "data.text_column" in message
     with pytest.raises(BertforgeError, match="column 'id' holds int64, not text"):
         read_documents(path, text_column="id")
     assert "is a Parquet file but the corpus format is 'text'" in error_message(path, "text")

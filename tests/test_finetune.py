@@ -407,7 +407,7 @@ def test_an_interrupted_comparison_resumes_without_running_finished_seeds_again(
 
 def test_compare_with_scratch_refuses_bad_combinations(tmp_path, tiny_pretrained_run, toy):
     for overrides, message in (
-        (dict(seeds=[1, 2], from_scratch=True), "drop --from-scratch"),
+        (dict(seeds=[1, 2], from_scratch=True), "drop task.from_scratch"),
         (dict(seeds=[1]), "at least 2 seeds"),
         (dict(seeds=None), "at least 2 seeds"),
     ):

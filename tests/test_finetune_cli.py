@@ -296,6 +296,11 @@ def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data,
     assert_clean_failure(
         capsys, finetune_argv(tiny_pretrained_run, *data, out, "--lr", "-1"), "learning_rate"
     )
+    assert_clean_failure(
+        capsys,
+        finetune_argv(tiny_pretrained_run, *data, out, "--batch-size", "0"),
+        "--batch-size must be positive, got 0",
+    )
     assert not out.exists()
     assert_clean_failure(capsys, ["finetune", "--out", str(out), "--resume"], "no fine-tuning run to resume")
     assert_clean_failure(capsys, ["finetune", "--out", str(finetuned), "--resume", "--lr", "1"], "drop --lr")

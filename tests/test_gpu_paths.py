@@ -138,7 +138,7 @@ def test_an_explicit_gpu_under_torchrun_is_refused(monkeypatch):
     torchrun_env(monkeypatch, rank=1)
     world = distributed.launched()
     assert distributed.local_device(torch.device("cuda"), world) == torch.device("cuda", 1)
-    with pytest.raises(BertforgeError, match="same GPU.*--device cuda.*CUDA_VISIBLE_DEVICES"):
+    with pytest.raises(BertforgeError, match="same GPU.*runtime.device=cuda.*CUDA_VISIBLE_DEVICES"):
         distributed.local_device(torch.device("cuda", 1), world)
 
 
@@ -320,7 +320,7 @@ def test_bf16_is_checked_against_the_gpu(monkeypatch, tmp_path, gpu, capability,
     if native:
         precision.check_precision(CUDA0, "bf16")
     else:
-        with pytest.raises(BertforgeError, match=f"{gpu} .*no native bf16.*--precision fp16"):
+        with pytest.raises(BertforgeError, match=f"{gpu} .*no native bf16.*runtime.precision=fp16"):
             precision.check_precision(CUDA0, "bf16")
 
 

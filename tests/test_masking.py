@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bertforge.batches import pad_batch
+from bertforge.config import RunConfig, validate
 from bertforge.errors import BertforgeError
 from bertforge.masking import MaskingCollator
 
@@ -196,8 +197,12 @@ def test_sequence_without_candidates_masks_nothing():
     assert batch["masked_labels"].tolist() == [9]
 
 
-def test_invalid_settings_raise():
+def test_invalid_settings_are_refused_by_the_config():
+    config = RunConfig()
+    config.data.mlm_probability = 0.0
     with pytest.raises(BertforgeError, match="mlm_probability"):
+        validate(config)
+    with pytest.raises(AssertionError):  # the collator trusts a validated config
         collator(mlm_probability=0.0)
-    with pytest.raises(BertforgeError, match="max_predictions"):
+    with pytest.raises(AssertionError):
         collator(max_predictions=0)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import HF_TINY_SIZES
 
-from bertforge.config import ModelConfig
+from bertforge.config import HIDDEN_ACTS, ModelConfig, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel, init_weights
 
@@ -218,7 +218,7 @@ def test_initialisation_matches_hugging_face_statistics():
     assert abs(big.std().item() - config.initializer_range) < 0.05 * config.initializer_range
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu", "silu", "tanh"])
+@pytest.mark.parametrize("act", HIDDEN_ACTS)
 @torch.no_grad()
 def test_activation_parity_with_hugging_face(act):
     torch.manual_seed(9)
@@ -242,10 +242,12 @@ def test_activation_choice_matters():
     assert max_diff(gelu(**batch)[0], relu(**batch)[0]) > 1e-4
 
 
-def test_unknown_activation_and_bad_head_count_raise():
+def test_unknown_activation_and_bad_head_count_are_refused_by_the_config():
     with pytest.raises(BertforgeError, match="hidden_act"):
-        BertForPreTraining(ours_config(hidden_act="swishy"))
+        validate_model(ours_config(hidden_act="swishy"))
     with pytest.raises(BertforgeError, match="num_attention_heads"):
+        validate_model(ours_config(num_attention_heads=5))
+    with pytest.raises(AssertionError):  # the model trusts a validated config
         BertModel(ours_config(num_attention_heads=5))
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from bertforge.config import RunConfig, validate
 from bertforge.errors import BertforgeError
 from bertforge.pairs import (
     IS_NEXT,
@@ -268,8 +269,13 @@ def test_single_document_and_empty_corpus_raise():
                 build_pairs(corpus, MAX_LEN, SHORT, nsp=nsp, seed=0, epoch=0)
 
 
-def test_too_short_max_seq_length_raises(shards):
-    with pytest.raises(BertforgeError, match="max_seq_length"):
+def test_too_short_max_seq_length_is_refused_by_the_config(shards):
+    config = RunConfig()
+    config.data.max_seq_length = 4
+    with pytest.raises(BertforgeError, match="data.max_seq_length must be at least 5"):
+        validate(config)
+    config.data.nsp, config.data.max_seq_length = False, 2
+    with pytest.raises(BertforgeError, match="data.max_seq_length must be at least 3"):
+        validate(config)
+    with pytest.raises(AssertionError):  # the pair builder trusts a validated config
         build_pairs(shards, 4, SHORT, nsp=True, seed=0, epoch=0)
-    with pytest.raises(BertforgeError, match="max_seq_length"):
-        build_pairs(shards, 2, SHORT, nsp=False, seed=0, epoch=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertforge.config import TokenizerConfig
+from bertforge.config import RunConfig, TokenizerConfig, validate
 from bertforge.corpus import read_documents
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer, load_tokenizer, train_tokenizer
@@ -170,7 +170,7 @@ def test_cased_tokenizer_keeps_case(tmp_path):
 def test_bad_training_inputs(tmp_path):
     config = TokenizerConfig()
     with pytest.raises(BertforgeError, match="tokenizer.kind"):
-        train_tokenizer([VALID], TokenizerConfig(kind="bpe"), tmp_path / "t")
+        validate(RunConfig(tokenizer=TokenizerConfig(kind="bpe")))
     with pytest.raises(BertforgeError, match="no corpus files"):
         train_tokenizer([], config, tmp_path / "t")
     with pytest.raises(BertforgeError, match="does not exist"):

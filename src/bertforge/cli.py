@@ -3,15 +3,18 @@
 Each command group lives in `bertforge.commands.<group>` and registers its subcommands; a handler
 parses its arguments, builds a config and calls exactly one library function. User mistakes
 (`BertforgeError`) print one line on stderr and exit with status 2, no traceback; so does an
-`OSError` that reaches the top (an unreadable input, a disk that refused a write). bertforge's own
-warnings print as one `bertforge: warning: ...` line. A run stopped by SIGINT or SIGTERM after saving a
-checkpoint (`Interrupted`) prints how to resume and exits with 128 + the signal's number.
+`OSError` that reaches the top (an unreadable input, a disk that refused a write). The library's
+messages name settings (`data.max_seq_length`) and function arguments (`` `out` ``); that line shows
+them as the command's flags (`--max-length`, `--out`; `in_flags`). bertforge's own warnings print as
+one `bertforge: warning: ...` line. A run stopped by SIGINT or SIGTERM after saving a checkpoint
+(`Interrupted`) prints how to resume and exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -23,6 +26,14 @@ from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import describe_os_error
 
 COMMAND_GROUPS = (pretraining, inference, finetuning, views)
+# How library errors name what these flags set, for every command that has them; a command adds
+# its own names with `set_defaults(setting_flags={...})`.
+COMMON_FLAGS = {
+    "`out`": "--out",
+    "`resume=True`": "--resume",
+    "`allow_changed_data=True`": "--allow-changed-data",
+    "runtime.device": "--device",  # config validation never names it: a bad device is found on use
+}
 
 EXAMPLES = """examples:
   bertforge tokenizer train --corpus wiki.train.tokens --vocab-size 30522 --out tok/
@@ -40,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.handler(args)
         except BertforgeError as error:
-            print(f"bertforge: error: {error}", file=sys.stderr)
+            flags = COMMON_FLAGS | getattr(args, "setting_flags", {})
+            print(f"bertforge: error: {in_flags(str(error), flags)}", file=sys.stderr)
             return 2
         except OSError as error:
             print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
@@ -55,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 130
+
+
+def in_flags(message: str, flags: dict[str, str]) -> str:
+    """`message` with each library name in `flags` (a setting, or an argument in backticks) shown as
+    its flag: "`out` must name a folder" -> "--out must name a folder"."""
+    names = sorted(flags, key=len, reverse=True)  # the longest first, where one name starts another
+    pattern = "|".join(rf"(?<![\w.]){re.escape(name)}(?!\w)" for name in names)
+    return re.sub(pattern, lambda match: flags[match.group()], message)
 
 
 PACKAGE = Path(__file__).resolve().parent

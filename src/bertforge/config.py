@@ -1,8 +1,9 @@
 """Typed run configuration: model, tokenizer, data, training and runtime sections.
 
-Owns the dataclasses, the size presets (Turc et al. 2019, "Well-Read Students Learn Better"),
-reading TOML files, `--set section.key=value` overrides, validation with messages that name the
-field, and (de)serialisation to the JSON written beside every run, checkpoint and export.
+Owns the dataclasses, the list of values each choice setting accepts (its `Literal` type), the size
+presets (Turc et al. 2019, "Well-Read Students Learn Better"), reading TOML files, `--set
+section.key=value` overrides, the validation of every setting (tables of rules with messages that
+name the setting), and (de)serialisation to the JSON written beside every run, checkpoint and export.
 Model fields use Hugging Face `BertConfig` names so export is a rename-free copy.
 """
 
@@ -13,16 +14,34 @@ import math
 import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, Literal, get_args
 
-from bertforge.corpus import FORMATS
+from bertforge.corpus import CorpusFormat
 from bertforge.errors import BertforgeError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
+
+# The values a setting accepts, each list written once: its field below has the `Literal` type, so
+# `validate`, `--set` and the command line's `choices` all read it from here.
+Objective = Literal["mlm", "clm"]  # mlm: BERT (`bertforge.model`), clm: GPT-1 (`bertforge.gpt`)
+Activation = Literal["gelu", "relu", "gelu_new", "silu", "tanh"]  # Hugging Face's names
+TokenizerKind = Literal["wordpiece", "wordlevel"]
+Schedule = Literal["linear", "constant"]  # the learning rate after warmup: linear decay to 0, or flat
+MlmBiasInit = Literal["unigram", "zero"]  # the MLM bias: log token frequencies of the corpus, or HF's 0
+ExplicitPrecision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", ExplicitPrecision]  # auto: measured (`bertforge.precision`)
+
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+HIDDEN_ACTS: tuple[Activation, ...] = get_args(Activation)
+TOKENIZER_KINDS: tuple[TokenizerKind, ...] = get_args(TokenizerKind)
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+EXPLICIT_PRECISIONS: tuple[ExplicitPrecision, ...] = get_args(ExplicitPrecision)
 
 
 @dataclass
@@ -38,7 +57,7 @@ class ModelConfig:
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     intermediate_size: int = 1024
-    hidden_act: str = "gelu"
+    hidden_act: Activation = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
@@ -46,14 +65,14 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
-    objective: str = "mlm"  # mlm (BERT) | clm (GPT-1); not a BertConfig field (export leaves it out)
+    objective: Objective = "mlm"  # not a BertConfig field (export leaves it out)
 
 
 @dataclass
 class TokenizerConfig:
     """How the vocabulary is learned when the run trains its own tokenizer."""
 
-    kind: str = "wordpiece"  # wordpiece | wordlevel
+    kind: TokenizerKind = "wordpiece"
     vocab_size: int = 30522
     min_frequency: int = 2
     lowercase: bool = True
@@ -68,7 +87,7 @@ class DataConfig:
     # or shard folders written by `bertforge prepare`, trained on instead (with the tokenizer that made them)
     shards: list[str] = field(default_factory=list)
     valid: str = ""  # held-out text for evaluation ("" : no evaluation)
-    format: str = "auto"  # auto | wikitext | text | jsonl | parquet
+    format: CorpusFormat = "auto"
     text_column: str = "text"  # the jsonl field or Parquet column that holds the text
     max_seq_length: int = 128
     # a sequence-length warmup: pairs of this many tokens (0: off) in the first `warmup_seq_epochs`
@@ -96,8 +115,8 @@ class TrainConfig:
     adam_epsilon: float = 1e-6
     warmup_steps: int = 0  # 0: warmup_ratio * max_steps
     warmup_ratio: float = 0.06
-    schedule: str = "linear"  # linear | constant
-    mlm_bias_init: str = "unigram"  # unigram (log token frequencies of the corpus) | zero (Hugging Face's)
+    schedule: Schedule = "linear"
+    mlm_bias_init: MlmBiasInit = "unigram"
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_minutes: float = 0.0  # 0: no time budget; otherwise the schedule ends when time runs out
@@ -112,7 +131,7 @@ class RuntimeConfig:
     """Where and how the run executes; none of this changes the maths of a step."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: str = "auto"  # auto (measured: `bertforge.precision`) | fp32 | bf16 | fp16
+    precision: Precision = "auto"
     compile: bool = False
     seed: int = 1234
     num_workers: int = -1  # data workers masking batches in the background; -1: 2 on CUDA, 0 elsewhere
@@ -187,7 +206,7 @@ def apply_objective(config: RunConfig, objective: str) -> None:
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise BertforgeError(f"config file {path} does not exist; check the path given to --config")
+        raise BertforgeError(f"config file {path} does not exist; check the path")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
@@ -244,7 +263,9 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
 
 def _coerce(value, expected, name: str, origin: str):
     if isinstance(expected, types.UnionType):  # e.g. `int | None`
-        expected = next(t for t in typing.get_args(expected) if t is not type(None))
+        expected = next(t for t in get_args(expected) if t is not type(None))
+    if typing.get_origin(expected) is Literal:  # a string here; `validate` checks it is one of the choices
+        expected = str
     if expected == list[str]:  # one string is a list of one (config.json files of older versions)
         items = ([value] if value else []) if isinstance(value, str) else value
         if isinstance(items, list) and all(isinstance(item, str) for item in items):
@@ -257,81 +278,74 @@ def _coerce(value, expected, name: str, origin: str):
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 
-OBJECTIVES = ("mlm", "clm")
-CHOICES = {
-    "model.hidden_act": ("gelu", "relu", "gelu_new", "silu", "tanh"),
-    "model.objective": OBJECTIVES,
-    "tokenizer.kind": ("wordpiece", "wordlevel"),
-    "data.format": FORMATS,
-    "train.schedule": ("linear", "constant"),
-    "train.mlm_bias_init": ("unigram", "zero"),
-    "runtime.precision": ("auto", "fp32", "bf16", "fp16"),
-}
-
+# ---------------------------------------------------------------------------------------- validation
+# Every check of the user's settings lives here, as a table of rules per section; code inside the
+# library trusts a validated config and states what it relies on with `assert` (`bertforge.errors`).
 
 MAX_POSITIONS = 1 << 16  # BERT uses 512; attention's cost grows with the square of the length
 MAX_PARAMETERS = 10**10  # BERT-large has 3.4e8; beyond this a typo is likelier than a plan
 
 
-def validate_model(m: ModelConfig) -> None:
-    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
-    require_positive(
-        {
-            "model.vocab_size": m.vocab_size,
-            "model.hidden_size": m.hidden_size,
-            "model.num_hidden_layers": m.num_hidden_layers,
-            "model.num_attention_heads": m.num_attention_heads,
-            "model.intermediate_size": m.intermediate_size,
-            "model.max_position_embeddings": m.max_position_embeddings,
-            "model.type_vocab_size": m.type_vocab_size,
-        }
-    )
-    if m.max_position_embeddings > MAX_POSITIONS:
-        raise BertforgeError(
-            f"model.max_position_embeddings = {m.max_position_embeddings} is above {MAX_POSITIONS:,}; "
-            "BERT uses 512 (attention's cost grows with the square of the length)"
+@dataclass(frozen=True)
+class Rule:
+    """A requirement on the settings: when `holds(config)` is false, `problem(config)` tells the user."""
+
+    holds: Callable[[RunConfig], bool]
+    problem: Callable[[RunConfig], str]
+
+
+def setting_value(config: RunConfig, name: str):
+    """The value of the setting `section.key`."""
+    section, key = name.split(".")
+    return getattr(getattr(config, section), key)
+
+
+def each(test: Callable[[Any], bool], requirement: str, *names: str) -> list[Rule]:
+    """A rule per setting: its value passes `test`, else "{name} {requirement}, got {value}"."""
+    return [
+        Rule(
+            lambda c, name=name: test(setting_value(c, name)),
+            lambda c, name=name: f"{name} {requirement}, got {setting_value(c, name)}",
         )
-    if (count := parameter_count(m)) > MAX_PARAMETERS:
-        raise BertforgeError(
-            f"the model sizes give about {count:.2g} parameters ({count * 4 / 2**30:,.0f} GiB in fp32), "
-            f"above bertforge's limit of {MAX_PARAMETERS / 1e9:.0f} billion; check the model.* settings"
+        for name in names
+    ]
+
+
+def positive(*names: str) -> list[Rule]:
+    return each(lambda value: value > 0, "must be positive", *names)
+
+
+def fraction(*names: str) -> list[Rule]:
+    return each(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)", *names)
+
+
+def positive_number(*names: str) -> list[Rule]:
+    """Positive and finite: NaN and infinity refused."""
+    return each(lambda value: value > 0.0 and math.isfinite(value), "must be a positive number", *names)
+
+
+def not_negative(*names: str) -> list[Rule]:
+    return each(lambda value: value >= 0, "must not be negative", *names)
+
+
+def choices(section: str) -> dict[str, tuple[str, ...]]:
+    """The settings of a config section that take one of a list of values (a `Literal` type), each with
+    its list."""
+    hints = typing.get_type_hints(typing.get_type_hints(RunConfig)[section])
+    return {key: get_args(hint) for key, hint in hints.items() if typing.get_origin(hint) is Literal}
+
+
+def one_of_choices(section: str) -> list[Rule]:
+    """A rule per setting of `section` with a list of values: its value is one of them."""
+    return [
+        Rule(
+            lambda c, name=f"{section}.{key}", allowed=allowed: setting_value(c, name) in allowed,
+            lambda c, name=f"{section}.{key}", allowed=allowed: (
+                f"{name} = {setting_value(c, name)!r} is not one of: {', '.join(allowed)}"
+            ),
         )
-    if m.hidden_size % m.num_attention_heads:
-        raise BertforgeError(
-            f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_attention_heads "
-            f"({m.num_attention_heads})"
-        )
-    require_fraction(
-        {
-            "model.hidden_dropout_prob": m.hidden_dropout_prob,
-            "model.attention_probs_dropout_prob": m.attention_probs_dropout_prob,
-        }
-    )
-    require_positive_number(
-        {"model.layer_norm_eps": m.layer_norm_eps, "model.initializer_range": m.initializer_range}
-    )
-    if not 0 <= m.pad_token_id < m.vocab_size:
-        raise BertforgeError(f"model.pad_token_id ({m.pad_token_id}) must be a token id below vocab_size")
-
-
-def require_positive(values: dict[str, float]) -> None:
-    for name, value in values.items():
-        if value <= 0:
-            raise BertforgeError(f"{name} must be positive, got {value}")
-
-
-def require_fraction(values: dict[str, float]) -> None:
-    """Each value in [0, 1)."""
-    for name, value in values.items():
-        if not 0.0 <= value < 1.0:
-            raise BertforgeError(f"{name} must be in [0, 1), got {value}")
-
-
-def require_positive_number(values: dict[str, float]) -> None:
-    """Each value positive and finite (NaN and infinity refused)."""
-    for name, value in values.items():
-        if not value > 0.0 or not math.isfinite(value):
-            raise BertforgeError(f"{name} must be a positive number, got {value}")
+        for key, allowed in choices(section).items()
+    ]
 
 
 def parameter_count(m: ModelConfig) -> int:
@@ -341,78 +355,157 @@ def parameter_count(m: ModelConfig) -> int:
     return embeddings + m.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
 
 
+def trains_nsp(config: RunConfig) -> bool:
+    """Whether the run trains on sentence pairs with NSP: a GPT trains on packed text, never on pairs."""
+    return config.data.nsp and config.model.objective == "mlm"
+
+
+def shortest_sequence(config: RunConfig) -> int:
+    """[CLS] a [SEP] b [SEP] (with NSP) or [CLS] a [SEP], with room for one token in each part."""
+    return 5 if trains_nsp(config) else 3
+
+
+MODEL_RULES: list[Rule] = [
+    *positive(
+        "model.vocab_size",
+        "model.hidden_size",
+        "model.num_hidden_layers",
+        "model.num_attention_heads",
+        "model.intermediate_size",
+        "model.max_position_embeddings",
+        "model.type_vocab_size",
+    ),
+    Rule(
+        lambda c: c.model.max_position_embeddings <= MAX_POSITIONS,
+        lambda c: (
+            f"model.max_position_embeddings = {c.model.max_position_embeddings} is above "
+            f"{MAX_POSITIONS:,}; BERT uses 512 (attention's cost grows with the square of the length)"
+        ),
+    ),
+    Rule(
+        lambda c: parameter_count(c.model) <= MAX_PARAMETERS,
+        lambda c: (
+            f"the model sizes give about {parameter_count(c.model):.2g} parameters "
+            f"({parameter_count(c.model) * 4 / 2**30:,.0f} GiB in fp32), above bertforge's limit of "
+            f"{MAX_PARAMETERS / 1e9:.0f} billion; check the model.* settings"
+        ),
+    ),
+    Rule(
+        lambda c: c.model.hidden_size % c.model.num_attention_heads == 0,
+        lambda c: (
+            f"model.hidden_size ({c.model.hidden_size}) must be divisible by "
+            f"model.num_attention_heads ({c.model.num_attention_heads})"
+        ),
+    ),
+    *fraction("model.hidden_dropout_prob", "model.attention_probs_dropout_prob"),
+    *positive_number("model.layer_norm_eps", "model.initializer_range"),
+    Rule(
+        lambda c: 0 <= c.model.pad_token_id < c.model.vocab_size,
+        lambda c: f"model.pad_token_id ({c.model.pad_token_id}) must be a token id below vocab_size",
+    ),
+    *one_of_choices("model"),
+]
+
+TOKENIZER_RULES: list[Rule] = [
+    *one_of_choices("tokenizer"),
+    *positive("tokenizer.vocab_size", "tokenizer.min_frequency"),
+    Rule(
+        lambda c: c.tokenizer.vocab_size > 5,
+        lambda c: f"tokenizer.vocab_size ({c.tokenizer.vocab_size}) must exceed the 5 special tokens",
+    ),
+]
+
+DATA_RULES: list[Rule] = [
+    *one_of_choices("data"),
+    Rule(
+        lambda c: c.data.max_seq_length <= c.model.max_position_embeddings,
+        lambda c: (
+            f"data.max_seq_length ({c.data.max_seq_length}) is above model.max_position_embeddings "
+            f"({c.model.max_position_embeddings}); lower the sequence length or raise the positions"
+        ),
+    ),
+    Rule(
+        lambda c: c.data.max_seq_length >= shortest_sequence(c),
+        lambda c: (
+            f"data.max_seq_length must be at least {shortest_sequence(c)} "
+            f"({'[CLS] A [SEP] B [SEP]' if trains_nsp(c) else '[CLS] A [SEP]'}), got {c.data.max_seq_length}"
+        ),
+    ),
+    Rule(
+        lambda c: (
+            not c.data.warmup_seq_length
+            or shortest_sequence(c) <= c.data.warmup_seq_length < c.data.max_seq_length
+        ),
+        lambda c: (
+            f"data.warmup_seq_length must be 0 (off) or from {shortest_sequence(c)} to below "
+            f"data.max_seq_length ({c.data.max_seq_length}), got {c.data.warmup_seq_length}"
+        ),
+    ),
+    Rule(
+        lambda c: not trains_nsp(c) or c.model.type_vocab_size >= 2,
+        lambda c: "data.nsp = true needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
+    ),
+    *each(lambda value: 0.0 < value < 1.0, "must be in (0, 1)", "data.mlm_probability"),
+    *fraction("data.short_seq_prob"),
+    *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs", "data.warmup_seq_epochs"),
+]
+
+TRAIN_RULES: list[Rule] = [
+    *one_of_choices("train"),
+    *positive(
+        "train.batch_size",
+        "train.gradient_accumulation_steps",
+        "train.max_steps",
+        "train.log_every",
+        "train.eval_every",
+        "train.keep_checkpoints",
+    ),
+    *fraction("train.warmup_ratio"),
+    *positive_number("train.learning_rate", "train.adam_epsilon"),
+    *not_negative(
+        "train.weight_decay",
+        "train.max_grad_norm",
+        "train.max_minutes",
+        "train.warmup_steps",
+        "train.checkpoint_every",
+    ),
+    Rule(
+        lambda c: c.train.batch_size % c.train.gradient_accumulation_steps == 0,
+        lambda c: (
+            f"train.batch_size ({c.train.batch_size}) must be divisible by "
+            f"train.gradient_accumulation_steps ({c.train.gradient_accumulation_steps})"
+        ),
+    ),
+]
+
+RUNTIME_RULES: list[Rule] = [
+    *one_of_choices("runtime"),
+    *not_negative("runtime.threads"),
+    *each(lambda value: value >= -1, "must be -1 (auto) or more", "runtime.num_workers"),
+    *positive_number("runtime.dist_timeout_minutes"),
+]
+
+
+def check_rules(config: RunConfig, rules: list[Rule]) -> None:
+    """Raise `BertforgeError` with the problem of the first rule that does not hold."""
+    for rule in rules:
+        if not rule.holds(config):
+            raise BertforgeError(rule.problem(config))
+
+
+def validate_model(m: ModelConfig) -> None:
+    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
+    check_rules(RunConfig(model=m), MODEL_RULES)
+
+
 def validate(config: RunConfig) -> None:
     """Raise `BertforgeError` naming the first impossible setting."""
-    m, t, d, tr, rt = config.model, config.tokenizer, config.data, config.train, config.runtime
-    validate_model(m)
-    for name, allowed in CHOICES.items():
-        section, key = name.split(".")
-        value = getattr(getattr(config, section), key)
-        if value not in allowed:
-            raise BertforgeError(f"{name} = {value!r} is not one of: {', '.join(allowed)}")
-    require_positive(
-        {
-            "tokenizer.vocab_size": t.vocab_size,
-            "tokenizer.min_frequency": t.min_frequency,
-            "train.batch_size": tr.batch_size,
-            "train.gradient_accumulation_steps": tr.gradient_accumulation_steps,
-            "train.max_steps": tr.max_steps,
-            "train.log_every": tr.log_every,
-            "train.eval_every": tr.eval_every,
-            "train.keep_checkpoints": tr.keep_checkpoints,
-        }
-    )
-    if t.vocab_size <= 5:
-        raise BertforgeError(f"tokenizer.vocab_size ({t.vocab_size}) must exceed the 5 special tokens")
-    if d.max_seq_length > m.max_position_embeddings:
-        raise BertforgeError(
-            f"data.max_seq_length ({d.max_seq_length}) is above model.max_position_embeddings "
-            f"({m.max_position_embeddings}); lower the sequence length or raise the positions"
-        )
-    if m.objective == "clm":
+    validate_model(config.model)
+    if config.model.objective == "clm":
         from bertforge.gpt_convert import check_openai_gpt  # here: it imports this module
 
-        check_openai_gpt(m)  # GPT-1's shapes, so that the model exports to OpenAIGPT
-    nsp = d.nsp and m.objective == "mlm"  # a GPT trains on packed text, never on pairs
-    minimum_length = 5 if nsp else 3  # [CLS] a [SEP] b [SEP] needs room for one token each side
-    if d.max_seq_length < minimum_length:
-        raise BertforgeError(f"data.max_seq_length must be at least {minimum_length}, got {d.max_seq_length}")
-    if d.warmup_seq_length and not minimum_length <= d.warmup_seq_length < d.max_seq_length:
-        raise BertforgeError(
-            f"data.warmup_seq_length must be 0 (off) or from {minimum_length} to below "
-            f"data.max_seq_length ({d.max_seq_length}), got {d.warmup_seq_length}"
-        )
-    if nsp and m.type_vocab_size < 2:
-        raise BertforgeError("data.nsp = true needs model.type_vocab_size >= 2 (segment ids 0 and 1)")
-    for name, value in {
-        "data.mlm_probability": d.mlm_probability,
-        "data.short_seq_prob": d.short_seq_prob,
-    }.items():
-        if not 0.0 <= value < 1.0 or (name == "data.mlm_probability" and value == 0.0):
-            raise BertforgeError(f"{name} must be in (0, 1), got {value}")
-    require_fraction({"train.warmup_ratio": tr.warmup_ratio})
-    require_positive_number({"train.learning_rate": tr.learning_rate, "train.adam_epsilon": tr.adam_epsilon})
-    for name, value in {
-        "train.weight_decay": tr.weight_decay,
-        "train.max_grad_norm": tr.max_grad_norm,
-        "train.max_minutes": tr.max_minutes,
-        "train.warmup_steps": tr.warmup_steps,
-        "train.checkpoint_every": tr.checkpoint_every,
-        "data.max_predictions_per_seq": d.max_predictions_per_seq,
-        "data.eval_max_pairs": d.eval_max_pairs,
-        "data.warmup_seq_epochs": d.warmup_seq_epochs,
-        "runtime.threads": rt.threads,
-    }.items():
-        if value < 0:
-            raise BertforgeError(f"{name} must not be negative, got {value}")
-    if rt.num_workers < -1:
-        raise BertforgeError(f"runtime.num_workers must be -1 (auto) or more, got {rt.num_workers}")
-    require_positive_number({"runtime.dist_timeout_minutes": rt.dist_timeout_minutes})
-    if tr.batch_size % tr.gradient_accumulation_steps:
-        raise BertforgeError(
-            f"train.batch_size ({tr.batch_size}) must be divisible by train.gradient_accumulation_steps "
-            f"({tr.gradient_accumulation_steps})"
-        )
+        check_openai_gpt(config.model)  # GPT-1's shapes, so that the model exports to OpenAIGPT
+    check_rules(config, TOKENIZER_RULES + DATA_RULES + TRAIN_RULES + RUNTIME_RULES)
 
 
 def max_predictions(data: DataConfig) -> int:

@@ -16,10 +16,12 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError
 
-FORMATS = ("auto", "wikitext", "text", "jsonl", "parquet")
+CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
+FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 
@@ -60,7 +62,7 @@ def resolve_corpus_files(specs: str | Path | Sequence[str | Path]) -> list[Path]
     specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
     specs = [str(spec) for spec in specs if str(spec)]
     if not specs:
-        raise BertforgeError("no corpus file given; pass --corpus FILE (a file, a folder or a glob pattern)")
+        raise BertforgeError("no corpus file given; give data.corpus: a file, a folder or a glob pattern")
     files: dict[Path, Path] = {}
     for spec in specs:
         for file in _spec_files(spec):
@@ -197,12 +199,13 @@ class _ParquetRows:
         if column not in schema.names:
             raise BertforgeError(
                 f"{path} has no column {column!r}; its columns are: {', '.join(schema.names)}; "
-                f"name the text column with --text-column (data.text_column)"
+                f"name the text column with data.text_column"
             )
         kind = schema.field(column).type
         if not (self._pa.types.is_string(kind) or self._pa.types.is_large_string(kind)):
             raise BertforgeError(
-                f"{path}: column {column!r} holds {kind}, not text; name the text column with --text-column"
+                f"{path}: column {column!r} holds {kind}, not text; "
+                "name the text column with data.text_column"
             )
 
     def _open(self):
@@ -310,7 +313,7 @@ def resolve_format(path: str | Path, format: str = "auto") -> str:
         raise BertforgeError(f"unknown corpus format {format!r}; choose one of: {', '.join(FORMATS)}")
     if is_parquet(path) and format not in ("auto", "parquet"):
         raise BertforgeError(
-            f"{path} is a Parquet file but the corpus format is {format!r}; use --format auto or parquet"
+            f"{path} is a Parquet file but the corpus format is {format!r}; use data.format=auto or parquet"
         )
     return detect_format(path) if format == "auto" else format
 

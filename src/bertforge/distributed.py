@@ -214,8 +214,8 @@ def local_device(device: torch.device, world: World) -> torch.device:
         return device
     if device.index is not None:
         raise BertforgeError(
-            f"--device {device} (runtime.device) would put every torchrun process on the same GPU; "
-            "pass --device cuda (each process takes cuda:LOCAL_RANK) and choose the GPUs with "
+            f"runtime.device={device} would put every torchrun process on the same GPU; "
+            "use runtime.device=cuda (each process takes cuda:LOCAL_RANK) and choose the GPUs with "
             "CUDA_VISIBLE_DEVICES"
         )
     return torch.device("cuda", world.local_rank)

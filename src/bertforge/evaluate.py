@@ -130,7 +130,7 @@ def evaluate_model(
     if max_length is not None:
         if not 8 <= max_length <= config.model.max_position_embeddings:
             raise BertforgeError(
-                f"--max-length must be between 8 and the model's {config.model.max_position_embeddings} "
+                f"`max_length` must be between 8 and the model's {config.model.max_position_embeddings} "
                 f"positions, got {max_length}"
             )
         data.max_seq_length = max_length

@@ -52,7 +52,7 @@ from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
 from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
-from bertforge.labeled import FORMATS, LabeledExamples, label_ids, label_names, read_labeled
+from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
@@ -83,7 +83,7 @@ class FinetuneTask:
     text_column: str
     label_column: str
     text_pair_column: str | None = None
-    format: str = "auto"  # auto | csv | tsv | jsonl
+    format: LabeledFormat = "auto"
     epochs: int = 3
     seeds: list[int] | None = None  # None: one run in --out itself, seeded by runtime.seed
     from_scratch: bool = False  # same architecture and tokenizer, random initialisation
@@ -150,6 +150,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     config.data.corpus, config.data.valid = [task.train], task.valid
     check_max_length(config, task)
+    validate(config)  # before set_epochs divides by the batch size
     train_data, valid_data, labels = read_task_data(task)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     if resume:
@@ -157,7 +158,6 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
     valid_set = encode(tokenizer, valid_data, label_ids(valid_data, labels), config.data.max_seq_length)
     set_epochs(config, task.epochs, len(train_set))
-    validate(config)
     apply_threads(config.runtime)
     choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
     if choice is not None and show_progress:
@@ -201,27 +201,29 @@ def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
 def check_out_folder(out: Path, resume: bool) -> None:
     if resume:
         if not (out / TASK).is_file():
-            raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without --resume")
+            raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without `resume=True`")
     elif is_occupied(out):
         what = "holds another run" if (out / TASK).is_file() or (out / CONFIG).is_file() else "is not empty"
-        raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
 
 
 def check_task(task: FinetuneTask) -> None:
     if distributed.launched().distributed:
         raise BertforgeError("bertforge finetune runs in one process; start it without torchrun")
     if task.epochs < 1:
-        raise BertforgeError(f"--epochs must be at least 1, got {task.epochs}")
+        raise BertforgeError(f"task.epochs must be at least 1, got {task.epochs}")
     if task.format not in FORMATS:
-        raise BertforgeError(f"--format {task.format!r} is not one of: {', '.join(FORMATS)}")
+        raise BertforgeError(f"task.format {task.format!r} is not one of: {', '.join(FORMATS)}")
     if task.seeds is not None and (not task.seeds or len(set(task.seeds)) < len(task.seeds)):
-        raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {task.seeds}")
+        raise BertforgeError(f"task.seeds must list distinct seeds, e.g. [1, 2, 3]; got {task.seeds}")
     if task.compare_scratch and task.from_scratch:
-        raise BertforgeError("--compare-scratch trains the from-scratch arm itself; drop --from-scratch")
+        raise BertforgeError(
+            "task.compare_scratch trains the from-scratch arm itself; drop task.from_scratch"
+        )
     if task.compare_scratch and len(task.seeds or []) < 2:
         raise BertforgeError(
-            "--compare-scratch pairs the arms seed by seed and needs --seeds with at least 2 seeds "
-            "(5 or more for any claim), e.g. --seeds 1,2,3,4,5"
+            "task.compare_scratch pairs the arms seed by seed and needs task.seeds with at least 2 seeds "
+            "(5 or more for any claim)"
         )
 
 
@@ -230,7 +232,7 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
     least = 3 if task.text_pair_column else 2  # [CLS] a [SEP] (b [SEP]) with room for the texts
     if not least < length <= positions:
         raise BertforgeError(
-            f"--max-length must be between {least + 1} and the model's max_position_embeddings "
+            f"data.max_seq_length must be between {least + 1} and the model's max_position_embeddings "
             f"({positions}), got {length}"
         )
 
@@ -272,7 +274,7 @@ def set_epochs(config: RunConfig, epochs: int, num_examples: int) -> None:
     if steps == 0:
         raise BertforgeError(
             f"the training file has {num_examples} examples, fewer than one batch of {train_cfg.batch_size}; "
-            "lower --batch-size"
+            "lower train.batch_size"
         )
     train_cfg.eval_every = steps
     train_cfg.checkpoint_every = 0  # every evaluation

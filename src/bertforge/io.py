@@ -137,9 +137,9 @@ def is_occupied(path: Path) -> bool:
 def check_new_folder(out: Path) -> None:
     """Refuse an output folder that already holds something."""
     if Path(out).is_file():
-        raise BertforgeError(f"{out} is a file; --out must name a new folder")
+        raise BertforgeError(f"{out} is a file; `out` must name a new folder")
     if is_occupied(out):
-        raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new --out")
+        raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new `out`")
 
 
 @contextlib.contextmanager
@@ -275,18 +275,18 @@ class RunFolderLock:
 
     def acquire(self) -> RunFolderLock:
         if self.folder.exists() and not self.folder.is_dir():
-            raise BertforgeError(f"{self.folder} is a file; --out must name a folder")
+            raise BertforgeError(f"{self.folder} is a file; `out` must name a folder")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             taken = self.lock.acquire(wait=False)
         except OSError as error:
             raise BertforgeError(
-                f"cannot lock {self.folder} ({error.strerror}); choose another --out"
+                f"cannot lock {self.folder} ({error.strerror}); choose another `out`"
             ) from None
         if not taken:
             raise BertforgeError(
                 f"{self.folder} is in use by another bertforge run (process {self.lock.owner()}); "
-                "wait for it to finish or choose another --out"
+                "wait for it to finish or choose another `out`"
             )
         remove_leftovers(self.folder)
         return self

@@ -23,10 +23,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError
 
-FORMATS = ("auto", "csv", "tsv", "jsonl")
+LabeledFormat = Literal["auto", "csv", "tsv", "jsonl"]  # auto: from the file name, else the text
+FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")

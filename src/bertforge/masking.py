@@ -51,10 +51,8 @@ class MaskingCollator:
         whole_word_mask: bool = False,
         continuation_mask: np.ndarray | None = None,
     ):
-        if not 0.0 < mlm_probability < 1.0:
-            raise BertforgeError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
-        if max_predictions < 1:
-            raise BertforgeError(f"data.max_predictions_per_seq must be at least 1, got {max_predictions}")
+        assert 0.0 < mlm_probability < 1.0, f"mlm_probability {mlm_probability} (config.validate checks it)"
+        assert max_predictions >= 1, f"max_predictions {max_predictions}"
         special = np.zeros(vocab_size, dtype=bool)  # (V,)
         special[np.asarray(list(special_ids), dtype=np.int64)] = True
         special[[pad_id, mask_id]] = True

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertforge.config import ModelConfig
+from bertforge.config import Activation, ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention
 
@@ -38,8 +38,8 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# Hugging Face's "gelu" is the exact erf form, which is also torch's default.
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+# Each of `config.HIDDEN_ACTS`; Hugging Face's "gelu" is the exact erf form, also torch's default.
+ACTIVATIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": _gelu_tanh,
     "relu": F.relu,
@@ -49,9 +49,9 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
-    """The activation function called `name` in a Hugging Face `BertConfig`."""
-    if name not in ACTIVATIONS:
-        raise BertforgeError(f"model.hidden_act = {name!r} is not one of: {', '.join(ACTIVATIONS)}")
+    """The activation function called `name` in a Hugging Face `BertConfig` (one of `config.HIDDEN_ACTS`:
+    `config.validate_model` refuses the others)."""
+    assert name in ACTIVATIONS, f"unknown activation {name!r}"
     return ACTIVATIONS[name]
 
 
@@ -91,11 +91,7 @@ class BertSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        if config.hidden_size % config.num_attention_heads:
-            raise BertforgeError(
-                f"model.hidden_size ({config.hidden_size}) must be divisible by model.num_attention_heads "
-                f"({config.num_attention_heads})"
-            )
+        assert config.hidden_size % config.num_attention_heads == 0, "validate_model checks the heads"
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.query = nn.Linear(config.hidden_size, config.hidden_size)

@@ -58,19 +58,11 @@ def build_pairs(
     partners, truncations and window boundaries.
     """
     rng = np.random.default_rng([seed, epoch])
+    assert max_seq_length >= (5 if nsp else 3), "config.validate checks data.max_seq_length"
     if nsp:
-        if max_seq_length < 5:
-            raise BertforgeError(
-                f"data.max_seq_length must be at least 5 with next sentence prediction "
-                f"([CLS] A [SEP] B [SEP]), got {max_seq_length}"
-            )
         rows = np.ascontiguousarray(_nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)[:, :5])
         _truncate_pairs(rows, max_seq_length - 3, rng)
     else:
-        if max_seq_length < 3:
-            raise BertforgeError(
-                f"data.max_seq_length must be at least 3 ([CLS] A [SEP]), got {max_seq_length}"
-            )
         rows = _mlm_windows(shards, max_seq_length - 2, rng)
     return rows[rng.permutation(len(rows))]
 

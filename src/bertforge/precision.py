@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 
 from bertforge import distributed
-from bertforge.config import ModelConfig, RunConfig
+from bertforge.config import EXPLICIT_PRECISIONS, ModelConfig, RunConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
@@ -63,8 +62,9 @@ def agree_on_precision(config: RunConfig) -> None:
     """Under torchrun, every rank takes rank 0's precision (nodes may differ); a collective call."""
     if distributed.launched().distributed:
         mine = config.runtime.precision  # still "auto" on the ranks that left the choice to rank 0
-        code = distributed.broadcast_float(PRECISIONS.index(mine) if mine in PRECISIONS else -1.0)
-        config.runtime.precision = PRECISIONS[int(code)]
+        known = EXPLICIT_PRECISIONS
+        code = distributed.broadcast_float(known.index(mine) if mine in known else -1.0)
+        config.runtime.precision = known[int(code)]
 
 
 def choose_precision(model: ModelConfig, device: torch.device, cache_dir: Path) -> Choice:
@@ -100,8 +100,8 @@ def check_precision(device: torch.device, precision: str) -> None:
         major, minor = torch.cuda.get_device_capability(device)
         raise BertforgeError(
             f"runtime.precision = bf16, but {torch.cuda.get_device_name(device)} (compute capability "
-            f"{major}.{minor}) has no native bf16 (it needs 8.0, Ampere or later); use --precision fp16 "
-            "(with a loss scaler) or auto"
+            f"{major}.{minor}) has no native bf16 (it needs 8.0, Ampere or later); "
+            "use runtime.precision=fp16 (with a loss scaler) or auto"
         )
 
 

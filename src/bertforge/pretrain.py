@@ -326,13 +326,13 @@ def init_mlm_bias(
 
 def check_run_folder(out: Path, resume: bool) -> None:
     if out.is_file():
-        raise BertforgeError(f"{out} is a file; --out must name a folder")
+        raise BertforgeError(f"{out} is a file; `out` must name a folder")
     if resume:
         if not (out / CONFIG).is_file():
-            raise BertforgeError(f"{out} holds no bertforge run to resume; start one without --resume")
+            raise BertforgeError(f"{out} holds no bertforge run to resume; start one without `resume=True`")
     elif is_occupied(out):
         what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
-        raise BertforgeError(f"{out} {what}; pass --resume to continue it, or choose a new --out")
+        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
 
 
 def start_afresh(out: Path) -> None:
@@ -367,7 +367,7 @@ def check_same_data(out: Path, hashes: dict[str, str]) -> None:
     """Refuse to resume on text other than the run started on (runs from before data.json: unchecked)."""
     if (out / DATA).is_file():
         fix = (
-            "resume on the text it started on, pass --allow-changed-data to train on the changed text, "
+            "resume on the text it started on, pass `allow_changed_data=True` to train on the changed text, "
             "or start a new run"
         )
         refuse_changed_data(read_json(out / DATA).get("sha256", {}), hashes, out, fix)

@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from bertforge.config import TokenizerConfig
+from bertforge.config import TOKENIZER_KINDS, TokenizerConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_bytes
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-KINDS = ("wordpiece", "wordlevel")
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
@@ -154,8 +153,7 @@ def train_tokenizer(
     Each file is read in `format` (detected per file for "auto"); `text_column` names the text
     field of jsonl and Parquet files.
     """
-    if config.kind not in KINDS:
-        raise BertforgeError(f"tokenizer.kind = {config.kind!r} is not one of: {', '.join(KINDS)}")
+    assert config.kind in TOKENIZER_KINDS, f"tokenizer.kind {config.kind!r} (config.validate checks it)"
     if not corpus_files:
         raise BertforgeError("no corpus files given to train the tokenizer on; pass at least one text file")
 
@@ -289,7 +287,7 @@ def _read_settings(path: Path) -> dict:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BertforgeError(f"{path} is damaged ({error}); delete it or retrain the tokenizer") from None
-    if not isinstance(settings, dict) or settings.get("kind", "wordpiece") not in KINDS:
+    if not isinstance(settings, dict) or settings.get("kind", "wordpiece") not in TOKENIZER_KINDS:
         raise BertforgeError(f"{path} does not hold bertforge tokenizer settings; delete it or retrain")
     return settings
 

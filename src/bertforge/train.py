@@ -366,7 +366,7 @@ class Trainer:
         checkpoints = list_checkpoints(self.run_dir)
         if not checkpoints:
             raise BertforgeError(
-                f"{self.run_dir} has no checkpoint to resume from; start again without --resume"
+                f"{self.run_dir} has no checkpoint to resume from; start again without `resume=True`"
             )
         path, saved_state = self.load_newest_intact(checkpoints)
         self.state.load_state_dict(saved_state)  # older checkpoints lack micro_batch: this run's stands
@@ -376,7 +376,7 @@ class Trainer:
                 f"{path} was trained with micro-batches of {saved} sequences on "
                 f"{self.state.world_size} process(es), but {self.world.world_size} would use "
                 f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
-                f"or with --set train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
+                f"or with train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
             )
         self.state.world_size = self.world.world_size
         self.restore_rank_rng(saved_state.get("rank_rng"))
@@ -398,7 +398,7 @@ class Trainer:
                 warnings.warn(f"{'; '.join(damaged)}; resuming from {path.name} instead", stacklevel=4)
             return path, saved
         raise BertforgeError(
-            f"no intact checkpoint to resume from: {'; '.join(damaged)}; start a new run in another --out"
+            f"no intact checkpoint to resume from: {'; '.join(damaged)}; start a new run in another `out`"
         )
 
     def restore_rank_rng(self, saved: list | None) -> None:
@@ -648,7 +648,7 @@ class Trainer:
                     self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config
                 )
             except WriteError as error:
-                then = "then continue with --resume" if list_checkpoints(self.run_dir) else "start again"
+                then = "then continue with `resume=True`" if list_checkpoints(self.run_dir) else "start again"
                 raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
             prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
         distributed.barrier()

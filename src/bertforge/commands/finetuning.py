@@ -11,11 +11,22 @@ import argparse
 import json
 from pathlib import Path
 
-from bertforge.config import CHOICES
+from bertforge.config import PRECISIONS
 from bertforge.errors import BertforgeError
+from bertforge.labeled import FORMATS
 from bertforge.reporting import add_report_to_argument, reporting_to
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
+# How library errors name what `finetune`'s flags set (`bertforge.cli.in_flags`).
+SETTING_FLAGS = {
+    "task.epochs": "--epochs",
+    "task.format": "--format",
+    "task.seeds": "--seeds",
+    "task.from_scratch": "--from-scratch",
+    "task.compare_scratch": "--compare-scratch",
+    "data.max_seq_length": "--max-length",
+    "train.batch_size": "--batch-size",
+}
 RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
@@ -58,7 +69,7 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--text-column", help="the column (or JSON field) holding the text")
     p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
     p.add_argument("--label-column", help="the column holding the label")
-    p.add_argument("--format", choices=("auto", "csv", "tsv", "jsonl"), help="default: from the file name")
+    p.add_argument("--format", choices=FORMATS, help="default: from the file name")
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
@@ -76,7 +87,7 @@ def add_finetune_command(commands) -> None:
     )
     p.add_argument(
         "--precision",
-        choices=CHOICES["runtime.precision"],
+        choices=PRECISIONS,
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
@@ -90,7 +101,7 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
-    p.set_defaults(handler=run_finetune)
+    p.set_defaults(handler=run_finetune, setting_flags=SETTING_FLAGS)
 
 
 def add_classify_command(commands) -> None:

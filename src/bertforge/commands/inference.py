@@ -16,9 +16,9 @@ import warnings
 from itertools import islice
 from pathlib import Path
 
+from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
-FORMAT_CHOICES = ("auto", "wikitext", "text", "jsonl")
 MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
 PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
 WRONG_MODEL = {  # the objective a command needs -> why a model of the other kind is refused
@@ -106,11 +106,11 @@ def add_showcase_command(commands) -> None:
         "of a random one.",
     )
     p.add_argument("--corpus", type=Path, required=True, help="text to draw sentences from (held-out text)")
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--format", default="auto", choices=FORMATS)
     p.add_argument("--sentences", type=int, default=5, help="how many sentences")
     p.add_argument("--seed", type=int, default=0)
     add_model_arguments(p)
-    p.set_defaults(handler=run_showcase)
+    p.set_defaults(handler=run_showcase, setting_flags={"data.format": "--format"})
 
 
 def add_generate_command(commands) -> None:

@@ -9,9 +9,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import (
-    CHOICES,
+    EXPLICIT_PRECISIONS,
     OBJECTIVES,
+    PRECISIONS,
     PRESETS,
+    TOKENIZER_KINDS,
     RunConfig,
     TokenizerConfig,
     apply_mapping,
@@ -26,11 +28,16 @@ from bertforge.errors import BertforgeError
 from bertforge.io import check_new_folder
 from bertforge.reporting import add_report_to_argument, reporting_to
 
-FORMAT_CHOICES = FORMATS
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
 TEXT_COLUMN_HELP = (
     f'the JSON-lines field or Parquet column holding the text (default "{DEFAULT_TEXT_COLUMN}")'
 )
+# How library errors name what these commands' flags set (`bertforge.cli.in_flags`). `pretrain` keeps
+# the names that config validation uses (data.format, runtime.precision): a bad value there came from
+# --set or --config, since argparse checks the flags' own values.
+CORPUS_FLAGS = {"data.corpus": "--corpus", "data.text_column": "--text-column"}
+READER_FLAGS = {**CORPUS_FLAGS, "data.format": "--format"}
+EVALUATE_FLAGS = {**READER_FLAGS, "runtime.precision": "--precision", "`max_length`": "--max-length"}
 
 
 def register(commands) -> None:
@@ -54,16 +61,21 @@ def add_tokenizer_command(commands) -> None:
         required=True,
         help="files to learn from: files, folders or quoted glob patterns (.gz and .parquet included)",
     )
-    p.add_argument("--kind", choices=("wordpiece", "wordlevel"), default="wordpiece")
+    p.add_argument(
+        "--kind",
+        choices=TOKENIZER_KINDS,
+        default=TokenizerConfig.kind,
+        help="the vocabulary's model (default %(default)s)",
+    )
     p.add_argument("--vocab-size", type=int, default=TokenizerConfig.vocab_size)
     p.add_argument(
         "--min-freq", type=int, default=TokenizerConfig.min_frequency, help="minimum word frequency"
     )
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
-    p.set_defaults(handler=run_tokenizer_train)
+    p.set_defaults(handler=run_tokenizer_train, setting_flags=READER_FLAGS)
 
 
 def add_prepare_command(commands) -> None:
@@ -75,10 +87,10 @@ def add_prepare_command(commands) -> None:
     )
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True)
-    p.set_defaults(handler=run_prepare)
+    p.set_defaults(handler=run_prepare, setting_flags=READER_FLAGS)
 
 
 def add_pretrain_command(commands) -> None:
@@ -123,7 +135,7 @@ def add_pretrain_command(commands) -> None:
         help="start from this model (a bertforge model, or one from import-hf or export); its size and "
         "tokenizer replace any other model settings",
     )
-    p.add_argument("--format", choices=FORMAT_CHOICES, help=FORMAT_HELP)
+    p.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", help=TEXT_COLUMN_HELP)
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=float, help="time budget; the LR schedule ends when it runs out")
@@ -131,7 +143,7 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate (train.learning_rate)")
     p.add_argument(
         "--precision",
-        choices=CHOICES["runtime.precision"],
+        choices=PRECISIONS,
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
@@ -146,7 +158,7 @@ def add_pretrain_command(commands) -> None:
     p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
-    p.set_defaults(handler=run_pretrain)
+    p.set_defaults(handler=run_pretrain, setting_flags=CORPUS_FLAGS)
 
 
 def add_evaluate_command(commands) -> None:
@@ -160,7 +172,7 @@ def add_evaluate_command(commands) -> None:
         "--model", type=Path, required=True, help="a run folder, final/, checkpoint or exported folder"
     )
     p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    p.add_argument("--format", default="auto", choices=FORMATS)
     p.add_argument(
         "--max-pairs", type=int, help="evaluate at most this many pairs or GPT windows (default: the model's)"
     )
@@ -172,11 +184,11 @@ def add_evaluate_command(commands) -> None:
     )
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--precision", default="fp32", choices=EXPLICIT_PRECISIONS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(handler=run_evaluate)
+    p.set_defaults(handler=run_evaluate, setting_flags=EVALUATE_FLAGS)
 
 
 def run_tokenizer_train(args) -> int:
