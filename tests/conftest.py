@@ -1,7 +1,9 @@
-"""Shared fixtures: paths to the shared data, a small WikiText slice, a tiny config, a private cache."""
+"""Shared fixtures: paths to the shared data, a small WikiText slice, a tiny config, a private cache,
+and readers of what runs write."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,18 @@ HF_TINY_SIZES = dict(
     layer_norm_eps=1e-12,
     pad_token_id=0,
 )
+
+
+def metrics_lines(run: Path, split: str | None = None) -> list[dict]:
+    """The records of `run`/metrics.jsonl (only those of `split` when given), read as strict JSON:
+    a bare NaN or Infinity, which `MetricsLog` must never write, fails the test."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    text = (Path(run) / "metrics.jsonl").read_text(encoding="utf-8")
+    records = [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
+    return [record for record in records if split is None or record["split"] == split]
 
 
 def assert_clean_failure(capsys, argv: list[str], message: str) -> str:

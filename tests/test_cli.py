@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, tiny_config
+from conftest import assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.cli import main
 from bertforge.config import save_json
@@ -152,7 +152,7 @@ def test_end_to_end_from_raw_text(tmp_path, wiki_slice, wiki_valid_slice):
     metric_names = {"mlm_loss", "perplexity", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "unigram_entropy"}
     assert set(metrics) == metric_names
     assert 3.0 < metrics["unigram_entropy"] < math.log(2000)  # a 2,000-piece vocabulary, far from uniform
-    last_valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    last_valid = metrics_lines(run)[-1]
     assert metrics["mlm_loss"] == pytest.approx(last_valid["mlm_loss"], rel=1e-5)
 
 

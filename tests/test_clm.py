@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean_failure, tiny_config
+from conftest import assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.batches import pad_batch, real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
@@ -43,11 +43,6 @@ def clm_config(corpus: Path | None = None, valid: Path | None = None, **train) -
     apply_objective(config, "clm")
     config.model.intermediate_size = 4 * config.model.hidden_size
     return config
-
-
-def read_lines(run: Path, split: str) -> list[dict]:
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if x["split"] == split]
 
 
 @pytest.fixture(scope="module")
@@ -141,13 +136,13 @@ def test_clm_config_takes_gpt_settings_and_refuses_what_openai_gpt_cannot_hold()
 def test_clm_pretraining_lowers_the_held_out_next_token_loss(gpt_run):
     config = read_config(gpt_run)
     assert (config.model.objective, config.model.hidden_act) == ("clm", "gelu_new")
-    valid = read_lines(gpt_run, "valid")
+    valid = metrics_lines(gpt_run, "valid")
     assert [v["step"] for v in valid] == [0, 20, 40]
     assert {"clm_loss", "perplexity", "clm_accuracy"} <= set(valid[-1]) and "mlm_loss" not in valid[-1]
     assert valid[0]["clm_loss"] == pytest.approx(np.log(2000), abs=0.1)  # uniform over the vocabulary
     assert valid[-1]["clm_loss"] < valid[0]["clm_loss"] - 0.5
     assert valid[-1]["clm_accuracy"] > valid[0]["clm_accuracy"]
-    train = read_lines(gpt_run, "train")
+    train = metrics_lines(gpt_run, "train")
     assert train[-1]["loss"] == train[-1]["clm_loss"] and train[-1]["tokens_per_s"] > 0
     for folder in (gpt_run / "final", *list_checkpoints(gpt_run)):  # the tied head is never saved
         weights = read_weights(folder / "model.safetensors")
@@ -169,11 +164,11 @@ def test_clm_resume_reproduces_the_uninterrupted_run(
     shutil.rmtree(cut / "final")
     pretrain(read_config(cut), cut, resume=True, show_progress=False)
 
-    full_train, cut_train = read_lines(full, "train"), read_lines(cut, "train")
+    full_train, cut_train = metrics_lines(full, "train"), metrics_lines(cut, "train")
     assert [x["step"] for x in cut_train] == list(range(1, 9))
     for a, b in zip(full_train, cut_train, strict=True):
         assert a["clm_loss"] == b["clm_loss"] and a["clm_accuracy"] == b["clm_accuracy"]
-    assert read_lines(full, "valid")[-1] == read_lines(cut, "valid")[-1]
+    assert metrics_lines(full, "valid")[-1] == metrics_lines(cut, "valid")[-1]
     full_weights = read_weights(full / "final" / "model.safetensors")
     cut_weights = read_weights(cut / "final" / "model.safetensors")
     assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
@@ -227,7 +222,7 @@ def test_evaluate_gives_the_runs_held_out_next_token_metrics(gpt_run, wiki_valid
         == 0
     )
     metrics = json.loads(capsys.readouterr().out)
-    last = read_lines(gpt_run, "valid")[-1]
+    last = metrics_lines(gpt_run, "valid")[-1]
     for key in ("clm_loss", "perplexity", "clm_accuracy"):
         assert metrics[key] == pytest.approx(last[key], rel=1e-6)
     assert "mlm_loss" not in metrics and metrics["unigram_entropy"] > 0
@@ -276,7 +271,7 @@ def test_pretraining_starts_from_an_exported_gpt(tmp_path, gpt_run, gpt_export, 
     argv += ["--max-steps", "2", "--batch-size", "4", "--precision", "fp32", "--quiet"]
     assert main([*argv, "--set", "data.max_seq_length=32", "--set", "train.eval_every=2"]) == 0
     assert read_config(out).model == read_config(gpt_run).model  # a GPT, the exported one's size
-    first = read_lines(out, "train")[0]
+    first = metrics_lines(out, "train")[0]
     assert first["clm_loss"] < np.log(2000) - 0.5  # the pretrained weights, not a fresh model
 
 

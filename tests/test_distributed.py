@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import tiny_config
+from conftest import metrics_lines, tiny_config
 
 from bertforge.checkpoint import list_checkpoints, read_config
 from bertforge.config import TrainConfig, apply_objective
@@ -18,11 +18,6 @@ from bertforge.errors import BertforgeError
 from bertforge.pretrain import pretrain
 
 WORLD_SIZE = 2
-
-
-def read_lines(run, split):
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if x["split"] == split]
 
 
 def free_port() -> int:
@@ -85,24 +80,30 @@ def ddp_runs(tmp_path_factory, wiki_slice, wiki_valid_slice, small_tokenizer_dir
 
 
 def test_two_processes_follow_the_one_process_loss_curve(ddp_runs):
-    single, ddp = read_lines(ddp_runs / "single", "train"), read_lines(ddp_runs / "ddp", "train")
+    single, ddp = metrics_lines(ddp_runs / "single", "train"), metrics_lines(ddp_runs / "ddp", "train")
     assert [x["step"] for x in ddp] == [x["step"] for x in single] == list(range(1, 7))  # rank 0 logs, once
     for a, b in zip(single, ddp, strict=True):
         for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    single_valid, ddp_valid = read_lines(ddp_runs / "single", "valid"), read_lines(ddp_runs / "ddp", "valid")
+    single_valid, ddp_valid = (
+        metrics_lines(ddp_runs / "single", "valid"),
+        metrics_lines(ddp_runs / "ddp", "valid"),
+    )
     assert [x["step"] for x in ddp_valid] == [0, 3, 6]
     assert ddp_valid[-1]["mlm_loss"] == pytest.approx(single_valid[-1]["mlm_loss"], rel=1e-4)
 
 
 def test_two_processes_follow_the_one_process_gpt_curve(ddp_runs):
-    single, ddp = read_lines(ddp_runs / "single_clm", "train"), read_lines(ddp_runs / "ddp_clm", "train")
+    single, ddp = (
+        metrics_lines(ddp_runs / "single_clm", "train"),
+        metrics_lines(ddp_runs / "ddp_clm", "train"),
+    )
     assert [x["step"] for x in ddp] == [x["step"] for x in single] == list(range(1, 7))
     for a, b in zip(single, ddp, strict=True):
         for key in ("loss", "clm_loss", "clm_accuracy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    single_valid = read_lines(ddp_runs / "single_clm", "valid")[-1]
-    assert read_lines(ddp_runs / "ddp_clm", "valid")[-1]["clm_loss"] == pytest.approx(
+    single_valid = metrics_lines(ddp_runs / "single_clm", "valid")[-1]
+    assert metrics_lines(ddp_runs / "ddp_clm", "valid")[-1]["clm_loss"] == pytest.approx(
         single_valid["clm_loss"], rel=1e-4
     )
 
@@ -124,11 +125,11 @@ def test_only_rank_zero_writes_the_run_folder(ddp_runs):
 
 def test_resume_under_ddp_reproduces_the_uninterrupted_run(ddp_runs):
     full, cut = ddp_runs / "ddp_dropout", ddp_runs / "ddp_dropout_cut"
-    full_train, cut_train = read_lines(full, "train"), read_lines(cut, "train")
+    full_train, cut_train = metrics_lines(full, "train"), metrics_lines(cut, "train")
     assert [x["step"] for x in cut_train] == list(range(1, 7))
     for a, b in zip(full_train, cut_train, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), a["step"]
-    full_valid, cut_valid = read_lines(full, "valid")[-1], read_lines(cut, "valid")[-1]
+    full_valid, cut_valid = metrics_lines(full, "valid")[-1], metrics_lines(cut, "valid")[-1]
     assert full_valid["mlm_loss"] == pytest.approx(cut_valid["mlm_loss"], rel=1e-6)
 
 
@@ -173,5 +174,5 @@ def test_torchrun_command_line(tmp_path, wiki_slice, wiki_valid_slice, small_tok
     with started(command, log) as process:
         assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert log.read_text().count("trained 4 steps") == 1  # rank 0 reports, the other rank is silent
-    assert [x["step"] for x in read_lines(tmp_path / "run", "train")] == [1, 2, 3, 4]
+    assert [x["step"] for x in metrics_lines(tmp_path / "run", "train")] == [1, 2, 3, 4]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

@@ -64,6 +64,8 @@ def batch(tokenizer):
 
 
 def max_diff(a, b) -> float:
+    """The largest absolute difference, for checks that two outputs differ (agreement is checked
+    with `torch.testing.assert_close`)."""
     return (a - b).abs().max().item()
 
 
@@ -87,21 +89,21 @@ def test_hugging_face_classes_load_the_export_with_equal_logits(exported):
     model, info = transformers.BertForPreTraining.from_pretrained(exported, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     out = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
-    assert max_diff(out.prediction_logits[real], mlm[real]) <= TOL
-    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+    torch.testing.assert_close(out.prediction_logits[real], mlm[real], rtol=0, atol=TOL)
+    torch.testing.assert_close(out.seq_relationship_logits, nsp, rtol=0, atol=TOL)
 
     for cls in (transformers.BertForMaskedLM, transformers.AutoModelForMaskedLM):
         model, info = cls.from_pretrained(exported, output_loading_info=True)
         assert not info["missing_keys"]
         logits = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
-        assert max_diff(logits[real], mlm[real]) <= TOL
+        torch.testing.assert_close(logits[real], mlm[real], rtol=0, atol=TOL)
 
     model, info = transformers.BertModel.from_pretrained(exported, output_loading_info=True)
     assert not info["missing_keys"]
     out = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
     hidden, pooled = ours.bert(ids, token_type_ids=types, attention_mask=mask)
-    assert max_diff(out.last_hidden_state[real], hidden[real]) <= TOL
-    assert max_diff(out.pooler_output, pooled) <= TOL
+    torch.testing.assert_close(out.last_hidden_state[real], hidden[real], rtol=0, atol=TOL)
+    torch.testing.assert_close(out.pooler_output, pooled, rtol=0, atol=TOL)
 
 
 def test_pipeline_fill_mask_equals_bertforge_fill_mask(exported, capsys):
@@ -191,8 +193,8 @@ def assert_same_logits(hf_model, folder, tokenizer_dir):
     mlm, nsp = ours(ids, token_type_ids=types, attention_mask=mask)
     out = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask)
     real = mask.bool()
-    assert max_diff(out.prediction_logits[real], mlm[real]) <= TOL
-    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+    torch.testing.assert_close(out.prediction_logits[real], mlm[real], rtol=0, atol=TOL)
+    torch.testing.assert_close(out.seq_relationship_logits, nsp, rtol=0, atol=TOL)
 
 
 def test_import_gives_equal_logits(hf_pretraining, tmp_path, small_tokenizer_dir):
@@ -244,7 +246,7 @@ def test_import_a_masked_lm_draws_the_missing_heads(tmp_path, small_tokenizer_di
     with torch.no_grad():
         mlm, _ = ours(ids, token_type_ids=types, attention_mask=mask)
         logits = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
-    assert max_diff(logits[mask.bool()], mlm[mask.bool()]) <= TOL
+    torch.testing.assert_close(logits[mask.bool()], mlm[mask.bool()], rtol=0, atol=TOL)
 
 
 def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):
@@ -272,8 +274,8 @@ def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):
     with torch.no_grad():
         mlm, nsp = ours(ids, token_type_ids=types, attention_mask=mask)
         out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
-    assert max_diff(out.prediction_logits[mask.bool()], mlm[mask.bool()]) <= TOL
-    assert max_diff(out.seq_relationship_logits, nsp) <= TOL
+    torch.testing.assert_close(out.prediction_logits[mask.bool()], mlm[mask.bool()], rtol=0, atol=TOL)
+    torch.testing.assert_close(out.seq_relationship_logits, nsp, rtol=0, atol=TOL)
 
 
 def test_pretraining_starts_from_an_imported_model(tmp_path, hf_pretraining, wiki_slice, capsys):
@@ -343,7 +345,7 @@ def test_classifier_export_loads_in_hugging_face_with_its_labels(classifier, tmp
     with torch.no_grad():
         expected = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
         got = model.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
-    assert max_diff(expected, got) <= TOL
+    torch.testing.assert_close(expected, got, rtol=0, atol=TOL)
     classify = transformers.pipeline("text-classification", model=str(out))
     predictions = classify(TEXTS)
     assert all(p["label"] in LABELS for p in predictions)

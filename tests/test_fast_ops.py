@@ -15,7 +15,9 @@ def test_dropout_drops_p_and_keeps_the_mean():
     assert abs(dropped - 0.1) < 0.002  # binomial sd over 1e6 draws is 0.0003
     assert abs(y.mean().item() - 1.0) < 0.003  # kept values scaled by the inverse keep rate
     kept = y[y != 0]
-    assert torch.allclose(kept, torch.full_like(kept, 65536 / (65536 - round(0.1 * 65536))))
+    torch.testing.assert_close(
+        kept, torch.full_like(kept, 65536 / (65536 - round(0.1 * 65536))), rtol=1e-5, atol=1e-8
+    )
 
 
 def test_dropout_draws_are_uniform_and_independent_of_position():
@@ -34,7 +36,9 @@ def test_dropout_gradient_is_the_mask_times_the_scale():
     y.backward(torch.ones_like(y))
     kept = y != 0
     assert torch.equal(x.grad != 0, kept)
-    assert torch.allclose(x.grad[kept], torch.full_like(x.grad[kept], 65536 / (65536 - 16384)))
+    torch.testing.assert_close(
+        x.grad[kept], torch.full_like(x.grad[kept], 65536 / (65536 - 16384)), rtol=1e-5, atol=1e-8
+    )
 
 
 def test_dropout_is_the_identity_in_eval_and_at_zero_and_seeded_in_training():
@@ -58,7 +62,7 @@ def test_attention_without_dropout_is_sdpa_with_the_padding_mask():
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert torch.allclose(attention(q, k, v, mask, 0.1, training=False), expected, atol=1e-6)
+    torch.testing.assert_close(attention(q, k, v, mask, 0.1, training=False), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_attention_with_dropout_drops_probabilities_with_the_dropout_mask():
@@ -70,7 +74,7 @@ def test_attention_with_dropout_drops_probabilities_with_the_dropout_mask():
     scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~mask, float("-inf"))
     torch.manual_seed(6)
     expected = dropout(scores.softmax(-1), 0.2) @ v  # the same draws in the same order
-    assert torch.allclose(got, expected, atol=1e-6)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-3)
 
 
@@ -85,10 +89,10 @@ def test_cross_entropy_sum_matches_torch_in_value_and_gradient(dtype):
     ours = cross_entropy_sum(ours_in, labels)
     ref = F.cross_entropy(ref_in.float(), labels, reduction="sum")
     assert ours.dtype == torch.float32
-    assert torch.allclose(ours, ref, rtol=1e-5)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-8)
     (ours * 0.5).backward()
     (ref * 0.5).backward()
     assert ours_in.grad.dtype == dtype
-    assert torch.allclose(
-        ours_in.grad.float(), ref_in.grad.float(), atol=1e-6 if dtype == torch.float32 else 4e-3
+    torch.testing.assert_close(
+        ours_in.grad.float(), ref_in.grad.float(), rtol=1e-5, atol=1e-6 if dtype == torch.float32 else 4e-3
     )

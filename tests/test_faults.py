@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_failure, tiny_config
+from conftest import assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.checkpoint import list_checkpoints, read_config, read_weights
 from bertforge.errors import BertforgeError
@@ -50,13 +50,6 @@ def wait_for(condition, process: subprocess.Popen, seconds: float = 60) -> None:
             raise AssertionError(process.stderr.read().decode())
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
-
-
-def strict_json_lines(path: Path) -> list[dict]:
-    def refuse(constant):
-        raise ValueError(f"{constant} is not JSON")
-
-    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
 
 
 def all_saved_weights_finite(run: Path) -> bool:
@@ -138,7 +131,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, wiki_slice, small_t
 
     assert {p.name: (p / "model.safetensors").read_bytes() for p in list_checkpoints(run)} == before
     assert all_saved_weights_finite(run)
-    lines = strict_json_lines(run / "metrics.jsonl")
+    lines = metrics_lines(run)  # strict JSON
     assert max(line["step"] for line in lines) == 4
 
 
@@ -147,11 +140,7 @@ def test_metrics_log_writes_non_finite_numbers_as_null(tmp_path):
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     log.append({"step": 1, "split": "valid", "loss": float("nan"), "accuracy": 0.5})
-    assert strict_json_lines(log.path) == [{"step": 1, "split": "valid", "loss": None, "accuracy": 0.5}]
-
-
-def read_lines(run: Path, split: str) -> list[dict]:
-    return [line for line in strict_json_lines(run / "metrics.jsonl") if line["split"] == split]
+    assert metrics_lines(tmp_path) == [{"step": 1, "split": "valid", "loss": None, "accuracy": 0.5}]
 
 
 def test_resume_skips_damaged_checkpoints_and_matches_the_uninterrupted_run(
@@ -171,7 +160,7 @@ def test_resume_skips_damaged_checkpoints_and_matches_the_uninterrupted_run(
     with pytest.warns(UserWarning, match=r"step_000006 is damaged.*step_000004 is damaged.*from step_000002"):
         pretrain(read_config(cut), cut, resume=True, show_progress=False)
 
-    for a, b in zip(read_lines(full, "train"), read_lines(cut, "train"), strict=True):
+    for a, b in zip(metrics_lines(full, "train"), metrics_lines(cut, "train"), strict=True):
         assert a["loss"] == b["loss"] and a["step"] == b["step"]
     full_weights = read_weights(full / "final" / "model.safetensors")
     cut_weights = read_weights(cut / "final" / "model.safetensors")

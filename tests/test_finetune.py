@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HF_TINY_SIZES
+from conftest import HF_TINY_SIZES, metrics_lines
 
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify
@@ -84,11 +84,6 @@ def toy_config(**train):
     return config
 
 
-def read_lines(run: Path, split: str) -> list[dict]:
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if x["split"] == split]
-
-
 def without_speed(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
 
@@ -125,16 +120,22 @@ def test_classifier_matches_hugging_face_both_ways():
     ours.load_state_dict(hf.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
     assert theirs.shape == (3, 3)
-    assert (
-        ours(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
-    ).abs().max() <= 1e-5
+    torch.testing.assert_close(
+        ours(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask),
+        theirs,
+        rtol=0,
+        atol=1e-5,
+    )
 
     fresh = BertForSequenceClassification(ModelConfig(**SIZES), 3).eval()  # other random weights
     hf.load_state_dict(fresh.state_dict())
     theirs = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
-    assert (
-        fresh(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask) - theirs
-    ).abs().max() <= 1e-5
+    torch.testing.assert_close(
+        fresh(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask),
+        theirs,
+        rtol=0,
+        atol=1e-5,
+    )
 
 
 def test_classifier_head_is_initialised_as_hugging_face():
@@ -188,9 +189,9 @@ def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
     assert run["confusion"] == [[15, 0], [0, 15]]
 
     out = tmp_path / "run"
-    valid = read_lines(out, "valid")
+    valid = metrics_lines(out, "valid")
     assert [v["epoch"] for v in valid] == [0, 1, 2, 3, 4]  # before fine-tuning, then every epoch
-    assert [c["epoch"] for c in read_lines(out, "confusion")] == [0, 1, 2, 3, 4]
+    assert [c["epoch"] for c in metrics_lines(out, "confusion")] == [0, 1, 2, 3, 4]
     assert valid[run["best_epoch"]]["accuracy"] == 1.0
     assert (out / "curves.png").stat().st_size > 10_000
     assert not (out / "checkpoints").exists() and not (out / "best").exists()
@@ -229,14 +230,14 @@ def test_seeds_are_reproducible_and_differ(tmp_path, tiny_pretrained_run, toy):
     finetune(toy_task(tiny_pretrained_run, toy, epochs=1), config, tmp_path / "again", show_progress=False)
 
     seed_1, seed_2, again = tmp_path / "seeds" / "seed_1", tmp_path / "seeds" / "seed_2", tmp_path / "again"
-    assert without_speed(read_lines(seed_1, "train")) == without_speed(read_lines(again, "train"))
-    assert read_lines(seed_1, "valid") == read_lines(again, "valid")
+    assert without_speed(metrics_lines(seed_1, "train")) == without_speed(metrics_lines(again, "train"))
+    assert metrics_lines(seed_1, "valid") == metrics_lines(again, "valid")
     first, second = (
         read_weights(seed_1 / "final" / "model.safetensors"),
         read_weights(again / "final" / "model.safetensors"),
     )
     assert all(torch.equal(first[k], second[k]) for k in first)
-    assert read_lines(seed_1, "train")[0]["loss"] != read_lines(seed_2, "train")[0]["loss"]
+    assert metrics_lines(seed_1, "train")[0]["loss"] != metrics_lines(seed_2, "train")[0]["loss"]
 
     saved = json.loads((tmp_path / "seeds" / "summary.json").read_text())
     assert saved["seeds"] == [1, 2] and saved == json.loads(json.dumps(summary))
@@ -270,8 +271,8 @@ def test_from_scratch_run(tmp_path, tiny_pretrained_run, toy):
         show_progress=False,
     )
     before_tuned, before_scratch = (
-        read_lines(tmp_path / "tuned", "valid")[0],
-        read_lines(tmp_path / "scratch", "valid")[0],
+        metrics_lines(tmp_path / "tuned", "valid")[0],
+        metrics_lines(tmp_path / "scratch", "valid")[0],
     )
     assert before_tuned["classification_loss"] != before_scratch["classification_loss"]
     assert json.loads((tmp_path / "scratch" / "finetune.json").read_text())["task"]["from_scratch"] is True
@@ -298,9 +299,9 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_run(
 
     finetune(*read_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    assert read_lines(full, "valid") == read_lines(cut, "valid")
-    assert read_lines(full, "confusion") == read_lines(cut, "confusion")
-    assert without_speed(read_lines(full, "train")) == without_speed(read_lines(cut, "train"))
+    assert metrics_lines(full, "valid") == metrics_lines(cut, "valid")
+    assert metrics_lines(full, "confusion") == metrics_lines(cut, "confusion")
+    assert without_speed(metrics_lines(full, "train")) == without_speed(metrics_lines(cut, "train"))
     first, second = (
         read_weights(full / "final" / "model.safetensors"),
         read_weights(cut / "final" / "model.safetensors"),
@@ -365,8 +366,8 @@ def test_compare_with_scratch_pairs_the_arms_seed_by_seed(tmp_path, tiny_pretrai
     finetune(
         toy_task(tiny_pretrained_run, toy, epochs=1, from_scratch=True), config, alone, show_progress=False
     )
-    assert read_lines(alone, "valid") == read_lines(out / "scratch" / "seed_2", "valid")
-    assert read_lines(out / "pretrained" / "seed_2", "valid") != read_lines(alone, "valid")
+    assert metrics_lines(alone, "valid") == metrics_lines(out / "scratch" / "seed_2", "valid")
+    assert metrics_lines(out / "pretrained" / "seed_2", "valid") != metrics_lines(alone, "valid")
 
 
 @pytest.mark.filterwarnings(TWO_SEEDS)

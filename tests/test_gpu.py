@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import metrics_lines, tiny_config
 
 from bertforge import train
 from bertforge.checkpoint import read_config
@@ -27,11 +27,6 @@ needs_gpu = pytest.mark.skipif(
 needs_two_gpus = pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="fewer than two CUDA GPUs visible: nccl is tested with two"
 )
-
-
-def read_lines(run, split):
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if x["split"] == split]
 
 
 def no_dropout(config):
@@ -48,9 +43,9 @@ def test_pretraining_on_gpu(tmp_path, wiki_slice, wiki_valid_slice, small_tokeni
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="torch.compile failed")  # on GPU it must really compile
         pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    valid = read_lines(tmp_path / "run", "valid")
+    valid = metrics_lines(tmp_path / "run", "valid")
     assert valid[-1]["mlm_loss"] < valid[0]["mlm_loss"] - 0.5
-    assert all(math.isfinite(x["loss"]) for x in read_lines(tmp_path / "run", "train"))
+    assert all(math.isfinite(x["loss"]) for x in metrics_lines(tmp_path / "run", "train"))
     if precision == "fp16":  # the grad scaler's state is saved for resume, and it was at work
         scaler = torch.load(
             tmp_path / "run" / "checkpoints" / "step_000060" / "optimizer.pt", weights_only=True
@@ -65,7 +60,7 @@ def test_gpu_bf16_follows_fp32(tmp_path, wiki_slice, small_tokenizer_dir):
         config = no_dropout(tiny_config(wiki_slice, max_steps=4, eval_every=4))
         config.runtime.device, config.runtime.precision = "cuda", precision
         pretrain(config, tmp_path / precision, tokenizer_dir=small_tokenizer_dir, show_progress=False)
-        losses[precision] = [x["loss"] for x in read_lines(tmp_path / precision, "train")]
+        losses[precision] = [x["loss"] for x in metrics_lines(tmp_path / precision, "train")]
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
 
 
@@ -92,8 +87,8 @@ def test_failed_compile_falls_back_to_eager(tmp_path, wiki_slice, small_tokenize
     compiled.runtime.compile = True
     with pytest.warns(UserWarning, match="torch.compile failed .*training in eager mode"):
         pretrain(compiled, tmp_path / "compiled", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    eager_losses = [x["loss"] for x in read_lines(tmp_path / "eager", "train")]
-    compiled_losses = [x["loss"] for x in read_lines(tmp_path / "compiled", "train")]
+    eager_losses = [x["loss"] for x in metrics_lines(tmp_path / "eager", "train")]
+    compiled_losses = [x["loss"] for x in metrics_lines(tmp_path / "compiled", "train")]
     assert compiled_losses == eager_losses  # nothing of the failed attempt leaked into the run
 
 
@@ -105,7 +100,7 @@ def test_compile_on_cpu_works_or_falls_back(tmp_path, wiki_slice, small_tokenize
         config = no_dropout(tiny_config(wiki_slice, max_steps=3, eval_every=3))
         config.runtime.device, config.runtime.compile = "cpu", compile
         pretrain(config, tmp_path / str(compile), tokenizer_dir=small_tokenizer_dir, show_progress=False)
-        runs[compile] = [x["loss"] for x in read_lines(tmp_path / str(compile), "train")]
+        runs[compile] = [x["loss"] for x in metrics_lines(tmp_path / str(compile), "train")]
     assert runs[True] == pytest.approx(runs[False], rel=1e-4)
 
 
@@ -129,7 +124,7 @@ def test_resume_on_gpu_reproduces_the_run(tmp_path, wiki_slice, small_tokenizer_
     config.runtime.device, config.runtime.precision = "cuda", precision
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     cut = cut_and_resume(tmp_path / "run", 4)
-    full, resumed = read_lines(tmp_path / "run", "train"), read_lines(cut, "train")
+    full, resumed = metrics_lines(tmp_path / "run", "train"), metrics_lines(cut, "train")
     assert [x["step"] for x in resumed] == list(range(1, 9))
     for a, b in zip(full, resumed, strict=True):  # float atomics may differ in the last bits
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
@@ -246,7 +241,7 @@ def test_two_gpus_with_nccl_follow_one_gpu(tmp_path, wiki_slice, small_tokenizer
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(nccl_rank, args=(port, wiki_slice, small_tokenizer_dir, tmp_path), nprocs=2, join=True)
-    single, ddp = read_lines(tmp_path / "single", "train"), read_lines(tmp_path / "ddp", "train")
+    single, ddp = metrics_lines(tmp_path / "single", "train"), metrics_lines(tmp_path / "ddp", "train")
     assert [x["step"] for x in ddp] == list(range(1, 7))
     for a, b in zip(single, ddp, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3), a["step"]

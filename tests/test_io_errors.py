@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean_failure
+from conftest import assert_clean_failure, metrics_lines
 from safetensors import SafetensorError
 
 from bertforge import io
@@ -128,8 +128,7 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, tiny_pretrained
     config = read_config(run)
     config.train.max_steps = 4
     pretrain(config, run, resume=True, show_progress=False)
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 3, 4]
+    assert [r["step"] for r in metrics_lines(run, "train")] == [1, 2, 3, 4]
 
 
 def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):

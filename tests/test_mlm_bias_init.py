@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import HF_TINY_SIZES, tiny_config
+from conftest import HF_TINY_SIZES, metrics_lines, tiny_config
 
 from bertforge.config import ModelConfig
 from bertforge.model import BertForPreTraining
@@ -39,7 +38,7 @@ def test_a_run_starts_from_the_unigram_loss_not_from_log_vocabulary(
         config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=1, eval_every=1)
         config.train.mlm_bias_init = init
         pretrain(config, tmp_path / init, tokenizer_dir=small_tokenizer_dir, show_progress=False)
-        first = json.loads((tmp_path / init / "metrics.jsonl").read_text().splitlines()[0])
+        first = metrics_lines(tmp_path / init)[0]
         assert first["step"] == 0 and first["split"] == "valid"
         losses[init] = first["mlm_loss"]
     assert losses["zero"] == pytest.approx(math.log(2000), abs=0.1)  # uniform over the vocabulary

@@ -38,6 +38,8 @@ def padded_batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest absolute difference, for checks that two outputs differ (agreement is checked
+    with `torch.testing.assert_close`)."""
     return (a - b).abs().max().item()
 
 
@@ -68,8 +70,8 @@ def test_parity_hugging_face_to_ours():
     assert mlm.shape == hf_mlm.shape == (3, 12, SIZES["vocab_size"])
     assert nsp.shape == hf_nsp.shape == (3, 2)
     # Every position, padding included: both mask keys only.
-    assert max_diff(mlm, hf_mlm) <= TOL
-    assert max_diff(nsp, hf_nsp) <= TOL
+    torch.testing.assert_close(mlm, hf_mlm, rtol=0, atol=TOL)
+    torch.testing.assert_close(nsp, hf_nsp, rtol=0, atol=TOL)
     # The head weights really came from HF (not zeros that would agree trivially).
     assert mlm.std() > 0.01
 
@@ -88,8 +90,8 @@ def test_parity_ours_to_hugging_face():
     batch = padded_batch(seed=3)
     mlm, nsp = ours(**batch)
     hf_mlm, hf_nsp = hf_logits(hf, **batch)
-    assert max_diff(mlm, hf_mlm) <= TOL
-    assert max_diff(nsp, hf_nsp) <= TOL
+    torch.testing.assert_close(mlm, hf_mlm, rtol=0, atol=TOL)
+    torch.testing.assert_close(nsp, hf_nsp, rtol=0, atol=TOL)
 
 
 @torch.no_grad()
@@ -102,8 +104,8 @@ def test_encoder_parity_and_defaults():
     seq, pooled = encoder(**batch)
     out = hf.bert(**batch)
     assert seq.shape == (3, 12, SIZES["hidden_size"]) and pooled.shape == (3, SIZES["hidden_size"])
-    assert max_diff(seq, out.last_hidden_state) <= TOL
-    assert max_diff(pooled, out.pooler_output) <= TOL
+    torch.testing.assert_close(seq, out.last_hidden_state, rtol=0, atol=TOL)
+    torch.testing.assert_close(pooled, out.pooler_output, rtol=0, atol=TOL)
     # None means "all segment 0" and "all real tokens".
     input_ids = batch["input_ids"]
     default = encoder(input_ids)
@@ -112,7 +114,8 @@ def test_encoder_parity_and_defaults():
         token_type_ids=torch.zeros_like(input_ids),
         attention_mask=torch.ones_like(input_ids, dtype=torch.bool),
     )
-    assert max_diff(default[0], explicit[0]) <= TOL and max_diff(default[1], explicit[1]) <= TOL
+    torch.testing.assert_close(default[0], explicit[0], rtol=0, atol=TOL)
+    torch.testing.assert_close(default[1], explicit[1], rtol=0, atol=TOL)
 
 
 def test_too_long_sequence_is_a_clear_error():
@@ -131,7 +134,7 @@ def test_masked_positions_equal_dense_logits_gathered():
     sparse_mlm, sparse_nsp = model(**batch, masked_positions=positions)
     assert sparse_mlm.shape == (len(positions), SIZES["vocab_size"])
     expected = dense_mlm.reshape(-1, SIZES["vocab_size"])[positions]
-    assert max_diff(sparse_mlm, expected) <= TOL
+    torch.testing.assert_close(sparse_mlm, expected, rtol=0, atol=TOL)
     assert torch.equal(sparse_nsp, dense_nsp)
     empty, _ = model(**batch, masked_positions=positions[:0])
     assert empty.shape == (0, SIZES["vocab_size"])
@@ -185,8 +188,8 @@ def test_padding_does_not_change_real_positions():
     token_type_ids = torch.cat([torch.zeros(1, 10, dtype=torch.long), F.pad(short_types, (0, 4))])
     attention_mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
     batch_mlm, batch_nsp = model(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-    assert max_diff(batch_mlm[1, :6], alone_mlm[0]) <= TOL
-    assert max_diff(batch_nsp[1], alone_nsp[0]) <= TOL
+    torch.testing.assert_close(batch_mlm[1, :6], alone_mlm[0], rtol=0, atol=TOL)
+    torch.testing.assert_close(batch_nsp[1], alone_nsp[0], rtol=0, atol=TOL)
     # Without the mask the padding leaks in: the test above can fail.
     leaky_mlm, _ = model(input_ids, token_type_ids=token_type_ids)
     assert max_diff(leaky_mlm[1, :6], alone_mlm[0]) > 1e-3
@@ -228,8 +231,8 @@ def test_activation_parity_with_hugging_face(act):
     batch = padded_batch(seed=10)
     mlm, nsp = ours(**batch)
     hf_mlm, hf_nsp = hf_logits(hf, **batch)
-    assert max_diff(mlm, hf_mlm) <= TOL
-    assert max_diff(nsp, hf_nsp) <= TOL
+    torch.testing.assert_close(mlm, hf_mlm, rtol=0, atol=TOL)
+    torch.testing.assert_close(nsp, hf_nsp, rtol=0, atol=TOL)
 
 
 @torch.no_grad()

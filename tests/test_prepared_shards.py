@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure
+from conftest import assert_clean_failure, metrics_lines
 
 from bertforge.cli import main
 from bertforge.config import TokenizerConfig
@@ -48,8 +48,7 @@ def prepared(tmp_path_factory, wiki_slice, small_tokenizer_dir) -> Path:
 
 
 def train_losses(run: Path) -> list[tuple[int, float]]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(line["step"], line["loss"]) for line in lines if line["split"] == "train"]
+    return [(line["step"], line["loss"]) for line in metrics_lines(run, "train")]
 
 
 def test_prepare_names_the_command_that_trains_on_its_shards(

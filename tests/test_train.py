@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import metrics_lines, tiny_config
 
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.config import TrainConfig
 from bertforge.folders import open_pretrained
 from bertforge.pretrain import pretrain
 from bertforge.train import Schedule, build_optimizer
-
-
-def read_lines(run, split):
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x for x in lines if x["split"] == split]
 
 
 def test_schedule_warms_up_then_decays_linearly():
@@ -51,12 +45,12 @@ def test_validation_loss_falls_on_wikitext(tmp_path, wiki_slice, wiki_valid_slic
     config.train.learning_rate = 3e-3
     config.train.mlm_bias_init = "zero"  # from ln(V): the loop must learn the frequencies too
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    valid = read_lines(tmp_path / "run", "valid")
+    valid = metrics_lines(tmp_path / "run", "valid")
     assert [v["step"] for v in valid] == [0, 40, 80]
     assert valid[-1]["mlm_loss"] < valid[0]["mlm_loss"] - 1.0
     assert valid[-1]["mlm_accuracy"] > valid[0]["mlm_accuracy"]
     assert (tmp_path / "run" / "loss.png").stat().st_size > 10_000
-    assert read_lines(tmp_path / "run", "train")[-1]["tokens_per_s"] > 0
+    assert metrics_lines(tmp_path / "run", "train")[-1]["tokens_per_s"] > 0
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
@@ -74,11 +68,11 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, wiki_slice, wiki_vali
 
     pretrain(read_config(cut), cut, resume=True, show_progress=False)
 
-    full_train, cut_train = read_lines(full, "train"), read_lines(cut, "train")
+    full_train, cut_train = metrics_lines(full, "train"), metrics_lines(cut, "train")
     assert [x["step"] for x in cut_train] == list(range(1, 9))
     for a, b in zip(full_train, cut_train, strict=True):
         assert a["loss"] == b["loss"] and a["mlm_loss"] == b["mlm_loss"] and a["nsp_loss"] == b["nsp_loss"]
-    assert read_lines(full, "valid")[-1] == read_lines(cut, "valid")[-1]
+    assert metrics_lines(full, "valid")[-1] == metrics_lines(cut, "valid")[-1]
     full_weights = read_weights(full / "final" / "model.safetensors")
     cut_weights = read_weights(cut / "final" / "model.safetensors")
     assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
@@ -106,14 +100,14 @@ def test_mlm_only_run_without_nsp(tmp_path, wiki_slice, wiki_valid_slice, small_
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=4, eval_every=4)
     config.data.nsp = False
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    valid = read_lines(tmp_path / "run", "valid")[-1]
+    valid = metrics_lines(tmp_path / "run", "valid")[-1]
     assert "mlm_loss" in valid and "nsp_loss" not in valid
 
 
 def test_gradient_accumulation_runs_and_logs_every_step(tmp_path, wiki_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, max_steps=3, eval_every=3, gradient_accumulation_steps=2)
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    assert [x["step"] for x in read_lines(tmp_path / "run", "train")] == [1, 2, 3]
+    assert [x["step"] for x in metrics_lines(tmp_path / "run", "train")] == [1, 2, 3]
 
 
 def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
@@ -121,7 +115,7 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert 0 < result["step"] < 1_000_000
     assert result["elapsed_s"] < 30
-    lrs = [x["lr"] for x in read_lines(tmp_path / "run", "train")]
+    lrs = [x["lr"] for x in metrics_lines(tmp_path / "run", "train")]
     assert lrs[-1] < max(lrs)  # the schedule decayed within the budget
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
@@ -180,7 +174,7 @@ def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slic
     config.data.warmup_seq_length, config.data.max_seq_length = 16, 32
     full = tmp_path / "full"
     pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    logged = read_lines(full, "train")
+    logged = metrics_lines(full, "train")
     tokenizer = load_tokenizer(small_tokenizer_dir)
     shards = cached_shards(corpus, tokenizer, "auto", default_cache_dir(), False)
     assert 6 <= len(epoch_batches(shards, tokenizer, config)(0)) < 12  # the length changes after the cut
@@ -190,7 +184,7 @@ def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slic
     shutil.rmtree(cut / "checkpoints" / "step_000012")
     shutil.rmtree(cut / "final")
     pretrain(read_config(cut), cut, resume=True, show_progress=False)
-    assert [x["loss"] for x in read_lines(cut, "train")] == [x["loss"] for x in logged]
+    assert [x["loss"] for x in metrics_lines(cut, "train")] == [x["loss"] for x in logged]
     full_weights = read_weights(full / "final" / "model.safetensors")
     cut_weights = read_weights(cut / "final" / "model.safetensors")
     assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)

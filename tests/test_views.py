@@ -17,7 +17,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 import torch
-from conftest import HF_TINY_SIZES, WIKI_VALID, assert_clean_failure, tiny_config
+from conftest import HF_TINY_SIZES, WIKI_VALID, assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge import reporting
 from bertforge.attention_view import attention_maps, attention_weights
@@ -79,7 +79,7 @@ def test_bert_attention_equals_hugging_face_output_attentions_with_padding():
     weights = attention_weights(ours, ids, token_type_ids=token_types, attention_mask=mask)
     theirs = hf(input_ids=ids, token_type_ids=token_types, attention_mask=mask, output_attentions=True)
     assert weights.shape == (2, 2, 4, 9, 9)  # (batch, layers, heads, queries, keys)
-    assert (weights - torch.stack(theirs.attentions, dim=1)).abs().max() <= TOL
+    torch.testing.assert_close(weights, torch.stack(theirs.attentions, dim=1), rtol=0, atol=TOL)
     assert weights[1, ..., 5:].abs().max() == 0  # no query attends to a padding key
     assert weights.amax(-1).max() > 0.5  # far from uniform: the comparison means something
 
@@ -96,7 +96,7 @@ def test_gpt_attention_equals_openai_gpt_output_attentions():
     weights = attention_weights(ours, ids)
     theirs = hf(input_ids=ids, output_attentions=True).attentions
     assert weights.shape == (2, 2, 4, 12, 12)
-    assert (weights - torch.stack(theirs, dim=1)).abs().max() <= TOL
+    torch.testing.assert_close(weights, torch.stack(theirs, dim=1), rtol=0, atol=TOL)
     assert weights.triu(diagonal=1).abs().max() == 0  # causal: nothing from a later token
 
 
@@ -118,7 +118,7 @@ def test_weights_times_values_give_what_each_sublayer_outputs(kind):
         B, T, H = x.shape
         v = module.value(x).view(B, T, module.num_heads, module.head_dim).transpose(1, 2)
         expected = (weights[:, layer] @ v).transpose(1, 2).reshape(B, T, H)
-        assert (expected - out).abs().max() <= TOL
+        torch.testing.assert_close(out, expected, rtol=0, atol=TOL)
 
 
 def test_the_model_runs_in_eval_mode_and_keeps_its_mode():
@@ -143,7 +143,7 @@ def test_bert_maps_of_a_text_and_of_a_pair(tokenizer):
     assert maps.tokens[0] == "[CLS]" and maps.tokens[-1] == "[SEP]" and not maps.causal
     T = len(maps.tokens)
     assert maps.weights.shape == (2, 4, T, T)
-    assert torch.allclose(maps.weights.sum(-1), torch.ones(2, 4, T), atol=1e-5)
+    torch.testing.assert_close(maps.weights.sum(-1), torch.ones(2, 4, T), rtol=1e-5, atol=1e-5)
     assert maps.weights.triu(diagonal=1).abs().max() > 0.01  # bidirectional
     pair = attention_maps(model, tokenizer, "The game was released .", pair="It sold well .")
     assert pair.tokens.count("[SEP]") == 2
@@ -157,7 +157,7 @@ def test_gpt_maps_are_causal_and_read_the_text_as_a_prompt(tokenizer):
     maps = attention_maps(model, tokenizer, "The game was released in Japan .")
     assert maps.causal and "[CLS]" not in maps.tokens and "[SEP]" not in maps.tokens
     T = len(maps.tokens)
-    assert torch.allclose(maps.weights.sum(-1), torch.ones(2, 4, T), atol=1e-5)
+    torch.testing.assert_close(maps.weights.sum(-1), torch.ones(2, 4, T), rtol=1e-5, atol=1e-5)
     assert maps.weights.triu(diagonal=1).abs().max() == 0
     assert torch.all(maps.weights[:, :, 0, 0] == 1)  # the first token can only attend to itself
 
@@ -212,7 +212,7 @@ def test_attention_command_draws_every_layer_and_head(tmp_path, capsys, tiny_pre
     model, tokenizer, _ = open_pretrained(tiny_pretrained_run)
     maps = attention_maps(model, tokenizer, text)
     assert shown["tokens"] == maps.tokens
-    assert np.allclose(shown["weights"], maps.weights[1:2, 0:1].numpy(), atol=1e-6)
+    np.testing.assert_allclose(shown["weights"], maps.weights[1:2, 0:1].numpy(), rtol=1e-5, atol=1e-6)
     assert not list(tmp_path.glob(".*tmp-*"))  # written atomically: no leftovers
 
 
@@ -277,13 +277,16 @@ def test_run_curves_place_evaluations_by_tokens_and_minutes(tmp_path):
     curves = run_curves(write_run(tmp_path / "bert", "mlm_loss", "mlm_accuracy"), "bert")
     assert curves.objective == "MLM" and not curves.estimated
     assert curves.tokens.tolist() == [0, 1000, 2000]
-    assert np.allclose(curves.minutes, [0, 10 / 60, 20 / 60])  # 1,000 tokens at 100 tokens/s: 10 s
+    np.testing.assert_allclose(
+        curves.minutes, [0, 10 / 60, 20 / 60], rtol=1e-5, atol=1e-8
+    )  # 1,000 tokens at 100 tokens/s: 10 s
     assert curves.loss.tolist() == [9, 8, 7] and curves.accuracy.tolist() == [0, 0.1, 0.2]
     gpt_run = run_curves(write_run(tmp_path / "gpt", "clm_loss", "clm_accuracy", rate=50.0), "gpt")
-    assert gpt_run.objective == "next-token" and np.allclose(gpt_run.minutes, [0, 20 / 60, 40 / 60])
+    assert gpt_run.objective == "next-token"
+    np.testing.assert_allclose(gpt_run.minutes, [0, 20 / 60, 40 / 60], rtol=1e-5, atol=1e-8)
     old = run_curves(write_run(tmp_path / "old", "mlm_loss", "mlm_accuracy", tokens=False), "old")
     assert old.estimated and old.tokens.tolist() == [0, 1280, 2560]  # step x 4 x 32
-    assert np.allclose(old.minutes, [0, 12.8 / 60, 25.6 / 60])
+    np.testing.assert_allclose(old.minutes, [0, 12.8 / 60, 25.6 / 60], rtol=1e-5, atol=1e-8)
 
 
 def test_comparison_figure_has_one_line_per_run_in_each_panel(tmp_path):
@@ -303,8 +306,8 @@ def test_comparison_figure_has_one_line_per_run_in_each_panel(tmp_path):
         (accuracy_minutes, "minutes", "accuracy"),
     ):
         for line, run in zip(ax.lines, curves, strict=True):
-            assert np.allclose(line.get_xdata(), getattr(run, x))
-            assert np.allclose(line.get_ydata(), getattr(run, y))
+            np.testing.assert_allclose(line.get_xdata(), getattr(run, x), rtol=1e-5, atol=1e-8)
+            np.testing.assert_allclose(line.get_ydata(), getattr(run, y), rtol=1e-5, atol=1e-8)
     assert "minutes" in loss_minutes.get_xlabel() and "tokens" in loss_tokens.get_xlabel()
 
 
@@ -455,10 +458,9 @@ def test_pretraining_writes_the_metrics_as_tensorboard_events(
         pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for split, key in (("valid", "mlm_loss"), ("valid", "nsp_accuracy"), ("train", "loss"), ("train", "lr")):
-        logged = [(r["step"], r[key]) for r in records if r["split"] == split]
+        logged = [(r["step"], r[key]) for r in metrics_lines(run, split)]
         shown = [(e.step, e.value) for e in events.Scalars(f"{split}/{key}")]
         assert [s for s, _ in shown] == [s for s, _ in logged]
-        assert np.allclose([v for _, v in shown], [v for _, v in logged], rtol=1e-6)
+        np.testing.assert_allclose([v for _, v in shown], [v for _, v in logged], rtol=1e-6, atol=1e-8)
     assert "valid/tokens" not in events.Tags()["scalars"]
