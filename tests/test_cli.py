@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -79,52 +80,62 @@ def test_each_subcommand_has_help(capsys, argv, expected):
     assert expected in capsys.readouterr().out
 
 
-def test_end_to_end_from_raw_text(tmp_path, wiki_slice, wiki_valid_slice):
-    """tokenizer train -> prepare -> pretrain -> evaluate, as a user would type them."""
-    env_cache = tmp_path / "cache"
-    tok = run_cli(
-        "tokenizer",
-        "train",
-        "--corpus",
-        str(wiki_slice),
-        "--vocab-size",
-        "2000",
-        "--out",
-        str(tmp_path / "tok"),
-    )
-    assert tok.returncode == 0, tok.stderr
-    assert (tmp_path / "tok" / "vocab.txt").is_file()
-    prep = run_cli(
-        "prepare",
-        "--corpus",
-        str(wiki_slice),
-        "--tokenizer",
-        str(tmp_path / "tok"),
-        "--out",
-        str(tmp_path / "shards"),
-    )
-    assert prep.returncode == 0, prep.stderr
-    assert json.loads((tmp_path / "shards" / "meta.json").read_text())["num_documents"] > 10
+@dataclass
+class Pipeline:
+    """What a user gets from typing tokenizer train, prepare, pretrain and evaluate in turn."""
 
-    run = tmp_path / "run"
-    result = run_cli(
-        "pretrain",
-        "--corpus",
-        str(wiki_slice),
-        "--valid",
-        str(wiki_valid_slice),
-        "--out",
-        str(run),
-        "--max-steps",
-        "6",
-        "--cache-dir",
-        str(env_cache),
-        "--precision",
-        "fp32",  # evaluate's default, so its metrics must equal the run's last ones
-        *TINY,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "held-out: mlm_loss" in result.stdout and "real tokens/s" in result.stdout
+    folder: Path
+    tokenizer: subprocess.CompletedProcess
+    prepare: subprocess.CompletedProcess
+    pretrain: subprocess.CompletedProcess
+    evaluate: subprocess.CompletedProcess
+
+    @property
+    def run(self) -> Path:
+        return self.folder / "run"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, wiki_slice, wiki_valid_slice) -> Pipeline:
+    """tokenizer train -> prepare -> pretrain -> evaluate, as a user would type them: run once for the
+    tests below, each of which checks what one command gave."""
+    folder = tmp_path_factory.mktemp("pipeline")
+    corpus, valid, run = str(wiki_slice), str(wiki_valid_slice), str(folder / "run")
+    cache = ("--cache-dir", str(folder / "cache"))
+    with pytest.MonkeyPatch.context() as patch:  # module scope: before the autouse `private_cache`
+        patch.setenv("BERTFORGE_CACHE", str(folder / "cache"))
+        tok = run_cli(
+            "tokenizer", "train", "--corpus", corpus, "--vocab-size", "2000", "--out", str(folder / "tok")
+        )
+        prep = run_cli(
+            "prepare", "--corpus", corpus, "--tokenizer", str(folder / "tok"), "--out", str(folder / "shards")
+        )
+        trained = run_cli(
+            *("pretrain", "--corpus", corpus, "--valid", valid, "--out", run, "--max-steps", "6", *cache),
+            *("--precision", "fp32"),  # evaluate's default, so its metrics must equal the run's last ones
+            *TINY,
+        )
+        evaluated = run_cli("evaluate", "--model", run, "--corpus", valid, "--json", *cache, "--quiet")
+    return Pipeline(folder, tok, prep, trained, evaluated)
+
+
+def test_tokenizer_train_writes_a_vocabulary(pipeline):
+    assert pipeline.tokenizer.returncode == 0, pipeline.tokenizer.stderr
+    assert (pipeline.folder / "tok" / "vocab.txt").is_file()
+
+
+def test_prepare_writes_shards_of_the_documents(pipeline):
+    assert pipeline.prepare.returncode == 0, pipeline.prepare.stderr
+    assert json.loads((pipeline.folder / "shards" / "meta.json").read_text())["num_documents"] > 10
+
+
+def test_pretrain_reports_held_out_metrics_and_speed(pipeline):
+    assert pipeline.pretrain.returncode == 0, pipeline.pretrain.stderr
+    assert "held-out: mlm_loss" in pipeline.pretrain.stdout and "real tokens/s" in pipeline.pretrain.stdout
+
+
+def test_pretrain_writes_the_run_folder(pipeline):
+    assert pipeline.pretrain.returncode == 0, pipeline.pretrain.stderr
     for name in (
         "config.json",
         "metrics.jsonl",
@@ -134,25 +145,21 @@ def test_end_to_end_from_raw_text(tmp_path, wiki_slice, wiki_valid_slice):
         "final/config.json",
         "tokenizer/tokenizer.json",
     ):
-        assert (run / name).is_file(), name
+        assert (pipeline.run / name).is_file(), name
 
-    evaluation = run_cli(
-        "evaluate",
-        "--model",
-        str(run),
-        "--corpus",
-        str(wiki_valid_slice),
-        "--json",
-        "--cache-dir",
-        str(env_cache),
-        "--quiet",
-    )
-    assert evaluation.returncode == 0, evaluation.stderr
-    metrics = json.loads(evaluation.stdout)
+
+def test_evaluate_prints_every_held_out_metric(pipeline):
+    assert pipeline.evaluate.returncode == 0, pipeline.evaluate.stderr
+    metrics = json.loads(pipeline.evaluate.stdout)
     metric_names = {"mlm_loss", "perplexity", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "unigram_entropy"}
     assert set(metrics) == metric_names
     assert 3.0 < metrics["unigram_entropy"] < math.log(2000)  # a 2,000-piece vocabulary, far from uniform
-    last_valid = metrics_lines(run)[-1]
+
+
+def test_evaluate_gives_the_runs_last_held_out_loss(pipeline):
+    assert pipeline.evaluate.returncode == 0, pipeline.evaluate.stderr
+    metrics = json.loads(pipeline.evaluate.stdout)
+    last_valid = metrics_lines(pipeline.run)[-1]
     assert metrics["mlm_loss"] == pytest.approx(last_valid["mlm_loss"], rel=1e-5)
 
 
