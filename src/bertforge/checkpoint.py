@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import pickle
 import re
 from pathlib import Path
@@ -33,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
-from bertforge.io import atomic_directory, atomic_write_text, remove_folder
+from bertforge.io import atomic_directory, read_json, remove_folder, write_json
 from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
@@ -172,7 +171,7 @@ def save_checkpoint(
         save_json(config, tmp / CONFIG)
         hashes = {name: file_sha256(tmp / name) for name in HASHED}
         payload = dict(state, step=step, rng=rng_states(model_device(model)), sha256=hashes)
-        atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
+        write_json(tmp / STATE, payload)
     return target
 
 
@@ -236,13 +235,13 @@ def load_checkpoint(
 
 
 def read_state(path: Path) -> dict:
-    try:
-        state = json.loads((path / STATE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DamagedCheckpoint(f"{path / STATE} is missing; the checkpoint is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DamagedCheckpoint(f"{path / STATE} is damaged ({error}); use another checkpoint") from None
-    if not isinstance(state, dict) or "step" not in state or "rng" not in state:
+    state = read_json(
+        path / STATE,
+        damaged="use another checkpoint",
+        missing="the checkpoint is incomplete",
+        error=DamagedCheckpoint,
+    )
+    if "step" not in state or "rng" not in state:
         raise DamagedCheckpoint(f"{path / STATE} does not hold a bertforge training state")
     return state
 
@@ -286,23 +285,6 @@ def save_model_folder(
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
         tokenizer.save(tmp)
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a model folder, with one clear message when it is missing or damaged."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
-    if not isinstance(raw, dict):
-        raise BertforgeError(f"{path} does not hold a JSON object; the folder may be damaged")
-    return raw
-
-
-def write_json(path: Path, value: dict) -> None:
-    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def hf_label_fields(labels: list[str]) -> dict:

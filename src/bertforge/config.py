@@ -9,7 +9,6 @@ Model fields use Hugging Face `BertConfig` names so export is a rename-free copy
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import types
@@ -21,6 +20,7 @@ from typing import Any, Literal, get_args
 
 from bertforge.corpus import CorpusFormat
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json, write_json
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -516,21 +516,10 @@ def max_predictions(data: DataConfig) -> int:
 
 
 def save_json(config: RunConfig, path: str | Path) -> None:
-    from bertforge.io import atomic_write_text
-
-    atomic_write_text(Path(path), json.dumps(config.to_dict(), indent=2) + "\n")
+    write_json(Path(path), config.to_dict())
 
 
 def load_json(path: str | Path) -> RunConfig:
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(
-            f"{path} is missing; is this a bertforge run, checkpoint or model folder?"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
-    if not isinstance(raw, dict):
-        raise BertforgeError(f"{path} does not hold a bertforge config")
-    return RunConfig.from_dict(raw)
+    return RunConfig.from_dict(
+        read_json(Path(path), missing="is this a bertforge run, checkpoint or model folder?")
+    )

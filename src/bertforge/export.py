@@ -38,7 +38,6 @@ from bertforge.checkpoint import (
     read_weights,
     save_model_folder,
     weights_to_save,
-    write_json,
 )
 from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.errors import BertforgeError
@@ -47,7 +46,7 @@ from bertforge.gpt import GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
 from bertforge.gpt_convert import write_hf_folder
-from bertforge.io import atomic_directory, check_new_folder
+from bertforge.io import atomic_directory, check_new_folder, write_json
 from bertforge.model import BertForPreTraining, BertModel
 from bertforge.tokenizer import BertTokenizer
 

@@ -28,7 +28,6 @@ Nothing is written until the model folder and both data files have been read and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
@@ -46,12 +45,12 @@ import torch.nn.functional as F
 from bertforge import distributed
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
-from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
 from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
-from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
+from bertforge.io import RunFolderLock, is_occupied, read_json, write_json
 from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
@@ -118,7 +117,7 @@ def finetune(
         results = [job.run(seed, run_dir, task.from_scratch) for seed, run_dir in runs]
     summary = summarize_seeds(results)
     if task.seeds:
-        atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        write_json(out / SUMMARY, summary)
     return summary
 
 
@@ -165,7 +164,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
 
     if not resume:
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
-        atomic_write_text(out / TASK, json.dumps(payload, indent=2) + "\n")
+        write_json(out / TASK, payload)
     return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
 
 
@@ -461,7 +460,7 @@ class Job:
             "labels": self.labels,
             "confusion": best["confusion"],
         }
-        atomic_write_text(run_dir / RESULT, json.dumps(result, indent=2) + "\n")
+        write_json(run_dir / RESULT, result)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return result
 
@@ -476,7 +475,7 @@ class Job:
             "true": self.valid_labels,
             "predicted": best["predictions"],
         }
-        atomic_write_text(run_dir / PREDICTIONS, json.dumps(record) + "\n")
+        write_json(run_dir / PREDICTIONS, record, indent=None)
 
 
 def build_classifier(
@@ -535,7 +534,7 @@ class EpochEvaluator:
         if epoch >= 1 and self.improves(metrics):
             save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
             self.best = {"epoch": epoch, **metrics, "confusion": confusion, "predictions": predictions}
-            atomic_write_text(self.run_dir / BEST, json.dumps(self.best) + "\n")
+            write_json(self.run_dir / BEST, self.best, indent=None)
         return {"epoch": epoch, **metrics}
 
     def improves(self, metrics: dict[str, float]) -> bool:

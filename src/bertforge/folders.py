@@ -27,7 +27,6 @@ and configs are converted by `bertforge.bert_convert` and `bertforge.gpt_convert
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -50,17 +49,16 @@ from bertforge.checkpoint import (
     load_weights,
     pretraining_model,
     read_config,
-    read_json,
     read_labels,
     read_state,
     read_weights,
     verify_files,
-    write_json,
 )
 from bertforge.classifier import ENCODER, Classifier, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
+from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
 from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
 
@@ -122,8 +120,8 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
 def is_hf_folder(path: Path) -> bool:
     """A folder whose config.json is a Hugging Face config (it has `model_type`; ours has sections)."""
     try:
-        return "model_type" in json.loads((Path(path) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return "model_type" in read_json(Path(path) / CONFIG)
+    except (BertforgeError, OSError):
         return False
 
 
@@ -247,11 +245,8 @@ def read_hf_config(src: Path) -> dict:
     path = src / CONFIG
     if not path.is_file():
         raise BertforgeError(f"{src} has no {CONFIG}; it is not a Hugging Face model folder")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(raw, dict) or "model_type" not in raw:
+    raw = read_json(path, damaged="it is not a Hugging Face model config")
+    if "model_type" not in raw:
         raise BertforgeError(f"{path} has no model_type; it is not a Hugging Face model config")
     return raw
 
@@ -294,10 +289,7 @@ def hf_lowercase(src: Path) -> bool:
     path = src / "tokenizer_config.json"
     if not path.is_file():
         return True  # BertTokenizer's default
-    try:
-        return bool(json.loads(path.read_text(encoding="utf-8")).get("do_lower_case", True))
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise BertforgeError(f"{path} is damaged; fix it or remove it") from None
+    return bool(read_json(path, damaged="fix it or remove it").get("do_lower_case", True))
 
 
 def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:
@@ -332,10 +324,10 @@ def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
 
 
 def shard_files(index: Path) -> list[Path]:
+    raw = read_json(index, damaged="the model folder may be damaged")
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as error:
+        names = sorted(set(raw["weight_map"].values()))
+    except (KeyError, AttributeError, TypeError) as error:
         raise BertforgeError(f"{index} is damaged ({error})") from None
     for name in names:
         if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:

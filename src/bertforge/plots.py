@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from bertforge.errors import BertforgeError  # noqa: E402
-from bertforge.io import atomic_write_bytes  # noqa: E402
+from bertforge.io import atomic_write_bytes, read_json  # noqa: E402
 from bertforge.train import MetricsLog  # noqa: E402
 
 # The held-out metrics a pretraining run logs: (objective, loss key, accuracy key).
@@ -161,9 +161,9 @@ def token_positions(valid: list[dict], run_dir: Path):
         steps, tokens = zip(*sorted(counted.items()), strict=True)
         return (lambda at: np.interp(at, steps, tokens)), False
     try:
-        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_json(run_dir / "config.json")
         per_step = config["train"]["batch_size"] * config["data"]["max_seq_length"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (BertforgeError, OSError, KeyError, TypeError):
         raise BertforgeError(
             f"{run_dir} logs no token counts and has no readable config.json to estimate them from"
         ) from None

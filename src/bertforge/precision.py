@@ -27,7 +27,7 @@ import torch
 from bertforge import distributed
 from bertforge.config import EXPLICIT_PRECISIONS, ModelConfig, RunConfig
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import read_json, write_json
 
 CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
@@ -184,15 +184,14 @@ def _cpuinfo() -> str:
 def read_cache(cache_dir: Path) -> dict:
     """The cached measurements; a missing or damaged file is an empty cache (it is re-measured)."""
     try:
-        cache = json.loads((cache_dir / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(cache_dir / CACHE_FILE)
+    except (BertforgeError, OSError):
         return {}
-    return cache if isinstance(cache, dict) else {}
 
 
 def write_cache(cache_dir: Path, cache: dict) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cache_dir / CACHE_FILE, json.dumps(cache, indent=2) + "\n")
+        write_json(cache_dir / CACHE_FILE, cache)
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shlex
 import shutil
@@ -48,7 +47,7 @@ from bertforge.cache import (
     refuse_changed_data,
     remove_orphans,
 )
-from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, read_json, save_model_folder
+from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
 from bertforge.config import DataConfig, RunConfig, save_json, validate
 from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError, Interrupted
@@ -61,7 +60,7 @@ from bertforge.evaluate import (
 )
 from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
-from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
+from bertforge.io import RunFolderLock, is_occupied, read_json, write_json
 from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
@@ -176,7 +175,7 @@ def run_pretraining(
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
     if world.is_main and (not resume or allow_changed_data):
-        atomic_write_text(out / DATA, json.dumps({"sha256": hashes}, indent=2) + "\n")
+        write_json(out / DATA, {"sha256": hashes})
     try:
         result = train_and_save(
             config, out, tokenizer, train_shards, valid_batches, resume, show_progress, init_state=init_state
