@@ -9,8 +9,7 @@ Owns:
 - `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare
   `BertModel`'s keys get their `bert.` prefix, TensorFlow-era LayerNorm `gamma`/`beta` are renamed,
   saved buffers and task heads are left out, tied decoder aliases are checked and dropped, and
-  missing heads are drawn fresh (as `from_pretrained` does);
-- `check_keys_and_shapes`: weights against the names and shapes a config describes.
+  missing heads are drawn fresh (as `from_pretrained` does).
 
 Reading the files of a Hugging Face folder is `bertforge.folders`'s; `bertforge.gpt_convert` is
 the same bridge for GPT-1.
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.checkpoint import CONFIG, hf_label_fields
+from bertforge.checkpoint import CONFIG, check_keys_and_shapes, hf_label_fields
 from bertforge.config import ModelConfig, RunConfig, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
@@ -124,21 +123,15 @@ def model_from_hf_weights(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = BertForPreTraining(model_config)
-    own = {name: t for name, t in model.state_dict().items() if name not in TIED_KEYS}
-    missing = sorted(set(own) - set(weights))
-    unexpected = sorted(set(weights) - set(own))
-    missing_encoder = [name for name in missing if name.startswith(ENCODER_PREFIXES)]
-    if missing_encoder or unexpected:
-        raise BertforgeError(
-            f"{src}: the weights do not form a BERT encoder: missing {missing_encoder[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    check_keys_and_shapes(
-        weights, {name: tuple(own[name].shape) for name in weights}, src, "config.json's sizes"
-    )
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in TIED_KEYS}
+    # The encoder must be whole; a pooler or head the source lacks keeps its fresh draw.
+    needed = {
+        name: shape for name, shape in own.items() if name in weights or name.startswith(ENCODER_PREFIXES)
+    }
+    check_keys_and_shapes(weights, needed, src, "config.json's sizes say")
     model.load_state_dict(weights, strict=False)
     model.tie_weights()
-    return model, {"initialised": missing, "dropped": dropped}
+    return model, {"initialised": sorted(set(own) - set(weights)), "dropped": dropped}
 
 
 def rename_hf_keys(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -174,21 +167,3 @@ def tie_hf_aliases(weights: dict[str, torch.Tensor], src: Path) -> None:
         raise BertforgeError(
             f"{src}: the MLM decoder is not tied to the word embeddings; bertforge's BERT always ties them"
         )
-
-
-def check_keys_and_shapes(
-    weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], source: Path, described_by: str
-) -> None:
-    """Refuse `weights` unless they hold exactly the `expected` names, each of the expected shape."""
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise BertforgeError(
-            f"{source} does not fit the model {described_by} describe: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise BertforgeError(
-                f"{source}: {name} has shape {tuple(weights[name].shape)} but {described_by} say {shape}"
-            )

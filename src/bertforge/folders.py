@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from bertforge import bert_convert, gpt_convert
@@ -315,9 +313,9 @@ def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
         index = src / f"{name}.index.json"
         if index.is_file():
             shards = [inside(src, shard) for shard in shard_files(inside(src, index))]
-            return {k: v for shard in shards for k, v in read_weight_file(shard).items()}
+            return {k: v for shard in shards for k, v in read_weights(shard).items()}
         if (src / name).is_file():
-            return read_weight_file(inside(src, src / name))
+            return read_weights(inside(src, src / name))
     raise BertforgeError(
         f"{src} has no weights: expected {WEIGHTS} or {HF_BIN} (TensorFlow and Flax weights are not read)"
     )
@@ -351,21 +349,3 @@ def inside(src: Path, path: Path) -> Path:
             "the model folder (copy the file in instead of linking it)"
         )
     return path
-
-
-def read_weight_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete")
-    if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as error:
-            raise BertforgeError(f"{path} is damaged and cannot be read ({error})") from None
-    try:
-        # weights_only: a pickle from the internet must not run code.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several unrelated types for a bad file
-        raise BertforgeError(f"{path} cannot be read as PyTorch weights ({type(error).__name__})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise BertforgeError(f"{path} does not hold a state dict of tensors")
-    return state
