@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bertforge.checkpoint import CONFIG, check_keys_and_shapes, hf_label_fields
-from bertforge.config import ModelConfig, RunConfig, validate_model
+from bertforge.config import ModelConfig, RunConfig, preset_model, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
 from bertforge.model import TIED_KEYS, BertForPreTraining
@@ -32,25 +32,18 @@ from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer
 SPECIAL_TOKENS_MAP = dict(
     zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
 )
-# `BertConfig`'s defaults, for fields a Hugging Face config.json leaves out.
-HF_DEFAULTS = dict(
-    vocab_size=30522,
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    hidden_act="gelu",
-    hidden_dropout_prob=0.1,
-    attention_probs_dropout_prob=0.1,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-    layer_norm_eps=1e-12,
-    initializer_range=0.02,
-    pad_token_id=0,
-)
 ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
 TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
 BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versions; not weights
+
+
+def bert_config_fields(model_config: ModelConfig) -> dict:
+    """The `BertConfig` fields of a model config: all but `objective`, under the same names."""
+    return {key: value for key, value in asdict(model_config).items() if key != "objective"}
+
+
+# `BertConfig`'s defaults, for fields a Hugging Face config.json leaves out: BERT-base's, our "base" preset.
+HF_DEFAULTS = bert_config_fields(preset_model("base"))
 
 
 # ---------------------------------------------------------------------------------------- configs
@@ -58,11 +51,10 @@ BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versio
 
 def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | None) -> dict:
     """A `BertConfig` as JSON: our model fields already carry its names."""
-    fields = {key: value for key, value in asdict(model_config).items() if key != "objective"}
     config = {
         "architectures": [architecture],
         "model_type": "bert",
-        **fields,
+        **bert_config_fields(model_config),
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
         "dtype": "float32",

@@ -193,6 +193,13 @@ def apply_preset(config: RunConfig, name: str) -> None:
     config.train.learning_rate = PRESET_LEARNING_RATES[name]
 
 
+def preset_model(name: str) -> ModelConfig:
+    """The model section of the named size preset (every other field at its default)."""
+    config = RunConfig()
+    apply_preset(config, name)
+    return config.model
+
+
 def apply_objective(config: RunConfig, objective: str) -> None:
     """Set the model's objective; "clm" (GPT-1) also takes GPT-1's activation and no sentence pairs."""
     config.model.objective = objective

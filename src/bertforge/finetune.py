@@ -55,7 +55,7 @@ from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
-from bertforge.runtime import apply_threads, autocast, resolve_device, to_device
+from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
@@ -349,27 +349,25 @@ def evaluate_classifier(
 ) -> tuple[dict[str, float], list[list[int]], list[int]]:
     """Loss, accuracy and macro F1 over all batches, the confusion matrix (rows: true, columns:
     predicted) and the predicted label id of every example, in order."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     confusion = torch.zeros(num_labels * num_labels, dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
     predictions = []
-    for batch in batches:
-        batch = to_device(batch, device)
-        with autocast(device, precision):
-            logits = model(
-                batch["input_ids"],
-                token_type_ids=batch["token_type_ids"],
-                attention_mask=batch.get("attention_mask"),
-            )
-        logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
-        loss_sum += F.cross_entropy(logits, labels, reduction="sum")
-        predicted = logits.argmax(-1)  # (B,)
-        # index_add_ rather than bincount, which waits for the GPU to size its output.
-        confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
-        predictions.append(predicted)
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in batches:
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                logits = model(
+                    batch["input_ids"],
+                    token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                )
+            logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
+            loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+            predicted = logits.argmax(-1)  # (B,)
+            # index_add_ rather than bincount, which waits for the GPU to size its output.
+            confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
+            predictions.append(predicted)
     matrix = confusion.view(num_labels, num_labels).cpu()
     metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
     return metrics, matrix.tolist(), torch.cat(predictions).tolist() if predictions else []

@@ -20,8 +20,6 @@ exact erf form, as everywhere in bertforge, which OpenAIGPT cannot express.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,7 +27,7 @@ from torch import Tensor, nn
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
-from bertforge.losses import Summary
+from bertforge.losses import Summary, token_prediction_metrics
 from bertforge.model import BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput, init_weights
 
 GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
@@ -300,11 +298,5 @@ def next_token_loss(
 def summarize_clm(totals: dict[str, float]) -> Summary:
     """Accumulated `next_token_sums` -> the next-token loss, and the metrics: that loss, perplexity
     and top-1 accuracy."""
-    count = max(totals["clm_count"], 1.0)
-    loss = totals["clm_loss_sum"] / count
-    metrics = {
-        "clm_loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "clm_accuracy": totals["clm_correct"] / count,
-    }
-    return Summary(loss, metrics)
+    metrics = token_prediction_metrics(totals, "clm")
+    return Summary(metrics["clm_loss"], metrics)

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from bertforge.errors import BertforgeError
+from bertforge.runtime import eval_mode
 from bertforge.tokenizer import BertTokenizer
 
 DEFAULT_BATCH_SIZE = 32
@@ -343,13 +344,8 @@ def _encode_single(
 @contextlib.contextmanager
 def _inference(model: torch.nn.Module) -> Iterator[torch.device]:
     """Eval mode and `torch.inference_mode` for the block (train mode restored after); yields the device."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield next(model.parameters()).device
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        yield next(model.parameters()).device
 
 
 def _batches(
