@@ -50,7 +50,7 @@ from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
-from bertforge.io import RunFolderLock, is_occupied, read_json, write_json
+from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
@@ -142,7 +142,7 @@ def start(
 
 def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show_progress: bool) -> Job:
     """`start` in a folder this process owns."""
-    check_out_folder(out, resume)
+    check_finetuning_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = open_encoder(task.model)
@@ -189,7 +189,7 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
 
 def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
     """The task and base config saved by the run in `out` (for `--resume`)."""
-    check_out_folder(Path(out), resume=True)
+    check_finetuning_folder(Path(out), resume=True)
     raw = read_json(Path(out) / TASK)
     try:
         return FinetuneTask(**raw["task"]), RunConfig.from_dict(raw["config"])
@@ -197,13 +197,9 @@ def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
         raise BertforgeError(f"{Path(out) / TASK} is damaged ({error}); start the run again") from None
 
 
-def check_out_folder(out: Path, resume: bool) -> None:
-    if resume:
-        if not (out / TASK).is_file():
-            raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without `resume=True`")
-    elif is_occupied(out):
-        what = "holds another run" if (out / TASK).is_file() or (out / CONFIG).is_file() else "is not empty"
-        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
+def check_finetuning_folder(out: Path, resume: bool) -> None:
+    """Refuse `out` for this run: resuming needs the run's finetune.json there, a new run an empty folder."""
+    check_run_folder(out, resume, TASK, "fine-tuning run")
 
 
 def check_task(task: FinetuneTask) -> None:

@@ -25,10 +25,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import ModelConfig
-from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
 from bertforge.losses import Summary, token_prediction_metrics
-from bertforge.model import BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput, init_weights
+from bertforge.model import (
+    BertIntermediate,
+    BertOutput,
+    BertSelfAttention,
+    BertSelfOutput,
+    check_num_labels,
+    check_positions,
+    init_weights,
+)
 
 GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
 
@@ -146,12 +153,7 @@ class GPTEmbeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, *, past: int = 0) -> Tensor:
         end = past + input_ids.shape[1]
-        max_positions = self.position_embeddings.num_embeddings
-        if end > max_positions:
-            raise BertforgeError(
-                f"a sequence of {end} tokens is longer than model.max_position_embeddings "
-                f"({max_positions}); truncate the input or use a bigger model"
-            )
+        check_positions(end, self.position_embeddings)
         x = self.word_embeddings(input_ids)  # (B, T, H)
         x += self.position_embeddings.weight[past:end]  # (T, H): positions past..end-1 for every row
         return self.dropout(x)
@@ -224,8 +226,7 @@ class GPTForSequenceClassification(nn.Module):
 
     def __init__(self, config: ModelConfig, num_labels: int):
         super().__init__()
-        if num_labels < 2:
-            raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+        check_num_labels(num_labels)
         self.config = config
         self.num_labels = num_labels
         self.gpt = GPTModel(config)

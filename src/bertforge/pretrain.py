@@ -60,7 +60,7 @@ from bertforge.evaluate import (
 )
 from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
-from bertforge.io import RunFolderLock, is_occupied, read_json, write_json
+from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
@@ -139,7 +139,7 @@ def run_pretraining(
     """`pretrain` in a folder this process owns; `created`: the folder did not exist before the call."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     remove_orphans(cache_dir)  # what tokenizer and shard builds killed mid-way left
-    check_run_folder(out, resume)
+    check_pretraining_folder(out, resume)
     if resume and not list_checkpoints(out):
         start_afresh(out)
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
@@ -323,15 +323,9 @@ def init_mlm_bias(
         model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))
 
 
-def check_run_folder(out: Path, resume: bool) -> None:
-    if out.is_file():
-        raise BertforgeError(f"{out} is a file; `out` must name a folder")
-    if resume:
-        if not (out / CONFIG).is_file():
-            raise BertforgeError(f"{out} holds no bertforge run to resume; start one without `resume=True`")
-    elif is_occupied(out):
-        what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
-        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
+def check_pretraining_folder(out: Path, resume: bool) -> None:
+    """Refuse `out` for this run: resuming needs a run's config.json there, a new run an empty folder."""
+    check_run_folder(out, resume, CONFIG, "bertforge run")
 
 
 def start_afresh(out: Path) -> None:

@@ -230,11 +230,11 @@ def run_prepare(args) -> int:
 def pretrain_config(args) -> RunConfig:
     """The run's config: saved one when resuming, else defaults, preset, file, flags, --set."""
     from bertforge.checkpoint import read_config
-    from bertforge.pretrain import check_run_folder
+    from bertforge.pretrain import check_pretraining_folder
 
     if args.resume:
         refuse_resume_flags(args)
-        check_run_folder(args.out, resume=True)
+        check_pretraining_folder(args.out, resume=True)
         config = read_config(args.out)
         saved = RunConfig.from_dict(config.to_dict())
     elif args.allow_changed_data:
