@@ -95,10 +95,7 @@ def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
     values = {name: raw.get(name) for name in HF_DEFAULTS}
     values = {name: HF_DEFAULTS[name] if value is None else value for name, value in values.items()}
     config = RunConfig.from_dict({"model": values})  # checks every type, naming the field
-    try:
-        validate_model(config.model)
-    except BertforgeError as error:
-        raise BertforgeError(f"{src / CONFIG}: {error}") from None
+    validate_model(config.model, src / CONFIG)
     return config.model
 
 

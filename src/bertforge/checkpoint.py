@@ -282,10 +282,7 @@ def read_config(folder: Path) -> RunConfig:
     """A run, checkpoint or model folder's config, its model section checked (an edited or damaged
     one is named as such, not reported later as weights that do not fit)."""
     config = load_json(folder / CONFIG)
-    try:
-        validate_model(config.model)
-    except BertforgeError as error:
-        raise BertforgeError(f"{folder / CONFIG}: {error}; the file was edited or is damaged") from None
+    validate_model(config.model, folder / CONFIG, "the file was edited or is damaged")
     return config
 
 

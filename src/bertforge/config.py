@@ -500,9 +500,15 @@ def check_rules(config: RunConfig, rules: list[Rule]) -> None:
             raise BertforgeError(rule.problem(config))
 
 
-def validate_model(m: ModelConfig) -> None:
-    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
-    check_rules(RunConfig(model=m), MODEL_RULES)
+def validate_model(m: ModelConfig, source: str | Path | None = None, advice: str = "") -> None:
+    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder);
+    for a model config read from the file `source`, the message names the file, then `advice`."""
+    try:
+        check_rules(RunConfig(model=m), MODEL_RULES)
+    except BertforgeError as error:
+        if source is None:
+            raise
+        raise BertforgeError(f"{source}: {error}" + (f"; {advice}" if advice else "")) from None
 
 
 def validate(config: RunConfig) -> None:

@@ -259,7 +259,7 @@ def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
             f"{source}: embd_pdrop ({hf['embd_pdrop']}) differs from resid_pdrop ({hf['resid_pdrop']}); "
             "bertforge uses model.hidden_dropout_prob for both"
         )
-    validate_model(config)
+    validate_model(config, source)
     return config
 
 
