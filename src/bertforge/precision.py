@@ -15,8 +15,6 @@ the arithmetic it started with wherever it resumes.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import time
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from pathlib import Path
 import torch
 
 from bertforge import distributed
+from bertforge.cache import cache_key
 from bertforge.config import EXPLICIT_PRECISIONS, ModelConfig, RunConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json, write_json
@@ -171,7 +170,7 @@ def machine_key(model: ModelConfig) -> str:
     ]
     if model.objective == "clm":  # BERT's key stays as it was: its cached measurements still apply
         parts.append(model.vocab_size)
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+    return cache_key(*parts)
 
 
 def _cpuinfo() -> str:
