@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from bertforge.errors import BertforgeError
 from bertforge.gpt import CausalSelfAttention
 from bertforge.model import BertSelfAttention
+from bertforge.runtime import eval_mode
 from bertforge.tokenizer import BertTokenizer
 
 
@@ -76,13 +77,10 @@ def attention_weights(model: nn.Module, input_ids: Tensor, **inputs) -> Tensor:
 
     sublayers = [m for m in model.modules() if isinstance(m, BertSelfAttention)]
     hooks = [module.register_forward_pre_hook(capture) for module in sublayers]
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(input_ids, **inputs)
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     return torch.stack(captured, dim=1)  # (B, L, nh, T, T)

@@ -9,8 +9,7 @@ Owns:
 - `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare
   `BertModel`'s keys get their `bert.` prefix, TensorFlow-era LayerNorm `gamma`/`beta` are renamed,
   saved buffers and task heads are left out, tied decoder aliases are checked and dropped, and
-  missing heads are drawn fresh (as `from_pretrained` does);
-- `check_keys_and_shapes`: weights against the names and shapes a config describes.
+  missing heads are drawn fresh (as `from_pretrained` does).
 
 Reading the files of a Hugging Face folder is `bertforge.folders`'s; `bertforge.gpt_convert` is
 the same bridge for GPT-1.
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from bertforge.checkpoint import CONFIG, hf_label_fields
-from bertforge.config import ModelConfig, RunConfig, validate_model
+from bertforge.checkpoint import CONFIG, check_keys_and_shapes, hf_label_fields
+from bertforge.config import ModelConfig, RunConfig, preset_model, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
 from bertforge.model import TIED_KEYS, BertForPreTraining
@@ -33,25 +32,18 @@ from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer
 SPECIAL_TOKENS_MAP = dict(
     zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
 )
-# `BertConfig`'s defaults, for fields a Hugging Face config.json leaves out.
-HF_DEFAULTS = dict(
-    vocab_size=30522,
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    hidden_act="gelu",
-    hidden_dropout_prob=0.1,
-    attention_probs_dropout_prob=0.1,
-    max_position_embeddings=512,
-    type_vocab_size=2,
-    layer_norm_eps=1e-12,
-    initializer_range=0.02,
-    pad_token_id=0,
-)
 ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
 TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
 BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versions; not weights
+
+
+def bert_config_fields(model_config: ModelConfig) -> dict:
+    """The `BertConfig` fields of a model config: all but `objective`, under the same names."""
+    return {key: value for key, value in asdict(model_config).items() if key != "objective"}
+
+
+# `BertConfig`'s defaults, for fields a Hugging Face config.json leaves out: BERT-base's, our "base" preset.
+HF_DEFAULTS = bert_config_fields(preset_model("base"))
 
 
 # ---------------------------------------------------------------------------------------- configs
@@ -59,11 +51,10 @@ BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versio
 
 def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | None) -> dict:
     """A `BertConfig` as JSON: our model fields already carry its names."""
-    fields = {key: value for key, value in asdict(model_config).items() if key != "objective"}
     config = {
         "architectures": [architecture],
         "model_type": "bert",
-        **fields,
+        **bert_config_fields(model_config),
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
         "dtype": "float32",
@@ -104,10 +95,7 @@ def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
     values = {name: raw.get(name) for name in HF_DEFAULTS}
     values = {name: HF_DEFAULTS[name] if value is None else value for name, value in values.items()}
     config = RunConfig.from_dict({"model": values})  # checks every type, naming the field
-    try:
-        validate_model(config.model)
-    except BertforgeError as error:
-        raise BertforgeError(f"{src / CONFIG}: {error}") from None
+    validate_model(config.model, src / CONFIG)
     return config.model
 
 
@@ -124,21 +112,15 @@ def model_from_hf_weights(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = BertForPreTraining(model_config)
-    own = {name: t for name, t in model.state_dict().items() if name not in TIED_KEYS}
-    missing = sorted(set(own) - set(weights))
-    unexpected = sorted(set(weights) - set(own))
-    missing_encoder = [name for name in missing if name.startswith(ENCODER_PREFIXES)]
-    if missing_encoder or unexpected:
-        raise BertforgeError(
-            f"{src}: the weights do not form a BERT encoder: missing {missing_encoder[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    check_keys_and_shapes(
-        weights, {name: tuple(own[name].shape) for name in weights}, src, "config.json's sizes"
-    )
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in TIED_KEYS}
+    # The encoder must be whole; a pooler or head the source lacks keeps its fresh draw.
+    needed = {
+        name: shape for name, shape in own.items() if name in weights or name.startswith(ENCODER_PREFIXES)
+    }
+    check_keys_and_shapes(weights, needed, src, "config.json's sizes say")
     model.load_state_dict(weights, strict=False)
     model.tie_weights()
-    return model, {"initialised": missing, "dropped": dropped}
+    return model, {"initialised": sorted(set(own) - set(weights)), "dropped": dropped}
 
 
 def rename_hf_keys(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -174,21 +156,3 @@ def tie_hf_aliases(weights: dict[str, torch.Tensor], src: Path) -> None:
         raise BertforgeError(
             f"{src}: the MLM decoder is not tied to the word embeddings; bertforge's BERT always ties them"
         )
-
-
-def check_keys_and_shapes(
-    weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], source: Path, described_by: str
-) -> None:
-    """Refuse `weights` unless they hold exactly the `expected` names, each of the expected shape."""
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise BertforgeError(
-            f"{source} does not fit the model {described_by} describe: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise BertforgeError(
-                f"{source}: {name} has shape {tuple(weights[name].shape)} but {described_by} say {shape}"
-            )

@@ -2,7 +2,8 @@
 
 A key is a hash of what determines the result (corpus bytes, tokenizer settings or fingerprint,
 corpus format, and a text column other than "text" for jsonl and Parquet files), so re-running on
-the same text reuses the work and changed text never hits a stale entry. Shards are kept per
+the same text reuses the work and changed text never hits a stale entry (`cache_key` makes every
+key, the precision probe's in `bertforge.precision` too). Shards are kept per
 corpus file: a run on several files reuses those of any file it has seen before. The cache lives
 in `$BERTFORGE_CACHE`, else `~/.cache/bertforge`. Shards are checked on open: an id beyond the
 tokenizer's vocabulary names the entry as damaged. An entry is built under a lock of its own
@@ -60,7 +61,8 @@ def remove_orphans(cache_dir: Path) -> None:
         remove_orphaned_entries(Path(cache_dir) / kind)
 
 
-def _key(*parts) -> str:
+def cache_key(*parts) -> str:
+    """A cache entry's name: a short hash of what its content depends on (JSON-serialisable `parts`)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -79,7 +81,7 @@ def cached_tokenizer(
 ) -> BertTokenizer:
     """Train a tokenizer on all the corpus files unless one with the same inputs is cached."""
     formats = [resolve_format(f, format) for f in corpus_files]
-    key = _key(
+    key = cache_key(
         [content_hash(f) for f in corpus_files],
         asdict(config),
         formats,
@@ -106,7 +108,7 @@ def cached_shards(
     """Tokenize one corpus file into shards unless shards of the same text and tokenizer are cached."""
     fmt = resolve_format(corpus, format)
     corpus_sha256 = content_hash(corpus)
-    key = _key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column))
+    key = cache_key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column))
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
         with entry_lock(folder):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import pickle
 import re
 from pathlib import Path
@@ -33,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
-from bertforge.io import atomic_directory, atomic_write_text, remove_folder
+from bertforge.io import atomic_directory, read_json, remove_folder, write_json
 from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
@@ -46,6 +45,7 @@ LABELS = "labels.json"  # a classifier folder's label names, in id order
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 HASHED = (WEIGHTS, OPTIMIZER, CONFIG)  # a checkpoint's files whose sha256 state.json records
 TIED = {**TIED_KEYS, **GPT_TIED_KEYS}  # aliases of tied tensors, BERT's and GPT's: never saved
+CLASSIFIER_HEADS = ("classifier.", "score.")  # a BERT and a GPT classifier's head: one row per label
 
 
 class DamagedCheckpoint(BertforgeError):
@@ -67,8 +67,12 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a weights file: safetensors, or a pickled PyTorch state dict (Hugging Face's
+    `pytorch_model.bin`); `DamagedCheckpoint` when it is missing or cannot be read."""
     if not path.is_file():
         raise DamagedCheckpoint(f"{path} is missing; the model folder is incomplete")
+    if path.suffix != ".safetensors":
+        return read_pickled_weights(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
@@ -77,34 +81,59 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
+def read_pickled_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        # weights_only: a pickle from the internet must not run code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several unrelated types for a bad file
+        raise DamagedCheckpoint(
+            f"{path} cannot be read as PyTorch weights ({type(error).__name__})"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DamagedCheckpoint(f"{path} does not hold a state dict of tensors")
+    return state
+
+
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load safetensors weights into `model`, refusing any mismatch with a clear message."""
     check_and_load_state(model, read_weights(path), source=str(path))
 
 
 def check_and_load_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    expected = {name: t.shape for name, t in model.state_dict().items() if name not in TIED}
+    """Load `weights` into `model` once `check_keys_and_shapes` accepts them (tied aliases aside)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in TIED}
     given = {name: t for name, t in weights.items() if name not in TIED}
-    missing = sorted(set(expected) - set(given))
-    unexpected = sorted(set(given) - set(expected))
-    if missing or unexpected:
-        raise BertforgeError(
-            f"{source} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
-            "was it saved by another architecture?"
-        )
-    for name, shape in expected.items():
-        if given[name].shape != shape:
-            raise BertforgeError(
-                f"{source}: {name} has shape {tuple(given[name].shape)} but the model expects "
-                f"{tuple(shape)}{shape_hint(name, given[name].shape, shape)}"
-            )
+    check_keys_and_shapes(given, expected, source)
     model.load_state_dict(given, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
 
 
-def shape_hint(name: str, given: torch.Size, expected: torch.Size) -> str:
-    """Which setting a misshapen tensor points at: the word embeddings' rows are `model.vocab_size`."""
+def check_keys_and_shapes(
+    weights: dict[str, torch.Tensor],
+    expected: dict[str, tuple[int, ...]],
+    source: str | Path,
+    expected_by: str = "the model expects",
+) -> None:
+    """Refuse `weights` unless they hold exactly the `expected` names, each of the expected shape;
+    `expected_by` says where the shapes come from (in the message)."""
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise BertforgeError(
+            f"{source} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+            "was it saved by another architecture?"
+        )
+    for name, shape in expected.items():
+        given = tuple(weights[name].shape)
+        if given != shape:
+            hint = shape_hint(name, given, shape)
+            raise BertforgeError(f"{source}: {name} has shape {given} but {expected_by} {shape}{hint}")
+
+
+def shape_hint(name: str, given: tuple[int, ...], expected: tuple[int, ...]) -> str:
+    """Which setting a misshapen tensor points at: the word embeddings' rows are `model.vocab_size`,
+    a classifier head's rows the labels."""
     if "word_embeddings" in name and len(given) == len(expected) == 2:
         if given[0] != expected[0]:
             rows = f"model.vocab_size is {expected[0]} but the weights have {given[0]} rows"
@@ -112,6 +141,8 @@ def shape_hint(name: str, given: torch.Size, expected: torch.Size) -> str:
         return (
             f" (model.hidden_size is {expected[1]} but the weights have {given[1]}: was config.json edited?)"
         )
+    if name.startswith(CLASSIFIER_HEADS) and given[0] != expected[0]:
+        return f" ({expected[0]} labels are named but the head has {given[0]} rows: was {LABELS} edited?)"
     return " (the config's model sizes do not match these weights: was config.json edited?)"
 
 
@@ -172,7 +203,7 @@ def save_checkpoint(
         save_json(config, tmp / CONFIG)
         hashes = {name: file_sha256(tmp / name) for name in HASHED}
         payload = dict(state, step=step, rng=rng_states(model_device(model)), sha256=hashes)
-        atomic_write_text(tmp / STATE, json.dumps(payload, indent=2) + "\n")
+        write_json(tmp / STATE, payload)
     return target
 
 
@@ -236,13 +267,13 @@ def load_checkpoint(
 
 
 def read_state(path: Path) -> dict:
-    try:
-        state = json.loads((path / STATE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DamagedCheckpoint(f"{path / STATE} is missing; the checkpoint is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DamagedCheckpoint(f"{path / STATE} is damaged ({error}); use another checkpoint") from None
-    if not isinstance(state, dict) or "step" not in state or "rng" not in state:
+    state = read_json(
+        path / STATE,
+        damaged="use another checkpoint",
+        missing="the checkpoint is incomplete",
+        error=DamagedCheckpoint,
+    )
+    if "step" not in state or "rng" not in state:
         raise DamagedCheckpoint(f"{path / STATE} does not hold a bertforge training state")
     return state
 
@@ -251,10 +282,7 @@ def read_config(folder: Path) -> RunConfig:
     """A run, checkpoint or model folder's config, its model section checked (an edited or damaged
     one is named as such, not reported later as weights that do not fit)."""
     config = load_json(folder / CONFIG)
-    try:
-        validate_model(config.model)
-    except BertforgeError as error:
-        raise BertforgeError(f"{folder / CONFIG}: {error}; the file was edited or is damaged") from None
+    validate_model(config.model, folder / CONFIG, "the file was edited or is damaged")
     return config
 
 
@@ -286,23 +314,6 @@ def save_model_folder(
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
         tokenizer.save(tmp)
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a model folder, with one clear message when it is missing or damaged."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
-    if not isinstance(raw, dict):
-        raise BertforgeError(f"{path} does not hold a JSON object; the folder may be damaged")
-    return raw
-
-
-def write_json(path: Path, value: dict) -> None:
-    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def hf_label_fields(labels: list[str]) -> dict:

@@ -20,7 +20,6 @@ opens a classifier folder, ours or the Hugging Face form that `bertforge export`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from bertforge.batches import pad_batch
 from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, save_weights
 from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.gpt import GPTForSequenceClassification
-from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.io import atomic_directory, write_json
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer
 
@@ -52,7 +51,7 @@ def save_classifier(
     with atomic_directory(Path(folder)) as tmp:
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
-        atomic_write_text(tmp / LABELS, json.dumps({"labels": list(labels)}, indent=2) + "\n")
+        write_json(tmp / LABELS, {"labels": list(labels)})
         tokenizer.save(tmp)
 
 

@@ -22,14 +22,12 @@ Comparison folder (`--out OUT`):
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bertforge.checkpoint import read_json
 from bertforge.config import RunConfig
 from bertforge.errors import BertforgeError
 from bertforge.finetune import (
@@ -41,7 +39,7 @@ from bertforge.finetune import (
     start,
     summarize_seeds,
 )
-from bertforge.io import atomic_write_text
+from bertforge.io import read_json, write_json
 from bertforge.stats import paired_bootstrap, sign_test, summary
 
 ARMS = ("pretrained", "scratch")
@@ -66,9 +64,9 @@ def compare_with_scratch(
         for seed, arm, folder in folders:
             results[arm].append(job.run(seed, folder, from_scratch=arm == "scratch"))
     for arm in ARMS:
-        atomic_write_text(out / arm / SUMMARY, json.dumps(summarize_seeds(results[arm]), indent=2) + "\n")
+        write_json(out / arm / SUMMARY, summarize_seeds(results[arm]))
     comparison = compare_runs(out, task.seeds)
-    atomic_write_text(out / COMPARISON, json.dumps(comparison, indent=2) + "\n")
+    write_json(out / COMPARISON, comparison)
     return comparison
 
 

@@ -9,7 +9,6 @@ Model fields use Hugging Face `BertConfig` names so export is a rename-free copy
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import types
@@ -21,6 +20,7 @@ from typing import Any, Literal, get_args
 
 from bertforge.corpus import CorpusFormat
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json, write_json
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -191,6 +191,13 @@ def apply_preset(config: RunConfig, name: str) -> None:
     config.model.num_attention_heads = heads
     config.model.intermediate_size = 4 * hidden
     config.train.learning_rate = PRESET_LEARNING_RATES[name]
+
+
+def preset_model(name: str) -> ModelConfig:
+    """The model section of the named size preset (every other field at its default)."""
+    config = RunConfig()
+    apply_preset(config, name)
+    return config.model
 
 
 def apply_objective(config: RunConfig, objective: str) -> None:
@@ -493,9 +500,15 @@ def check_rules(config: RunConfig, rules: list[Rule]) -> None:
             raise BertforgeError(rule.problem(config))
 
 
-def validate_model(m: ModelConfig) -> None:
-    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder)."""
-    check_rules(RunConfig(model=m), MODEL_RULES)
+def validate_model(m: ModelConfig, source: str | Path | None = None, advice: str = "") -> None:
+    """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder);
+    for a model config read from the file `source`, the message names the file, then `advice`."""
+    try:
+        check_rules(RunConfig(model=m), MODEL_RULES)
+    except BertforgeError as error:
+        if source is None:
+            raise
+        raise BertforgeError(f"{source}: {error}" + (f"; {advice}" if advice else "")) from None
 
 
 def validate(config: RunConfig) -> None:
@@ -516,21 +529,10 @@ def max_predictions(data: DataConfig) -> int:
 
 
 def save_json(config: RunConfig, path: str | Path) -> None:
-    from bertforge.io import atomic_write_text
-
-    atomic_write_text(Path(path), json.dumps(config.to_dict(), indent=2) + "\n")
+    write_json(Path(path), config.to_dict())
 
 
 def load_json(path: str | Path) -> RunConfig:
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(
-            f"{path} is missing; is this a bertforge run, checkpoint or model folder?"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error}); the folder may be damaged") from None
-    if not isinstance(raw, dict):
-        raise BertforgeError(f"{path} does not hold a bertforge config")
-    return RunConfig.from_dict(raw)
+    return RunConfig.from_dict(
+        read_json(Path(path), missing="is this a bertforge run, checkpoint or model folder?")
+    )

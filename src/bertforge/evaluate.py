@@ -25,7 +25,7 @@ from bertforge.losses import pretraining_sums, real_token_logits, summarize_pret
 from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
-from bertforge.runtime import autocast, resolve_device, to_device, to_host
+from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
 
@@ -94,17 +94,15 @@ def pretraining_metrics(
         batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
     else:
         batch_sums, summarize_totals = pretraining_batch_sums, summarize_pretraining
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     totals: dict[str, torch.Tensor] = {}
-    for batch in batches:
-        batch = to_device(batch, device)
-        with autocast(device, precision):
-            sums = batch_sums(model, batch, vocab_size)
-        for key, value in sums.items():
-            totals[key] = totals.get(key, 0) + value
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in batches:
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                sums = batch_sums(model, batch, vocab_size)
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0) + value
     keys = sorted(totals)
     return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True))).metrics
 

@@ -26,29 +26,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from bertforge.bert_convert import SPECIAL_TOKENS_MAP, check_keys_and_shapes, hf_config, tokenizer_config
+from bertforge.bert_convert import SPECIAL_TOKENS_MAP, hf_config, tokenizer_config
 from bertforge.checkpoint import (
     CONFIG,
     LABELS,
     WEIGHTS,
     load_weights,
+    pretraining_model,
     read_labels,
-    read_weights,
     save_model_folder,
-    weights_to_save,
-    write_json,
+    save_weights,
 )
-from bertforge.config import ModelConfig, RunConfig, save_json
+from bertforge.classifier import sequence_classifier
+from bertforge.config import RunConfig, save_json
 from bertforge.errors import BertforgeError
 from bertforge.folders import BERTFORGE_CONFIG, find_model_folder, open_hf_folder, read_config_and_tokenizer
-from bertforge.gpt import GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
 from bertforge.gpt_convert import write_hf_folder
-from bertforge.io import atomic_directory, check_new_folder
-from bertforge.model import BertForPreTraining, BertModel
+from bertforge.io import atomic_directory, check_new_folder, write_json
 from bertforge.tokenizer import BertTokenizer
 
 # ---------------------------------------------------------------------------------------------- export
@@ -67,17 +64,14 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
         )
     out = Path(out_dir)
     check_new_folder(out)
-    folder = source.path
     config, tokenizer = read_config_and_tokenizer(source)
-    labels = read_labels(folder) if source.has_labels else None
+    labels = read_labels(source.path) if source.has_labels else None
+    model = checked_model(source.path, config, labels)
     if config.model.objective == "clm":
-        return export_gpt(folder, config, tokenizer, labels, out)
-    if labels is None:
-        architecture, weights = "BertForPreTraining", pretraining_weights(folder, config)
-    else:
-        architecture, weights = "BertForSequenceClassification", classifier_weights(folder, config, labels)
+        return export_gpt(model, config, tokenizer, labels, out)
+    architecture = "BertForPreTraining" if labels is None else "BertForSequenceClassification"
     with atomic_directory(out) as tmp:
-        save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        save_weights(model, tmp / WEIGHTS)  # tied aliases dropped, as `save_pretrained` does
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
         tokenizer.save(tmp)
         write_json(tmp / "tokenizer_config.json", tokenizer_config(tokenizer, config.model))
@@ -88,17 +82,23 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
     return {"architecture": architecture, "out": out}
 
 
+def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> torch.nn.Module:
+    """The pretraining model in `folder`, or with `labels` its classifier, refusing weights that do not
+    fit its config and labels (missing, unexpected or misshapen tensors)."""
+    if labels is None:
+        model = pretraining_model(config.model)
+    else:
+        model = sequence_classifier(config.model, len(labels))
+    load_weights(model, folder / WEIGHTS)
+    return model
+
+
 def export_gpt(
-    folder: Path, config: RunConfig, tokenizer: BertTokenizer, labels: list[str] | None, out: Path
+    model: torch.nn.Module, config: RunConfig, tokenizer: BertTokenizer, labels: list[str] | None, out: Path
 ) -> dict:
     """A GPT as an `OpenAIGPTLMHeadModel` folder for `pipeline("text-generation")`, or a GPT classifier as
     an `OpenAIGPTForSequenceClassification` (see `gpt_convert.save_hf_folder`), with our vocab.txt,
     tokenizer settings and run config beside them for `import-hf`."""
-    if labels is None:
-        model = GPTLMHeadModel(config.model)
-    else:
-        model = GPTForSequenceClassification(config.model, len(labels))
-    load_weights(model, folder / WEIGHTS)  # refuses missing, unexpected or misshapen tensors
     with atomic_directory(out) as tmp:
         tokenizer.save(tmp)  # vocab.txt and bertforge_tokenizer.json; tokenizer.json is replaced next
         write_hf_folder(tmp, model, tokenizer, labels=labels)
@@ -107,31 +107,6 @@ def export_gpt(
             write_json(tmp / LABELS, {"labels": labels})
     architecture = GPT_ARCHITECTURE if labels is None else GPT_CLASSIFIER_ARCHITECTURE
     return {"architecture": architecture, "out": out}
-
-
-def pretraining_weights(folder: Path, config: RunConfig) -> dict[str, torch.Tensor]:
-    """The checked weights of a pretraining model, tied aliases dropped (as `save_pretrained` does)."""
-    model = BertForPreTraining(config.model)
-    load_weights(model, folder / WEIGHTS)  # refuses missing, unexpected or misshapen tensors
-    return weights_to_save(model)
-
-
-def classifier_weights(folder: Path, config: RunConfig, labels: list[str]) -> dict[str, torch.Tensor]:
-    """A classifier's weights (`bert.*` + `classifier.*`), checked against its config and labels."""
-    weights = read_weights(folder / WEIGHTS)
-    expected = encoder_shapes(config.model)
-    hidden = config.model.hidden_size
-    expected["classifier.weight"] = (len(labels), hidden)
-    expected["classifier.bias"] = (len(labels),)
-    check_keys_and_shapes(weights, expected, folder / WEIGHTS, "its config.json and labels.json")
-    return {name: tensor.contiguous() for name, tensor in weights.items()}
-
-
-def encoder_shapes(model_config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """`bert.*` parameter names and shapes of an encoder (built on the meta device: no memory, no init)."""
-    with torch.device("meta"):
-        encoder = BertModel(model_config)
-    return {f"bert.{name}": tuple(t.shape) for name, t in encoder.state_dict().items()}
 
 
 # ---------------------------------------------------------------------------------------------- import

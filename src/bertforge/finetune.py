@@ -28,7 +28,6 @@ Nothing is written until the model folder and both data files have been read and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
@@ -46,17 +45,17 @@ import torch.nn.functional as F
 from bertforge import distributed
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
-from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_json, read_state
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
 from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
-from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
+from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
-from bertforge.runtime import apply_threads, autocast, resolve_device, to_device
+from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
 from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
@@ -118,7 +117,7 @@ def finetune(
         results = [job.run(seed, run_dir, task.from_scratch) for seed, run_dir in runs]
     summary = summarize_seeds(results)
     if task.seeds:
-        atomic_write_text(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        write_json(out / SUMMARY, summary)
     return summary
 
 
@@ -143,7 +142,7 @@ def start(
 
 def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show_progress: bool) -> Job:
     """`start` in a folder this process owns."""
-    check_out_folder(out, resume)
+    check_finetuning_folder(out, resume)
     check_task(task)
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = open_encoder(task.model)
@@ -165,7 +164,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
 
     if not resume:
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
-        atomic_write_text(out / TASK, json.dumps(payload, indent=2) + "\n")
+        write_json(out / TASK, payload)
     return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
 
 
@@ -190,7 +189,7 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
 
 def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
     """The task and base config saved by the run in `out` (for `--resume`)."""
-    check_out_folder(Path(out), resume=True)
+    check_finetuning_folder(Path(out), resume=True)
     raw = read_json(Path(out) / TASK)
     try:
         return FinetuneTask(**raw["task"]), RunConfig.from_dict(raw["config"])
@@ -198,13 +197,9 @@ def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
         raise BertforgeError(f"{Path(out) / TASK} is damaged ({error}); start the run again") from None
 
 
-def check_out_folder(out: Path, resume: bool) -> None:
-    if resume:
-        if not (out / TASK).is_file():
-            raise BertforgeError(f"{out} holds no fine-tuning run to resume; start one without `resume=True`")
-    elif is_occupied(out):
-        what = "holds another run" if (out / TASK).is_file() or (out / CONFIG).is_file() else "is not empty"
-        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
+def check_finetuning_folder(out: Path, resume: bool) -> None:
+    """Refuse `out` for this run: resuming needs the run's finetune.json there, a new run an empty folder."""
+    check_run_folder(out, resume, TASK, "fine-tuning run")
 
 
 def check_task(task: FinetuneTask) -> None:
@@ -350,27 +345,25 @@ def evaluate_classifier(
 ) -> tuple[dict[str, float], list[list[int]], list[int]]:
     """Loss, accuracy and macro F1 over all batches, the confusion matrix (rows: true, columns:
     predicted) and the predicted label id of every example, in order."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     confusion = torch.zeros(num_labels * num_labels, dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
     predictions = []
-    for batch in batches:
-        batch = to_device(batch, device)
-        with autocast(device, precision):
-            logits = model(
-                batch["input_ids"],
-                token_type_ids=batch["token_type_ids"],
-                attention_mask=batch.get("attention_mask"),
-            )
-        logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
-        loss_sum += F.cross_entropy(logits, labels, reduction="sum")
-        predicted = logits.argmax(-1)  # (B,)
-        # index_add_ rather than bincount, which waits for the GPU to size its output.
-        confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
-        predictions.append(predicted)
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in batches:
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                logits = model(
+                    batch["input_ids"],
+                    token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                )
+            logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
+            loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+            predicted = logits.argmax(-1)  # (B,)
+            # index_add_ rather than bincount, which waits for the GPU to size its output.
+            confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
+            predictions.append(predicted)
     matrix = confusion.view(num_labels, num_labels).cpu()
     metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
     return metrics, matrix.tolist(), torch.cat(predictions).tolist() if predictions else []
@@ -461,7 +454,7 @@ class Job:
             "labels": self.labels,
             "confusion": best["confusion"],
         }
-        atomic_write_text(run_dir / RESULT, json.dumps(result, indent=2) + "\n")
+        write_json(run_dir / RESULT, result)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return result
 
@@ -476,7 +469,7 @@ class Job:
             "true": self.valid_labels,
             "predicted": best["predictions"],
         }
-        atomic_write_text(run_dir / PREDICTIONS, json.dumps(record) + "\n")
+        write_json(run_dir / PREDICTIONS, record, indent=None)
 
 
 def build_classifier(
@@ -535,7 +528,7 @@ class EpochEvaluator:
         if epoch >= 1 and self.improves(metrics):
             save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
             self.best = {"epoch": epoch, **metrics, "confusion": confusion, "predictions": predictions}
-            atomic_write_text(self.run_dir / BEST, json.dumps(self.best) + "\n")
+            write_json(self.run_dir / BEST, self.best, indent=None)
         return {"epoch": epoch, **metrics}
 
     def improves(self, metrics: dict[str, float]) -> bool:

@@ -27,15 +27,12 @@ and configs are converted by `bertforge.bert_convert` and `bertforge.gpt_convert
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from bertforge import bert_convert, gpt_convert
@@ -50,17 +47,16 @@ from bertforge.checkpoint import (
     load_weights,
     pretraining_model,
     read_config,
-    read_json,
     read_labels,
     read_state,
     read_weights,
     verify_files,
-    write_json,
 )
 from bertforge.classifier import ENCODER, Classifier, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
+from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
 from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
 
@@ -122,8 +118,8 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
 def is_hf_folder(path: Path) -> bool:
     """A folder whose config.json is a Hugging Face config (it has `model_type`; ours has sections)."""
     try:
-        return "model_type" in json.loads((Path(path) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return "model_type" in read_json(Path(path) / CONFIG)
+    except (BertforgeError, OSError):
         return False
 
 
@@ -247,11 +243,8 @@ def read_hf_config(src: Path) -> dict:
     path = src / CONFIG
     if not path.is_file():
         raise BertforgeError(f"{src} has no {CONFIG}; it is not a Hugging Face model folder")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(raw, dict) or "model_type" not in raw:
+    raw = read_json(path, damaged="it is not a Hugging Face model config")
+    if "model_type" not in raw:
         raise BertforgeError(f"{path} has no model_type; it is not a Hugging Face model config")
     return raw
 
@@ -294,10 +287,7 @@ def hf_lowercase(src: Path) -> bool:
     path = src / "tokenizer_config.json"
     if not path.is_file():
         return True  # BertTokenizer's default
-    try:
-        return bool(json.loads(path.read_text(encoding="utf-8")).get("do_lower_case", True))
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise BertforgeError(f"{path} is damaged; fix it or remove it") from None
+    return bool(read_json(path, damaged="fix it or remove it").get("do_lower_case", True))
 
 
 def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:
@@ -323,19 +313,19 @@ def read_hf_weights(src: Path) -> dict[str, torch.Tensor]:
         index = src / f"{name}.index.json"
         if index.is_file():
             shards = [inside(src, shard) for shard in shard_files(inside(src, index))]
-            return {k: v for shard in shards for k, v in read_weight_file(shard).items()}
+            return {k: v for shard in shards for k, v in read_weights(shard).items()}
         if (src / name).is_file():
-            return read_weight_file(inside(src, src / name))
+            return read_weights(inside(src, src / name))
     raise BertforgeError(
         f"{src} has no weights: expected {WEIGHTS} or {HF_BIN} (TensorFlow and Flax weights are not read)"
     )
 
 
 def shard_files(index: Path) -> list[Path]:
+    raw = read_json(index, damaged="the model folder may be damaged")
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as error:
+        names = sorted(set(raw["weight_map"].values()))
+    except (KeyError, AttributeError, TypeError) as error:
         raise BertforgeError(f"{index} is damaged ({error})") from None
     for name in names:
         if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
@@ -359,21 +349,3 @@ def inside(src: Path, path: Path) -> Path:
             "the model folder (copy the file in instead of linking it)"
         )
     return path
-
-
-def read_weight_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise BertforgeError(f"{path} is missing; the model folder is incomplete")
-    if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as error:
-            raise BertforgeError(f"{path} is damaged and cannot be read ({error})") from None
-    try:
-        # weights_only: a pickle from the internet must not run code.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several unrelated types for a bad file
-        raise BertforgeError(f"{path} cannot be read as PyTorch weights ({type(error).__name__})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise BertforgeError(f"{path} does not hold a state dict of tensors")
-    return state

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel, KVCache
+from bertforge.runtime import eval_mode
 
 
 @torch.no_grad()
@@ -43,12 +44,8 @@ def generate(
     check_settings(input_ids, max_new_tokens, temperature, top_k, top_p)
     ids = input_ids if input_ids.dim() == 2 else input_ids[None]  # (B, T)
     pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache)  # (B, T + n)
-    finally:
-        model.train(was_training)
     return ids if input_ids.dim() == 2 else ids[0]
 
 

@@ -20,17 +20,22 @@ exact erf form, as everywhere in bertforge, which OpenAIGPT cannot express.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import ModelConfig
-from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
-from bertforge.losses import Summary
-from bertforge.model import BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput, init_weights
+from bertforge.losses import Summary, token_prediction_metrics
+from bertforge.model import (
+    BertIntermediate,
+    BertOutput,
+    BertSelfAttention,
+    BertSelfOutput,
+    check_num_labels,
+    check_positions,
+    init_weights,
+)
 
 GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
 
@@ -148,12 +153,7 @@ class GPTEmbeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, *, past: int = 0) -> Tensor:
         end = past + input_ids.shape[1]
-        max_positions = self.position_embeddings.num_embeddings
-        if end > max_positions:
-            raise BertforgeError(
-                f"a sequence of {end} tokens is longer than model.max_position_embeddings "
-                f"({max_positions}); truncate the input or use a bigger model"
-            )
+        check_positions(end, self.position_embeddings)
         x = self.word_embeddings(input_ids)  # (B, T, H)
         x += self.position_embeddings.weight[past:end]  # (T, H): positions past..end-1 for every row
         return self.dropout(x)
@@ -226,8 +226,7 @@ class GPTForSequenceClassification(nn.Module):
 
     def __init__(self, config: ModelConfig, num_labels: int):
         super().__init__()
-        if num_labels < 2:
-            raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+        check_num_labels(num_labels)
         self.config = config
         self.num_labels = num_labels
         self.gpt = GPTModel(config)
@@ -300,11 +299,5 @@ def next_token_loss(
 def summarize_clm(totals: dict[str, float]) -> Summary:
     """Accumulated `next_token_sums` -> the next-token loss, and the metrics: that loss, perplexity
     and top-1 accuracy."""
-    count = max(totals["clm_count"], 1.0)
-    loss = totals["clm_loss_sum"] / count
-    metrics = {
-        "clm_loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "clm_accuracy": totals["clm_correct"] / count,
-    }
-    return Summary(loss, metrics)
+    metrics = token_prediction_metrics(totals, "clm")
+    return Summary(metrics["clm_loss"], metrics)

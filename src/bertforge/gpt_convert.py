@@ -31,11 +31,11 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, processors
 from torch import nn
 
-from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields, write_json
+from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields
 from bertforge.config import ModelConfig, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_HIDDEN_ACT, GPT_TIED_KEYS, GPTLMHeadModel
-from bertforge.io import atomic_directory, atomic_write_bytes, check_new_folder
+from bertforge.io import atomic_directory, atomic_write_bytes, check_new_folder, write_json
 from bertforge.tokenizer import TOKENIZER_FILE, BertTokenizer
 
 ARCHITECTURE = "OpenAIGPTLMHeadModel"
@@ -259,7 +259,7 @@ def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
             f"{source}: embd_pdrop ({hf['embd_pdrop']}) differs from resid_pdrop ({hf['resid_pdrop']}); "
             "bertforge uses model.hidden_dropout_prob for both"
         )
-    validate_model(config)
+    validate_model(config, source)
     return config
 
 

@@ -21,7 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bertforge.batches import pad_batch
 from bertforge.errors import BertforgeError
+from bertforge.runtime import eval_mode, to_device
 from bertforge.tokenizer import BertTokenizer
 
 DEFAULT_BATCH_SIZE = 32
@@ -58,11 +60,14 @@ def fill_mask(
                 'predict goes, e.g. "the [MASK] sat on the mat"'
             )
     results: list = [None] * len(texts)
+    examples = [{"input_ids": ids} for ids in encoded]
     with _inference(model) as device:
-        for rows, input_ids, attention_mask in _batches(encoded, batch_size, tokenizer.pad_id, device):
-            is_mask = input_ids == tokenizer.mask_id  # (B, T)
+        for rows, batch in _batches(examples, batch_size, tokenizer.pad_id, device):
+            is_mask = batch["input_ids"] == tokenizer.mask_id  # (B, T)
             positions = is_mask.flatten().nonzero().squeeze(1)  # (M,) flat indices, row-major
-            mlm_logits, _ = model(input_ids, attention_mask=attention_mask, masked_positions=positions)
+            mlm_logits, _ = model(
+                batch["input_ids"], attention_mask=batch["attention_mask"], masked_positions=positions
+            )
             mlm_logits = mlm_logits[:, : tokenizer.vocab_size]  # (M, V): a padded vocabulary's extra rows
             scores, ids = mlm_logits.float().softmax(-1).topk(top_k, dim=-1)  # (M, k), (M, k)
             masks_per_row = is_mask.sum(1).tolist()
@@ -84,29 +89,14 @@ def next_sentence(
     seconds, _ = _as_list(b, "sentence b")
     if len(firsts) != len(seconds):
         raise BertforgeError(f"got {len(firsts)} first sentences but {len(seconds)} second ones")
-    max_length = _max_length(model)
-    encoded_a, encoded_b = tokenizer.encode_batch(firsts), tokenizer.encode_batch(seconds)
-    pairs, token_types = [], []
-    for i, (ids_a, ids_b) in enumerate(zip(encoded_a, encoded_b, strict=True)):
-        for texts, ids in ((firsts, ids_a), (seconds, ids_b)):
-            if not ids:
-                raise BertforgeError(f"{_describe(texts, i)} is empty; give two non-empty sentences")
-        length = len(ids_a) + len(ids_b) + 3
-        if length > max_length:
-            raise BertforgeError(
-                f"pair {i + 1} is {length} tokens long with [CLS] and two [SEP], more than the model's "
-                f"maximum of {max_length}; shorten the sentences"
-            )
-        pairs.append([tokenizer.cls_id, *ids_a, tokenizer.sep_id, *ids_b, tokenizer.sep_id])
-        token_types.append([0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1))
-    probabilities = [0.0] * len(pairs)
+    examples = _encode_pairs(tokenizer, firsts, seconds, _max_length(model))
+    probabilities = [0.0] * len(examples)
     with _inference(model) as device:
-        for rows, input_ids, attention_mask in _batches(pairs, batch_size, tokenizer.pad_id, device):
-            types = _pad([token_types[r] for r in rows], 0, device)  # (B, T)
+        for rows, batch in _batches(examples, batch_size, tokenizer.pad_id, device):
             _, nsp_logits = model(
-                input_ids,
-                token_type_ids=types,
-                attention_mask=attention_mask,
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"],
                 masked_positions=_no_positions(device),
             )
             is_next = nsp_logits.float().softmax(-1)[:, 0]  # (B,): label 0 = IsNext, as Hugging Face
@@ -138,12 +128,11 @@ def embed(
     encoder = getattr(model, "bert", model)  # the pretraining model's encoder, or a bare BertModel
     vectors = np.zeros((len(texts), encoder.config.hidden_size), dtype=np.float32)
     with _inference(model) as device:
-        batches = _batches(encoded, batch_size, tokenizer.pad_id, device)
+        batches = _batches([{"input_ids": ids} for ids in encoded], batch_size, tokenizer.pad_id, device)
         total = -(-len(encoded) // batch_size)
-        for rows, input_ids, attention_mask in tqdm(
-            batches, total=total, unit="batch", desc="embed", disable=not show_progress
-        ):
-            hidden, _ = encoder(input_ids, attention_mask=attention_mask)  # (B, T, H)
+        for rows, batch in tqdm(batches, total=total, unit="batch", desc="embed", disable=not show_progress):
+            attention_mask = batch["attention_mask"]  # (B, T)
+            hidden, _ = encoder(batch["input_ids"], attention_mask=attention_mask)  # (B, T, H)
             if pooling == "cls":
                 pooled = hidden[:, 0]  # (B, H)
             else:
@@ -315,6 +304,27 @@ def _max_length(model: torch.nn.Module) -> int:
     return model.config.max_position_embeddings
 
 
+def _encode_pairs(
+    tokenizer: BertTokenizer, firsts: list[str], seconds: list[str], max_length: int
+) -> list[dict]:
+    """`[CLS] a [SEP] b [SEP]` ids and segment ids for each pair; an empty sentence, or a pair longer
+    than `max_length`, refused."""
+    examples = []
+    for i, (first, second) in enumerate(zip(firsts, seconds, strict=True)):
+        input_ids, token_type_ids = tokenizer.encode_pair(first, second)
+        first_length = token_type_ids.count(0) - 2  # segment 0 is [CLS] a [SEP]
+        for texts, length in ((firsts, first_length), (seconds, len(input_ids) - first_length - 3)):
+            if not length:
+                raise BertforgeError(f"{_describe(texts, i)} is empty; give two non-empty sentences")
+        if len(input_ids) > max_length:
+            raise BertforgeError(
+                f"pair {i + 1} is {len(input_ids)} tokens long with [CLS] and two [SEP], more than the "
+                f"model's maximum of {max_length}; shorten the sentences"
+            )
+        examples.append({"input_ids": input_ids, "token_type_ids": token_type_ids})
+    return examples
+
+
 def _encode_single(
     tokenizer: BertTokenizer, texts: list[str], max_length: int, truncate: bool
 ) -> list[list[int]]:
@@ -343,34 +353,21 @@ def _encode_single(
 @contextlib.contextmanager
 def _inference(model: torch.nn.Module) -> Iterator[torch.device]:
     """Eval mode and `torch.inference_mode` for the block (train mode restored after); yields the device."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield next(model.parameters()).device
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        yield next(model.parameters()).device
 
 
 def _batches(
-    sequences: list[list[int]], batch_size: int, pad_id: int, device: torch.device
-) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """(row indices, padded input_ids (B, T), attention_mask (B, T)) over `sequences` sorted by length."""
+    examples: list[dict], batch_size: int, pad_id: int, device: torch.device
+) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+    """(row indices, the padded batch on `device`: `pad_batch`'s input_ids, token_type_ids and
+    attention_mask, each (B, T)) over `examples` sorted by length."""
     if batch_size < 1:
         raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        batch = [sequences[r] for r in rows]
-        yield rows, _pad(batch, pad_id, device), _pad([[1] * len(s) for s in batch], 0, device)
-
-
-def _pad(rows: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    padded = torch.full((len(rows), width), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        padded[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return padded.to(device)
+        yield rows, to_device(pad_batch([examples[r] for r in rows], pad_id), device)
 
 
 def _no_positions(device: torch.device) -> torch.Tensor:

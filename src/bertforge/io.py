@@ -1,4 +1,5 @@
-"""Atomic file and folder writes, and the locks that give a folder one writer at a time.
+"""Atomic file and folder writes, JSON files read and written one way, and the locks that give a
+folder one writer at a time.
 
 Writes go beside the target, then are renamed over it: a run interrupted mid-write leaves either
 the old file or the new one, never half of one, and temporary siblings (`.NAME.tmp-*`) are removed
@@ -7,7 +8,9 @@ never leaves a half-deleted folder under its own name. What a killed writer leav
 `.NAME.old-*`, `.NAME.del-*`) is removed at the next start by the process that takes the folder's
 lock (or, in the shared cache, the entry's lock); a folder moved aside for a replacement that never
 arrived is put back. A write the disk refuses (full, read-only, no permission)
-raises `WriteError`: one line naming the path and the cause. Locks are OS file locks (`flock`) on
+raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
+`write_json`'s (indented, newline-terminated, atomic); every JSON object it reads is `read_json`'s,
+which names the file and what is wrong with it in one line. Locks are OS file locks (`flock`) on
 a file that holds the owner's PID: the kernel frees them when their owner dies, so a killed run
 never leaves a stale lock.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -126,6 +130,38 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_text(value, indent: int | None = 2) -> str:
+    """`value` as bertforge writes JSON files: indented (`indent=None`: on one line), with a final newline."""
+    return json.dumps(value, indent=indent) + "\n"
+
+
+def write_json(path: Path, value, indent: int | None = 2) -> None:
+    """Write `value` to `path` as JSON (`json_text`), atomically."""
+    atomic_write_text(path, json_text(value, indent))
+
+
+def read_json(
+    path: Path,
+    *,
+    damaged: str = "the folder may be damaged",
+    missing: str = "the folder is incomplete",
+    error: type[BertforgeError] = BertforgeError,
+) -> dict:
+    """The JSON object in the file `path`. A missing file, one that is not JSON, or JSON that is not
+    an object raises `error` naming the file and the problem, followed by the advice `missing` (for
+    a missing file) or `damaged` (for the others)."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path} is missing; {missing}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as problem:
+        raise error(f"{path} is not valid JSON ({problem}); {damaged}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path} does not hold a JSON object; {damaged}")
+    return value
+
+
 def is_occupied(path: Path) -> bool:
     """True when `path` is a file or a folder with something in it: an output that must not be overwritten."""
     path = Path(path)
@@ -140,6 +176,21 @@ def check_new_folder(out: Path) -> None:
         raise BertforgeError(f"{out} is a file; `out` must name a new folder")
     if is_occupied(out):
         raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new `out`")
+
+
+def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
+    """Refuse `out` as the folder of a `kind` run ("fine-tuning run", say): a file; to resume, a
+    folder without the `marker` file such a run writes; for a new run, a folder that holds anything
+    (another run, when it has a `marker`)."""
+    out = Path(out)
+    if out.is_file():
+        raise BertforgeError(f"{out} is a file; `out` must name a folder")
+    if resume:
+        if not (out / marker).is_file():
+            raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
+    elif is_occupied(out):
+        what = "holds another run" if (out / marker).is_file() else "is not an empty folder"
+        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
 
 
 @contextlib.contextmanager

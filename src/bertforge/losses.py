@@ -8,8 +8,9 @@ can weight every token and pair equally across batches of different sizes. Every
 device: no value is built on the host in the step, which would make a GPU wait for the CPU.
 
 Also owns `Summary`, the loss and metrics that every objective (this one, GPT's next token in
-`gpt`, classification in `finetune`) makes of its accumulated sums, and `real_token_logits`, which
-leaves a padded vocabulary's unused output rows out of every softmax.
+`gpt`, classification in `finetune`) makes of its accumulated sums, `token_prediction_metrics`,
+the loss, perplexity and accuracy that MLM and next-token prediction share, and `real_token_logits`,
+which leaves a padded vocabulary's unused output rows out of every softmax.
 """
 
 from __future__ import annotations
@@ -76,16 +77,23 @@ class Summary(NamedTuple):
     metrics: dict[str, float]
 
 
+def token_prediction_metrics(totals: dict[str, float], prefix: str) -> dict[str, float]:
+    """Accumulated `{prefix}_loss_sum`, `{prefix}_correct` and `{prefix}_count` of a token-predicting
+    objective ("mlm" or "clm") -> its mean loss `{prefix}_loss`, perplexity and `{prefix}_accuracy`."""
+    count = max(totals[f"{prefix}_count"], 1.0)
+    loss = totals[f"{prefix}_loss_sum"] / count
+    return {
+        f"{prefix}_loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        f"{prefix}_accuracy": totals[f"{prefix}_correct"] / count,
+    }
+
+
 def summarize_pretraining(totals: dict[str, float]) -> Summary:
     """Accumulated `pretraining_sums` -> the MLM loss plus the NSP loss (as `pretraining_loss`), and the
     metrics (NSP ones only when pairs had NSP labels)."""
-    mlm_count = max(totals["mlm_count"], 1.0)
-    mlm_loss = totals["mlm_loss_sum"] / mlm_count
-    metrics = {
-        "mlm_loss": mlm_loss,
-        "perplexity": math.exp(min(mlm_loss, 50.0)),
-        "mlm_accuracy": totals["mlm_correct"] / mlm_count,
-    }
+    metrics = token_prediction_metrics(totals, "mlm")
+    mlm_loss = metrics["mlm_loss"]
     if totals["nsp_count"] == 0:
         return Summary(mlm_loss, metrics)
     metrics["nsp_loss"] = totals["nsp_loss_sum"] / totals["nsp_count"]

@@ -55,6 +55,21 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
     return ACTIVATIONS[name]
 
 
+def check_positions(end: int, position_embeddings: nn.Embedding) -> None:
+    """Refuse a sequence that runs to position `end` (exclusive) past the learned positions."""
+    max_positions = position_embeddings.num_embeddings
+    if end > max_positions:
+        raise BertforgeError(
+            f"a sequence of {end} tokens is longer than model.max_position_embeddings "
+            f"({max_positions}); truncate the input or use a bigger model"
+        )
+
+
+def check_num_labels(num_labels: int) -> None:
+    if num_labels < 2:
+        raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+
+
 class BertEmbeddings(nn.Module):
     """LayerNorm(word + position + token type) then dropout."""
 
@@ -69,12 +84,7 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, *, token_type_ids: Tensor | None = None) -> Tensor:
         T = input_ids.shape[1]
-        max_positions = self.position_embeddings.num_embeddings
-        if max_positions < T:
-            raise BertforgeError(
-                f"a sequence of {T} tokens is longer than model.max_position_embeddings "
-                f"({max_positions}); truncate the input or use a bigger model"
-            )
+        check_positions(T, self.position_embeddings)
         x = self.word_embeddings(input_ids)  # (B, T, H)
         # In-place adds: the embedding lookup's backward needs only the ids, not its output.
         # Positions are 0..T-1 for every row, so a slice of the table broadcasts without a lookup.
@@ -110,17 +120,25 @@ class BertSelfAttention(nn.Module):
         return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
 
 
-class BertSelfOutput(nn.Module):
-    """Attention output projection, dropout, residual and post-LayerNorm."""
+class ResidualOutput(nn.Module):
+    """How both sublayers end: project `in_features` to the hidden size, dropout, add the residual,
+    then LayerNorm (post-LN)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # (B, T, H)
+
+
+class BertSelfOutput(ResidualOutput):
+    """Attention output projection, dropout, residual and post-LayerNorm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, config.hidden_size)
 
 
 class BertAttention(nn.Module):
@@ -147,17 +165,11 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(x))  # (B, T, I)
 
 
-class BertOutput(nn.Module):
-    """Second feed-forward projection, dropout, residual and post-LayerNorm."""
+class BertOutput(ResidualOutput):
+    """Second feed-forward projection (intermediate to hidden), dropout, residual and post-LayerNorm."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # (B, T, H)
+        super().__init__(config, config.intermediate_size)
 
 
 class BertLayer(nn.Module):
@@ -355,8 +367,7 @@ class BertForSequenceClassification(nn.Module):
 
     def __init__(self, config: ModelConfig, num_labels: int):
         super().__init__()
-        if num_labels < 2:
-            raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+        check_num_labels(num_labels)
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)  # initialises itself

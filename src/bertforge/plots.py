@@ -8,7 +8,6 @@ PNG is written atomically by `save_png`.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,15 +19,11 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from bertforge.errors import BertforgeError  # noqa: E402
-from bertforge.io import atomic_write_bytes  # noqa: E402
+from bertforge.io import atomic_write_bytes, read_json  # noqa: E402
 from bertforge.train import MetricsLog  # noqa: E402
 
 # The held-out metrics a pretraining run logs: (objective, loss key, accuracy key).
 HELD_OUT = (("MLM", "mlm_loss", "mlm_accuracy"), ("next-token", "clm_loss", "clm_accuracy"))
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
 
 
 def series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
@@ -47,7 +42,7 @@ def save_png(fig: Figure, out_png: Path, dpi: int = 110) -> None:
 def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
     """Three panels: MLM (or, for a GPT run, next-token) loss, NSP loss (train and validation), and
     validation accuracies."""
-    records = read_metrics(metrics_path)
+    records = MetricsLog(Path(metrics_path)).read()
     gpt = any("clm_loss" in record for record in records)
     lm_key, lm_title = ("clm_loss", "next-token loss") if gpt else ("mlm_loss", "MLM loss")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -76,7 +71,7 @@ def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
 def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> None:
     """Two panels against epochs: classification loss (train and validation), and validation accuracy
     and macro F1 with the training accuracy."""
-    records = read_metrics(metrics_path)
+    records = MetricsLog(Path(metrics_path)).read()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for split, style in (("train", "-"), ("valid", "o-")):
         steps, values = series(records, split, "classification_loss")
@@ -161,9 +156,9 @@ def token_positions(valid: list[dict], run_dir: Path):
         steps, tokens = zip(*sorted(counted.items()), strict=True)
         return (lambda at: np.interp(at, steps, tokens)), False
     try:
-        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_json(run_dir / "config.json")
         per_step = config["train"]["batch_size"] * config["data"]["max_seq_length"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (BertforgeError, OSError, KeyError, TypeError):
         raise BertforgeError(
             f"{run_dir} logs no token counts and has no readable config.json to estimate them from"
         ) from None

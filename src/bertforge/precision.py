@@ -15,8 +15,6 @@ the arithmetic it started with wherever it resumes.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import time
 from dataclasses import dataclass
@@ -25,9 +23,10 @@ from pathlib import Path
 import torch
 
 from bertforge import distributed
+from bertforge.cache import cache_key
 from bertforge.config import EXPLICIT_PRECISIONS, ModelConfig, RunConfig
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import read_json, write_json
 
 CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
@@ -171,7 +170,7 @@ def machine_key(model: ModelConfig) -> str:
     ]
     if model.objective == "clm":  # BERT's key stays as it was: its cached measurements still apply
         parts.append(model.vocab_size)
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+    return cache_key(*parts)
 
 
 def _cpuinfo() -> str:
@@ -184,15 +183,14 @@ def _cpuinfo() -> str:
 def read_cache(cache_dir: Path) -> dict:
     """The cached measurements; a missing or damaged file is an empty cache (it is re-measured)."""
     try:
-        cache = json.loads((cache_dir / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(cache_dir / CACHE_FILE)
+    except (BertforgeError, OSError):
         return {}
-    return cache if isinstance(cache, dict) else {}
 
 
 def write_cache(cache_dir: Path, cache: dict) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cache_dir / CACHE_FILE, json.dumps(cache, indent=2) + "\n")
+        write_json(cache_dir / CACHE_FILE, cache)
     except OSError:
         pass  # a read-only cache only costs a re-measurement next time

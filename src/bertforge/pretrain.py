@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shlex
 import shutil
@@ -48,7 +47,7 @@ from bertforge.cache import (
     refuse_changed_data,
     remove_orphans,
 )
-from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, read_json, save_model_folder
+from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
 from bertforge.config import DataConfig, RunConfig, save_json, validate
 from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError, Interrupted
@@ -61,7 +60,7 @@ from bertforge.evaluate import (
 )
 from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
-from bertforge.io import RunFolderLock, atomic_write_text, is_occupied
+from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
@@ -140,7 +139,7 @@ def run_pretraining(
     """`pretrain` in a folder this process owns; `created`: the folder did not exist before the call."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     remove_orphans(cache_dir)  # what tokenizer and shard builds killed mid-way left
-    check_run_folder(out, resume)
+    check_pretraining_folder(out, resume)
     if resume and not list_checkpoints(out):
         start_afresh(out)
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
@@ -176,7 +175,7 @@ def run_pretraining(
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
     if world.is_main and (not resume or allow_changed_data):
-        atomic_write_text(out / DATA, json.dumps({"sha256": hashes}, indent=2) + "\n")
+        write_json(out / DATA, {"sha256": hashes})
     try:
         result = train_and_save(
             config, out, tokenizer, train_shards, valid_batches, resume, show_progress, init_state=init_state
@@ -324,15 +323,9 @@ def init_mlm_bias(
         model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))
 
 
-def check_run_folder(out: Path, resume: bool) -> None:
-    if out.is_file():
-        raise BertforgeError(f"{out} is a file; `out` must name a folder")
-    if resume:
-        if not (out / CONFIG).is_file():
-            raise BertforgeError(f"{out} holds no bertforge run to resume; start one without `resume=True`")
-    elif is_occupied(out):
-        what = "holds another run" if (out / CONFIG).is_file() else "is not an empty folder"
-        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
+def check_pretraining_folder(out: Path, resume: bool) -> None:
+    """Refuse `out` for this run: resuming needs a run's config.json there, a new run an empty folder."""
+    check_run_folder(out, resume, CONFIG, "bertforge run")
 
 
 def start_afresh(out: Path) -> None:

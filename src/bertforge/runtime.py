@@ -1,8 +1,10 @@
-"""Where and how tensors run: device choice, autocast precision, TF32, transfers, threads, data workers."""
+"""Where and how tensors run: device choice, eval mode, autocast precision, TF32, transfers, threads,
+data workers."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -24,6 +26,17 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError("runtime.device asks for CUDA but no GPU is visible; use runtime.device=cpu")
     return device
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for the block; the model's former mode is restored after, even on error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def autocast(device: torch.device, precision: str):

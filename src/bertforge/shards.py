@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, read_documents, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory
+from bertforge.io import atomic_directory, read_json, write_json
 from bertforge.tokenizer import BertTokenizer
 
 FORMAT_VERSION = 1
@@ -103,7 +102,7 @@ def prepare_shards(
         }
         if corpus_format in COLUMN_FORMATS:
             meta["text_column"] = text_column
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / META_FILE, meta)
     return meta
 
 
@@ -309,14 +308,8 @@ def _damaged(path: Path, why: str) -> BertforgeError:
 
 
 def _read_meta(path: Path) -> dict:
-    try:
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise _damaged(path, f"{META_FILE} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _damaged(path, f"{META_FILE} is not valid JSON") from None
-    if not isinstance(meta, dict):
-        raise _damaged(path, f"{META_FILE} does not hold a JSON object")
+    advice = "the token shard folder is damaged: delete it and re-run prepare"
+    meta = read_json(path / META_FILE, damaged=advice, missing=advice)
     if meta.get("format_version") != FORMAT_VERSION:
         raise BertforgeError(
             f"token shard folder {path} has format_version {meta.get('format_version')!r}, but this "

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from bertforge.config import TOKENIZER_KINDS, TokenizerConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, read_documents
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, atomic_write_bytes
+from bertforge.io import atomic_directory, atomic_write_bytes, json_text, read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
@@ -118,7 +118,7 @@ class BertTokenizer:
         }
         files = {  # tokenizer.json last: its presence marks a complete folder
             VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens()).encode("utf-8"),
-            SETTINGS_FILE: (json.dumps(settings, indent=2) + "\n").encode("utf-8"),
+            SETTINGS_FILE: json_text(settings).encode("utf-8"),
             TOKENIZER_FILE: self._json_bytes(),
         }
         if out_dir.is_dir():
@@ -283,11 +283,8 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
 def _read_settings(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BertforgeError(f"{path} is damaged ({error}); delete it or retrain the tokenizer") from None
-    if not isinstance(settings, dict) or settings.get("kind", "wordpiece") not in TOKENIZER_KINDS:
+    settings = read_json(path, damaged="delete it or retrain the tokenizer")
+    if settings.get("kind", "wordpiece") not in TOKENIZER_KINDS:
         raise BertforgeError(f"{path} does not hold bertforge tokenizer settings; delete it or retrain")
     return settings
 

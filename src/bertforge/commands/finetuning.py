@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bertforge.config import PRECISIONS
+from bertforge.commands import add_device_argument, add_precision_argument
 from bertforge.errors import BertforgeError
 from bertforge.labeled import FORMATS
 from bertforge.reporting import add_report_to_argument, reporting_to
@@ -85,12 +85,8 @@ def add_finetune_command(commands) -> None:
         help="with --seeds: per seed, fine-tune --model and the same model from scratch (OUT/pretrained/, "
         "OUT/scratch/) and compare them with paired tests (OUT/comparison.json)",
     )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
-    )
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    add_precision_argument(p)
+    add_device_argument(p, default=None)
     p.add_argument(
         "--set",
         action="append",
@@ -117,7 +113,7 @@ def add_classify_command(commands) -> None:
     )
     p.add_argument("--input", type=Path, help="a UTF-8 file with one text (or text<TAB>pair) per line")
     p.add_argument("--json", action="store_true", help="one JSON object per text")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_device_argument(p)
     p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
     p.set_defaults(handler=run_classify)
 

@@ -16,6 +16,7 @@ import warnings
 from itertools import islice
 from pathlib import Path
 
+from bertforge.commands import add_device_argument
 from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
@@ -42,7 +43,7 @@ def register(commands) -> None:
 
 def add_model_arguments(p) -> None:
     p.add_argument("--model", type=Path, required=True, help=MODEL_HELP)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_device_argument(p)
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
 
 
@@ -133,7 +134,7 @@ def add_generate_command(commands) -> None:
     )
     p.add_argument("--seed", type=int, help="repeat a draw exactly (on the same device)")
     p.add_argument("--json", action="store_true", help="one JSON object: the text and the token ids")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_device_argument(p)
     p.set_defaults(handler=run_generate)
 
 

@@ -8,10 +8,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from bertforge.commands import add_device_argument, add_precision_argument
 from bertforge.config import (
     EXPLICIT_PRECISIONS,
     OBJECTIVES,
-    PRECISIONS,
     PRESETS,
     TOKENIZER_KINDS,
     RunConfig,
@@ -100,6 +100,24 @@ def add_pretrain_command(commands) -> None:
         description="Train the tokenizer and shards when missing (cached by content), then pretrain. "
         "Settings apply in order: defaults, --preset, --config, flags, --set.",
     )
+    add_training_text_arguments(p)
+    p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
+    add_starting_point_arguments(p)
+    add_setting_arguments(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="with --resume: continue although the corpus or validation text changed since the run started",
+    )
+    p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_to_argument(p)
+    p.set_defaults(handler=run_pretrain, setting_flags=CORPUS_FLAGS)
+
+
+def add_training_text_arguments(p) -> None:
+    """pretrain's --corpus or --shards, and --valid."""
     p.add_argument(
         "--corpus",
         action="append",
@@ -114,7 +132,11 @@ def add_pretrain_command(commands) -> None:
         "with the --tokenizer that prepared it; repeat for several folders",
     )
     p.add_argument("--valid", type=Path, help="held-out text for evaluation")
-    p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
+
+
+def add_starting_point_arguments(p) -> None:
+    """pretrain's settings before the flags (--preset, --objective, --config, --set) and the
+    tokenizer or model it starts from."""
     p.add_argument("--preset", choices=tuple(PRESETS), help="model size after Turc et al. 2019")
     p.add_argument(
         "--objective",
@@ -135,30 +157,20 @@ def add_pretrain_command(commands) -> None:
         help="start from this model (a bertforge model, or one from import-hf or export); its size and "
         "tokenizer replace any other model settings",
     )
+
+
+def add_setting_arguments(p) -> None:
+    """pretrain's flags that set one setting each (`--set` sets any)."""
     p.add_argument("--format", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", help=TEXT_COLUMN_HELP)
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--max-minutes", type=float, help="time budget; the LR schedule ends when it runs out")
     p.add_argument("--batch-size", type=int, help="sequences per optimizer step (train.batch_size)")
     p.add_argument("--lr", type=float, help="peak learning rate (train.learning_rate)")
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
-    )
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    add_precision_argument(p)
+    add_device_argument(p, default=None)
     p.add_argument("--seed", type=int)
     p.add_argument("--no-nsp", action="store_true", help="MLM only: contiguous text fills whole sequences")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument(
-        "--allow-changed-data",
-        action="store_true",
-        help="with --resume: continue although the corpus or validation text changed since the run started",
-    )
-    p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_report_to_argument(p)
-    p.set_defaults(handler=run_pretrain, setting_flags=CORPUS_FLAGS)
 
 
 def add_evaluate_command(commands) -> None:
@@ -183,7 +195,7 @@ def add_evaluate_command(commands) -> None:
         "to compare runs trained at different lengths",
     )
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
-    p.add_argument("--device", default="auto")
+    add_device_argument(p)
     p.add_argument("--precision", default="fp32", choices=EXPLICIT_PRECISIONS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", type=Path)
@@ -230,11 +242,11 @@ def run_prepare(args) -> int:
 def pretrain_config(args) -> RunConfig:
     """The run's config: saved one when resuming, else defaults, preset, file, flags, --set."""
     from bertforge.checkpoint import read_config
-    from bertforge.pretrain import check_run_folder
+    from bertforge.pretrain import check_pretraining_folder
 
     if args.resume:
         refuse_resume_flags(args)
-        check_run_folder(args.out, resume=True)
+        check_pretraining_folder(args.out, resume=True)
         config = read_config(args.out)
         saved = RunConfig.from_dict(config.to_dict())
     elif args.allow_changed_data:

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bertforge.commands import add_device_argument
 from bertforge.errors import BertforgeError
 
 
@@ -38,7 +39,7 @@ def add_attention_command(commands) -> None:
     p.add_argument("--layers", type=number_list, help="which layers, e.g. 1,2 or 3-4 (default: all)")
     p.add_argument("--heads", type=number_list, help="which heads, e.g. 1 or 1-4 (default: all)")
     p.add_argument("--json", action="store_true", help="print the tokens and the weights as one JSON object")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_device_argument(p)
     p.set_defaults(handler=run_attention)
 
 
