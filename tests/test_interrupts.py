@@ -39,6 +39,20 @@ RECIPE = [
 ENDLESS = ["--max-steps", "100000"]
 
 
+def default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it, even where pytest itself runs with SIGINT ignored (a shell
+    starts background jobs so, and a process keeps an ignored signal ignored, as bertforge does)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """In-process tests see Python's own Ctrl-C handler, whatever this process inherited."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
 @pytest.fixture(autouse=True)
 def keep_threads():
     """In-process runs set torch's thread count (`runtime.threads`); later tests get it back."""
@@ -58,6 +72,7 @@ def started(command: list, log: Path, **env: str) -> Iterator[subprocess.Popen]:
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
             start_new_session=True,
+            preexec_fn=default_sigint,
         )
     try:
         yield process
