@@ -92,7 +92,7 @@ def add_finetune_command(commands) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override a train or runtime setting",
+        help="override a train or runtime setting, or data.max_seq_length",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -177,7 +177,7 @@ def add_evaluate_command(commands) -> None:
     p = commands.add_parser(
         "evaluate",
         help="held-out MLM and NSP (or a GPT's next-token) metrics of a saved model",
-        description="Evaluate at a fixed 15%% mask with fixed seeds: MLM loss, perplexity, MLM accuracy, "
+        description="Evaluate at a fixed 15% mask with fixed seeds: MLM loss, perplexity, MLM accuracy, "
         "NSP loss and NSP accuracy; for a GPT, next-token loss, perplexity and accuracy on fixed windows.",
     )
     p.add_argument(
