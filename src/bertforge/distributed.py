@@ -87,7 +87,7 @@ def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
         timeout = timedelta(minutes=timeout_minutes)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timeout, **_restart_rendezvous(timeout))
-        atexit.register(_teardown)
+        atexit.register(leave)  # Python API users; the CLI leaves earlier
         _processes[:] = gather_objects((socket.gethostname(), os.getpid()))
     return world
 
@@ -191,17 +191,13 @@ def joined_after(device: torch.device, timeout_minutes: float) -> Iterator[World
     barrier()
 
 
-def _teardown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def leave() -> None:
     """Leave the process group at the end of a command, while the interpreter is still whole.
 
     Objects that hold the group (DDP's reducer, pending work) are freed first; left to the end of
     the interpreter, their native threads could be torn down in any order, and a process that had
     finished its work could abort on exit ("terminate called without an active exception").
+    Registered at exit too, for library users; leaving twice is a no-op.
     """
     if dist.is_initialized():
         gc.collect()
