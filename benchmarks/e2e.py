@@ -17,6 +17,7 @@ import torch
 from benchmarks import step
 from benchmarks.common import Bench
 from benchmarks.data import prepared, wikitext
+from bertforge.batches import real_tokens
 from bertforge.config import RunConfig, apply_preset
 from bertforge.pretrain import epoch_batches, pretrain
 from bertforge.shards import TokenShards
@@ -43,12 +44,12 @@ def run_config(
 
 def padding_fraction(shards: TokenShards, tokenizer, config: RunConfig, micro_batches: int) -> float:
     """Share of the token slots in the run's first `micro_batches` batches that are padding."""
-    batches = epoch_batches(shards, tokenizer, config)(0)
+    batches = epoch_batches(shards, tokenizer, config, config.data.max_seq_length)(0)
     real = slots = 0
     for index in range(min(micro_batches, len(batches))):
-        mask = batches[index]["attention_mask"]  # (B, T)
-        real += int(mask.sum())
-        slots += mask.numel()
+        batch = batches[index]  # a batch without padding has no attention_mask
+        real += real_tokens(batch)
+        slots += batch["input_ids"].numel()
     return 1.0 - real / slots
 
 

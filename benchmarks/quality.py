@@ -100,7 +100,9 @@ def run(minutes: float, bench: Bench, step_rows: list[dict]) -> dict:
         batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, warmup_ratio=0.1, max_minutes=minutes,
         max_steps=10**9,
     )  # fmt: skip
-    batches = functools.lru_cache(maxsize=2)(epoch_batches(train_shards, tokenizer, config))
+    batches = functools.lru_cache(maxsize=2)(
+        epoch_batches(train_shards, tokenizer, config, config.data.max_seq_length)
+    )
     torch.manual_seed(0)
     ours = BertForPreTraining(config.model)
     reference = hf_model(config.model, ours.state_dict())

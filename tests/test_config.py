@@ -100,11 +100,21 @@ def test_impossible_values_are_named(overrides, message):
         ("train.max_steps=many", "must be int"),
         ("data.nsp=1", "must be bool"),
         ("no_dot=1", "section.key=value"),
+        ("data.warmup_seq_epochs=3", "data.warmup_seq_epochs was replaced by data.warmup_seq_fraction"),
     ],
 )
 def test_bad_overrides(override, message):
     with pytest.raises(BertforgeError, match=message):
         apply_overrides(RunConfig(), [override])
+
+
+def test_a_saved_config_of_an_earlier_version_loads_without_its_retired_settings():
+    saved = RunConfig().to_dict()
+    saved["data"]["warmup_seq_epochs"] = 3  # what runs saved before data.warmup_seq_fraction
+    saved["data"]["warmup_seq_length"] = 32
+    config = RunConfig.from_dict(saved)
+    assert config.data.warmup_seq_length == 32
+    assert config.data.warmup_seq_fraction == RunConfig().data.warmup_seq_fraction
 
 
 def test_missing_and_invalid_toml(tmp_path):

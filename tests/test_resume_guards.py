@@ -259,7 +259,8 @@ def test_train_state_keeps_the_state_json_layout_and_reads_older_checkpoints():
     )
     saved = state.state_dict()
     assert list(saved) == [
-        "step", "epoch", "batch", "elapsed_s", "tokens", "last_valid", "micro_batch", "world_size"
+        "step", "epoch", "batch", "elapsed_s", "tokens", "last_valid", "micro_batch", "world_size",
+        "warmup_end_epoch",
     ]  # fmt: skip
     restored = TrainState()
     restored.load_state_dict(json.loads(json.dumps({**saved, "rng": {}, "sha256": {}})))
@@ -269,3 +270,4 @@ def test_train_state_keeps_the_state_json_layout_and_reads_older_checkpoints():
         {"step": 3, "epoch": 0, "batch": 6, "elapsed_s": 1.0, "tokens": 50, "last_valid": {}}
     )
     assert (older.step, older.batch, older.micro_batch, older.world_size) == (3, 6, 16, 2)
+    assert older.warmup_end_epoch is None  # a sequence-length warmup, if any, had not ended

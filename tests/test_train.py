@@ -23,6 +23,16 @@ def test_schedule_warms_up_then_decays_linearly():
     assert schedule.learning_rate(schedule.progress(100, 0)) == pytest.approx(0.0)
 
 
+def test_warmup_stable_decay_holds_the_peak_until_its_decay():
+    train = TrainConfig(learning_rate=1.0, max_steps=100, warmup_steps=10, schedule="wsd", decay_ratio=0.2)
+    schedule = Schedule(train)
+    assert schedule.learning_rate(schedule.progress(5, 0)) == pytest.approx(0.5)
+    assert schedule.learning_rate(schedule.progress(50, 0)) == pytest.approx(1.0)
+    assert schedule.learning_rate(schedule.progress(80, 0)) == pytest.approx(1.0)
+    assert schedule.learning_rate(schedule.progress(90, 0)) == pytest.approx(0.5)
+    assert schedule.learning_rate(schedule.progress(100, 0)) == pytest.approx(0.0)
+
+
 def test_time_budget_drives_progress():
     schedule = Schedule(TrainConfig(max_steps=1_000_000, max_minutes=2.0, warmup_ratio=0.0))
     assert schedule.progress(10, 60.0) == pytest.approx(0.5)
@@ -134,19 +144,29 @@ def test_time_budget_progress_bar_counts_the_budget_not_the_step_limit(
     assert "1000000" not in err
 
 
-def test_sequence_length_warmup_uses_short_pairs_in_the_first_epochs_only(wiki_slice, small_tokenizer_dir):
-    from bertforge.cache import cached_shards, default_cache_dir
-    from bertforge.pretrain import epoch_batches
-    from bertforge.tokenizer import load_tokenizer
+def test_sequence_length_warmup_uses_short_pairs_for_its_share_of_the_run(
+    tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    import bertforge.pretrain
+    from bertforge.io import read_json
 
-    config = tiny_config(wiki_slice)
-    config.data.warmup_seq_length, config.data.warmup_seq_epochs = 16, 2
-    tokenizer = load_tokenizer(small_tokenizer_dir)
-    shards = cached_shards(wiki_slice, tokenizer, "auto", default_cache_dir(), False)
-    batches = epoch_batches(shards, tokenizer, config)
-    widths = {epoch: {batches(epoch)[i]["input_ids"].shape[1] for i in range(8)} for epoch in (0, 1, 2)}
-    assert max(widths[0]) == max(widths[1]) == 16  # packed close to the warmup length
-    assert max(widths[2]) == 64
+    widths = []
+    real_loss = bertforge.pretrain.masked_lm_and_nsp_loss
+
+    def recording_loss(model, batch, vocab_size):
+        widths.append(batch["input_ids"].shape[1])
+        return real_loss(model, batch, vocab_size)
+
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", recording_loss)
+    config = tiny_config(wiki_slice, max_steps=8)
+    config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert len(widths) == 8  # one micro-batch a step
+    assert max(widths[:4]) == 16  # packed close to the warmup length, for half of the steps
+    assert min(widths[4:]) > 16 and max(widths[4:]) == 64
+    # The slice's first 16-token epoch is longer than 4 steps: it was cut, and epoch 1 was the first long one.
+    state = read_json(list_checkpoints(tmp_path / "run")[-1] / "state.json")
+    assert state["warmup_end_epoch"] == 1
 
 
 def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
@@ -160,33 +180,45 @@ def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
             validate(config)
     config.data.warmup_seq_length = 32
     validate(config)
+    for bad in (0.0, 1.0, 1.5):
+        config.data.warmup_seq_fraction = bad
+        with pytest.raises(BertforgeError, match=r"data.warmup_seq_fraction must be in \(0, 1\)"):
+            validate(config)
 
 
 def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slice, small_tokenizer_dir):
     from bertforge.cache import cached_shards, default_cache_dir
     from bertforge.checkpoint import read_config
+    from bertforge.io import read_json
     from bertforge.pretrain import epoch_batches
     from bertforge.tokenizer import load_tokenizer
 
-    corpus = tmp_path / "short.tokens"  # four documents' openings: the 16-token epoch ends mid-run
+    corpus = tmp_path / "short.tokens"  # four documents' openings: short epochs
     lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
     heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
     corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
-    config = tiny_config(corpus, max_steps=12, eval_every=6, keep_checkpoints=3)
+    # Checkpoints at steps 5, 10 and 12; the warmup ends before step 10 (9 / 12 = 0.75 of the run).
+    config = tiny_config(corpus, max_steps=12, eval_every=5, keep_checkpoints=3)
     config.data.warmup_seq_length, config.data.max_seq_length = 16, 32
+    config.data.warmup_seq_fraction = 0.75
     full = tmp_path / "full"
     pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
     logged = metrics_lines(full, "train")
     tokenizer = load_tokenizer(small_tokenizer_dir)
     shards = cached_shards(corpus, tokenizer, "auto", default_cache_dir(), False)
-    assert 6 <= len(epoch_batches(shards, tokenizer, config)(0)) < 12  # the length changes after the cut
+    # The warmup's first epoch ends before its last step, its second is cut short at step 9.
+    assert 5 <= len(epoch_batches(shards, tokenizer, config, 16)(0)) < 9
+    assert read_json(full / "checkpoints" / "step_000005" / "state.json")["warmup_end_epoch"] is None
+    assert read_json(full / "checkpoints" / "step_000010" / "state.json")["warmup_end_epoch"] == 2
 
-    cut = tmp_path / "cut"
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints" / "step_000012")
-    shutil.rmtree(cut / "final")
-    pretrain(read_config(cut), cut, resume=True, show_progress=False)
-    assert [x["loss"] for x in metrics_lines(cut, "train")] == [x["loss"] for x in logged]
-    full_weights = read_weights(full / "final" / "model.safetensors")
-    cut_weights = read_weights(cut / "final" / "model.safetensors")
-    assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
+    for resume_from in (10, 5):  # after the warmup ended, and within it
+        cut = tmp_path / f"cut{resume_from}"
+        shutil.copytree(full, cut)
+        for later in (step for step in (10, 12) if step > resume_from):
+            shutil.rmtree(cut / "checkpoints" / f"step_{later:06d}")
+        shutil.rmtree(cut / "final")
+        pretrain(read_config(cut), cut, resume=True, show_progress=False)
+        assert [x["loss"] for x in metrics_lines(cut, "train")] == [x["loss"] for x in logged]
+        full_weights = read_weights(full / "final" / "model.safetensors")
+        cut_weights = read_weights(cut / "final" / "model.safetensors")
+        assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)

@@ -32,7 +32,10 @@ else:  # pragma: no cover - exercised only on Python 3.10
 Objective = Literal["mlm", "clm"]  # mlm: BERT (`bertforge.model`), clm: GPT-1 (`bertforge.gpt`)
 Activation = Literal["gelu", "relu", "gelu_new", "silu", "tanh"]  # Hugging Face's names
 TokenizerKind = Literal["wordpiece", "wordlevel"]
-Schedule = Literal["linear", "constant"]  # the learning rate after warmup: linear decay to 0, or flat
+# The learning rate after warmup: linear decay to 0; flat; or warmup-stable-decay, flat and then linear
+# to 0 over the last `train.decay_ratio` of the run (Hägele et al. 2024, "Scaling Laws and
+# Compute-Optimal Training Beyond Fixed Training Durations")
+Schedule = Literal["linear", "constant", "wsd"]
 MlmBiasInit = Literal["unigram", "zero"]  # the MLM bias: log token frequencies of the corpus, or HF's 0
 ExplicitPrecision = Literal["fp32", "bf16", "fp16"]
 Precision = Literal["auto", ExplicitPrecision]  # auto: measured (`bertforge.precision`)
@@ -90,10 +93,11 @@ class DataConfig:
     format: CorpusFormat = "auto"
     text_column: str = "text"  # the jsonl field or Parquet column that holds the text
     max_seq_length: int = 128
-    # a sequence-length warmup: pairs of this many tokens (0: off) in the first `warmup_seq_epochs`
-    # epochs, where attention, spread over fewer tokens, learns to use the neighbours sooner
+    # a sequence-length warmup: pairs of this many tokens (0: off) for the first `warmup_seq_fraction`
+    # of the run (of its steps, or of its time budget), where attention, spread over fewer tokens,
+    # learns to use the neighbours sooner
     warmup_seq_length: int = 0
-    warmup_seq_epochs: int = 1
+    warmup_seq_fraction: float = 0.5
     short_seq_prob: float = 0.1
     nsp: bool = True
     mlm_probability: float = 0.15
@@ -116,6 +120,7 @@ class TrainConfig:
     warmup_steps: int = 0  # 0: warmup_ratio * max_steps
     warmup_ratio: float = 0.06
     schedule: Schedule = "linear"
+    decay_ratio: float = 0.2  # the wsd schedule's decay: the last share of the run's progress
     mlm_bias_init: MlmBiasInit = "unigram"
     max_grad_norm: float = 1.0
     max_steps: int = 1000
@@ -155,9 +160,23 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> RunConfig:
+        """A saved config (a run's `config.json`); settings of earlier versions (`RETIRED`) are dropped."""
         config = cls()
-        apply_mapping(config, raw, origin="config")
+        current = {
+            section: {key: value for key, value in values.items() if f"{section}.{key}" not in RETIRED}
+            if isinstance(values, dict)
+            else values
+            for section, values in raw.items()
+        }
+        apply_mapping(config, current, origin="config")
         return config
+
+
+# Settings that earlier versions had, with what replaced them: a saved run's config drops them, and a
+# user's config or `--set` that names one is told the replacement.
+RETIRED: dict[str, str] = {
+    "data.warmup_seq_epochs": "data.warmup_seq_fraction (the share of the run's steps or time budget)",
+}
 
 
 # Turc et al. 2019 sizes: (layers, hidden, heads); intermediate is 4 x hidden.
@@ -260,6 +279,10 @@ def _section(config: RunConfig, name: str, origin: str):
 
 def _set_field(section, section_name: str, key: str, value, origin: str) -> None:
     known = {f.name: f for f in fields(section)}
+    if f"{section_name}.{key}" in RETIRED:
+        raise BertforgeError(
+            f"{origin}: {section_name}.{key} was replaced by {RETIRED[f'{section_name}.{key}']}"
+        )
     if key not in known:
         raise BertforgeError(
             f"{origin}: unknown setting {section_name}.{key}; {section_name} settings are {', '.join(known)}"
@@ -452,9 +475,14 @@ DATA_RULES: list[Rule] = [
         lambda c: not trains_nsp(c) or c.model.type_vocab_size >= 2,
         lambda c: "data.nsp = true needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
     ),
-    *each(lambda value: 0.0 < value < 1.0, "must be in (0, 1)", "data.mlm_probability"),
+    *each(
+        lambda value: 0.0 < value < 1.0,
+        "must be in (0, 1)",
+        "data.mlm_probability",
+        "data.warmup_seq_fraction",
+    ),
     *fraction("data.short_seq_prob"),
-    *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs", "data.warmup_seq_epochs"),
+    *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),
 ]
 
 TRAIN_RULES: list[Rule] = [
@@ -468,6 +496,7 @@ TRAIN_RULES: list[Rule] = [
         "train.keep_checkpoints",
     ),
     *fraction("train.warmup_ratio"),
+    *each(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]", "train.decay_ratio"),
     *positive_number("train.learning_rate", "train.adam_epsilon"),
     *not_negative(
         "train.weight_decay",

@@ -260,9 +260,10 @@ def train_and_save(
     elif mlm and config.train.mlm_bias_init == "unigram" and not resume:
         init_mlm_bias(model, train_shards, tokenizer.special_ids)
     batches, loss, summarize_sums = objective_parts(config.model.objective)
+    warmup_length = config.data.warmup_seq_length
     objective = Objective(
         model=model,
-        batches=batches(train_shards, tokenizer, config),
+        batches=batches(train_shards, tokenizer, config, config.data.max_seq_length),
         loss=functools.partial(loss, vocab_size=tokenizer.vocab_size),  # a padded vocabulary's extra rows out
         evaluate=lambda m: (
             pretraining_metrics(m, valid_batches, tokenizer.vocab_size, config.runtime.precision)
@@ -270,6 +271,9 @@ def train_and_save(
             else {}
         ),
         summarize=summarize_sums,
+        # Short sequences first: Google BERT's 128 then 512 in small (Devlin et al. 2019, appendix A.2).
+        warmup_batches=batches(train_shards, tokenizer, config, warmup_length) if warmup_length else None,
+        warmup_fraction=config.data.warmup_seq_fraction,
     )
     result = train(objective, config, out, resume=resume, show_progress=show_progress)
     if distributed.launched().is_main:
@@ -394,39 +398,33 @@ def run_tokenizer(
     return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
 
 
-def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig):
-    """epoch -> micro-batches of freshly drawn pairs (Google's algorithm) with dynamic masking."""
+def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig, length: int):
+    """epoch -> micro-batches of freshly drawn pairs of at most `length` tokens (Google's algorithm)
+    with dynamic masking."""
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
 
     def batches(epoch: int) -> SeededBatches:
-        pairs = build_pairs(shards, epoch_seq_length(data, epoch), data.short_seq_prob, data.nsp, seed, epoch)
+        pairs = build_pairs(shards, length, data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         return SeededBatches(examples, micro_batch, collate, seed, epoch)
 
     return batches
 
 
-def packed_epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig):
-    """epoch -> micro-batches of packed windows of contiguous text (GPT's next-token objective), each
-    of the epoch's sequence length (`epoch_seq_length`)."""
-    data, seed = config.data, config.runtime.seed
+def packed_epoch_batches(
+    shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig, length: int
+):
+    """epoch -> micro-batches of packed windows of `length` tokens of contiguous text (GPT's next-token
+    objective)."""
+    seed = config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
 
     def batches(epoch: int) -> Batches:
-        length = epoch_seq_length(data, epoch)
         return packed_batches(shards, length, tokenizer.sep_id, micro_batch, seed, epoch)
 
     return batches
-
-
-def epoch_seq_length(data: DataConfig, epoch: int) -> int:
-    """The pairs' length in this epoch: `data.warmup_seq_length` in the warmup epochs, else the full one.
-    Short pairs first is Google BERT's 128-then-512 in small (Devlin et al. 2019, appendix A.2)."""
-    if data.warmup_seq_length and epoch < data.warmup_seq_epochs:
-        return data.warmup_seq_length
-    return data.max_seq_length
 
 
 def masked_lm_and_nsp_loss(model: torch.nn.Module, batch: dict, vocab_size: int) -> tuple[torch.Tensor, dict]:

@@ -82,6 +82,10 @@ class Objective:
     loss: Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     evaluate: Callable[[torch.nn.Module], dict[str, float]]
     summarize: Callable[[dict[str, float]], Summary]
+    # A sequence-length warmup: the batches of the run's first `warmup_fraction` (of its progress,
+    # `Schedule.progress`), after which the epoch under way is cut short and `batches` take over.
+    warmup_batches: Callable[[int], Dataset] | None = None
+    warmup_fraction: float = 0.0
 
 
 @dataclass
@@ -97,6 +101,7 @@ class TrainState:
     last_valid: dict[str, float] = field(default_factory=dict)  # the last evaluation's metrics
     micro_batch: int = 0  # sequences per micro-batch: a resumed run must keep it
     world_size: int = 1  # the processes that trained the run
+    warmup_end_epoch: int | None = None  # the first epoch after a sequence-length warmup, once it ended
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -149,11 +154,13 @@ class Schedule:
             return peak * progress / self.warmup
         if self.train.schedule == "constant":
             return peak
+        if self.train.schedule == "wsd":
+            return peak * min(1.0, (1.0 - progress) / self.train.decay_ratio)
         return peak * max(0.0, 1.0 - progress) / (1.0 - self.warmup)
 
 
 def micro_batches(
-    objective: Objective,
+    batches: Callable[[int], Dataset],
     epoch: int,
     index: int,
     num_workers: int,
@@ -167,7 +174,7 @@ def micro_batches(
     index + r, index + r + W, ...; an epoch ends at the last multiple of W so all ranks step together.
     """
     while True:
-        dataset = objective.batches(epoch)
+        dataset = batches(epoch)
         usable = len(dataset) - len(dataset) % world_size
         if usable == 0:
             raise BertforgeError("the training data gives no full batch; lower train.batch_size or add text")
@@ -430,8 +437,11 @@ class Trainer:
         bar = self.progress_bar(show_progress)
         while True:
             now = self.elapsed()
-            if self.schedule.progress(self.state.step, now) >= 1.0:
+            progress = self.schedule.progress(self.state.step, now)
+            if progress >= 1.0:
                 break
+            if self.warming_up() and progress >= self.objective.warmup_fraction:
+                stream = self.end_warmup(stream)
             lr = self.schedule.learning_rate(self.schedule.progress(self.state.step + 1, now))
             self.optimizer_step(stream, lr)
             self.advance(bar, now)
@@ -459,8 +469,12 @@ class Trainer:
         )
         # Under DDP the ranks confirm after the first step that all of them compiled (`agree_on_compiling`).
         self.compile_unconfirmed = self.world.distributed and self.runtime.compile
+        return self.stream()
+
+    def stream(self) -> Iterator[tuple[int, int, dict]]:
+        """The micro-batches from the run's position in the data."""
         return micro_batches(
-            self.objective,
+            self.epoch_batches,
             self.state.epoch,
             self.state.batch,
             data_workers(self.runtime, self.device),
@@ -468,6 +482,25 @@ class Trainer:
             self.world.rank,
             self.world.world_size,
         )
+
+    def epoch_batches(self, epoch: int) -> Dataset:
+        end = self.state.warmup_end_epoch
+        if self.objective.warmup_batches is not None and (end is None or epoch < end):
+            return self.objective.warmup_batches(epoch)
+        return self.objective.batches(epoch)
+
+    def warming_up(self) -> bool:
+        return self.objective.warmup_batches is not None and self.state.warmup_end_epoch is None
+
+    def end_warmup(self, stream: Iterator) -> Iterator[tuple[int, int, dict]]:
+        """Leave the sequence-length warmup between two steps: the rest of the epoch under way is
+        skipped, and the next epoch is the first of full-length batches. Every rank switches at the
+        same step, as they agree on the progress."""
+        stream.close()  # its DataLoader's workers stop
+        if self.state.batch:
+            self.state.epoch, self.state.batch = self.state.epoch + 1, 0
+        self.state.warmup_end_epoch = self.state.epoch
+        return self.stream()
 
     def progress_bar(self, show_progress: bool) -> tqdm:
         """A bar in steps, or in seconds when a time budget is set, so its ETA is the run's own."""
