@@ -222,3 +222,26 @@ def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slic
         full_weights = read_weights(full / "final" / "model.safetensors")
         cut_weights = read_weights(cut / "final" / "model.safetensors")
         assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
+
+
+def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice, small_tokenizer_dir):
+    import warnings
+
+    from bertforge.cache import cached_shards
+    from bertforge.pretrain import check_training_data
+    from bertforge.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    config = tiny_config(wiki_slice)
+    text = wiki_slice.read_text(encoding="utf-8")
+    sentences = [part.strip() + " ." for part in text.split(" . ") if len(part.split()) > 5][:600]
+    one_line_documents = tmp_path / "blank-after-each.txt"  # `sed G`: a blank line after every sentence
+    one_line_documents.write_text("\n\n".join(sentences) + "\n", encoding="utf-8")
+    shards = cached_shards(one_line_documents, tokenizer, "text", tmp_path / "cache", False)
+    with pytest.warns(UserWarning, match=r"of the next-sentence pairs have a random second segment"):
+        check_training_data(shards, config)
+
+    shards = cached_shards(wiki_slice, tokenizer, "auto", tmp_path / "cache", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # WikiText's documents: about half random, no warning
+        check_training_data(shards, config)

@@ -65,7 +65,7 @@ from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
-from bertforge.pairs import PairDataset, build_pairs
+from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device
@@ -295,8 +295,17 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
     data, seed = config.data, config.runtime.seed
     if config.model.objective == "clm":
         window_starts(shards, data.max_seq_length, seed, 0)
-    else:
-        build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, 0)
+        return
+    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, 0)
+    random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if data.nsp else 0.0
+    if random_share > 0.6 and distributed.launched().is_main:  # Google's pairs are about half random
+        warnings.warn(
+            f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
+            "is usual: many documents of the corpus have one sentence, and each gets a random partner, "
+            "so NSP learns to answer 'random'. In plain text a blank line ends a document: if there is "
+            "one after every line, remove them, or set data.nsp = false",
+            stacklevel=2,
+        )
 
 
 def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progress: bool) -> None:
