@@ -279,10 +279,9 @@ def _section(config: RunConfig, name: str, origin: str):
 
 def _set_field(section, section_name: str, key: str, value, origin: str) -> None:
     known = {f.name: f for f in fields(section)}
-    if f"{section_name}.{key}" in RETIRED:
-        raise BertforgeError(
-            f"{origin}: {section_name}.{key} was replaced by {RETIRED[f'{section_name}.{key}']}"
-        )
+    replacement = RETIRED.get(f"{section_name}.{key}")
+    if replacement:
+        raise BertforgeError(f"{origin}: {section_name}.{key} was replaced by {replacement}")
     if key not in known:
         raise BertforgeError(
             f"{origin}: unknown setting {section_name}.{key}; {section_name} settings are {', '.join(known)}"

@@ -1,8 +1,10 @@
 """The one training loop, shared by pretraining and fine-tuning.
 
 An `Objective` says what is trained (model, batches per epoch, loss, evaluation); this module owns
-how: AdamW without decay on biases and LayerNorm, linear warmup then linear decay over steps or a
-time budget, gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
+how: AdamW without decay on biases and LayerNorm, linear warmup then the schedule (linear decay,
+flat, or warmup-stable-decay) over steps or a time budget, the end of a sequence-length warmup
+(`Objective.warmup_batches` until its share of the run, then full-length batches from the next
+epoch, recorded for resume), gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
 optional `torch.compile` (falling back to eager mode when compiling fails), periodic evaluation,
 `metrics.jsonl`, atomic checkpoints and exact resume. A checkpoint the disk refuses stops the run
 with one line, the previous checkpoint intact; a last line of `metrics.jsonl` torn by a crash is
