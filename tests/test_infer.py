@@ -231,10 +231,25 @@ def test_word_pieces_are_joined_into_words(random_model):
     model, tokenizer = random_model
     vocab = tokenizer.backend.get_vocab()
     piece = next(token for token in sorted(vocab) if token.startswith("##") and len(token) > 3)
-    masks = fill_mask(model, tokenizer, "the game [MASK] was good", top_k=tokenizer.vocab_size)
+    masks = fill_mask(model, tokenizer, "the game[MASK] was good", top_k=tokenizer.vocab_size)
     option = next(p for p in masks[0] if p["token"] == piece)
     assert option["word"] == "game" + piece[2:]
     assert option["sequence"] == f"the game{piece[2:]} was good"
+
+
+def test_a_mask_that_starts_a_word_is_offered_no_word_pieces(random_model):
+    model, tokenizer = random_model
+    pieces = int(tokenizer.continuation_mask().sum())
+    everything = tokenizer.vocab_size
+    first, second, third = fill_mask(model, tokenizer, "[MASK] game ([MASK] was[MASK]", top_k=everything)
+    for starts_a_word in (first, second):  # at the start, and after a punctuation mark
+        assert not any(p["token"].startswith("##") for p in starts_a_word)
+        assert len(starts_a_word) == everything - pieces
+    assert sum(p["token"].startswith("##") for p in third) == pieces  # right after a word: all offered
+    # The scores stay the model's probabilities: the pieces' share is left out, not spread.
+    assert sum(p["score"] for p in first) < 1.0
+    top = fill_mask(model, tokenizer, "the [MASK] was good", top_k=5)[0]
+    assert len(top) == 5 and not any(p["token"].startswith("##") for p in top)
 
 
 def test_too_long_text_is_refused_by_fill_mask_and_nsp_and_truncated_by_embed(random_model):

@@ -186,35 +186,26 @@ def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
             validate(config)
 
 
-def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slice, small_tokenizer_dir):
-    from bertforge.cache import cached_shards, default_cache_dir
-    from bertforge.checkpoint import read_config
-    from bertforge.io import read_json
-    from bertforge.pretrain import epoch_batches
-    from bertforge.tokenizer import load_tokenizer
-
-    corpus = tmp_path / "short.tokens"  # four documents' openings: short epochs
+@pytest.fixture
+def short_corpus(tmp_path, wiki_slice):
+    """Four documents' openings: epochs of a few steps."""
+    corpus = tmp_path / "short.tokens"
     lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
     heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
     corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
-    # Checkpoints at steps 5, 10 and 12; the warmup ends before step 10 (9 / 12 = 0.75 of the run).
-    config = tiny_config(corpus, max_steps=12, eval_every=5, keep_checkpoints=3)
-    config.data.warmup_seq_length, config.data.max_seq_length = 16, 32
-    config.data.warmup_seq_fraction = 0.75
-    full = tmp_path / "full"
-    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
-    logged = metrics_lines(full, "train")
-    tokenizer = load_tokenizer(small_tokenizer_dir)
-    shards = cached_shards(corpus, tokenizer, "auto", default_cache_dir(), False)
-    # The warmup's first epoch ends before its last step, its second is cut short at step 9.
-    assert 5 <= len(epoch_batches(shards, tokenizer, config, 16)(0)) < 9
-    assert read_json(full / "checkpoints" / "step_000005" / "state.json")["warmup_end_epoch"] is None
-    assert read_json(full / "checkpoints" / "step_000010" / "state.json")["warmup_end_epoch"] == 2
+    return corpus
 
-    for resume_from in (10, 5):  # after the warmup ended, and within it
+
+def assert_resumes_exactly(tmp_path, full, checkpoint_steps: tuple[int, ...]) -> None:
+    """Resuming `full` from each of its checkpoints but the last logs the same losses and ends with
+    the same weights."""
+    from bertforge.checkpoint import read_config
+
+    logged = metrics_lines(full, "train")
+    for resume_from in checkpoint_steps[:-1]:
         cut = tmp_path / f"cut{resume_from}"
         shutil.copytree(full, cut)
-        for later in (step for step in (10, 12) if step > resume_from):
+        for later in (step for step in checkpoint_steps if step > resume_from):
             shutil.rmtree(cut / "checkpoints" / f"step_{later:06d}")
         shutil.rmtree(cut / "final")
         pretrain(read_config(cut), cut, resume=True, show_progress=False)
@@ -222,6 +213,83 @@ def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, wiki_slic
         full_weights = read_weights(full / "final" / "model.safetensors")
         cut_weights = read_weights(cut / "final" / "model.safetensors")
         assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)
+
+
+def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, short_corpus, small_tokenizer_dir):
+    from bertforge.cache import cached_shards, default_cache_dir
+    from bertforge.io import read_json
+    from bertforge.pretrain import epoch_batches
+    from bertforge.tokenizer import load_tokenizer
+
+    # Checkpoints at steps 5, 10 and 12; the warmup ends before step 10 (9 / 12 = 0.75 of the run).
+    config = tiny_config(short_corpus, max_steps=12, eval_every=5, keep_checkpoints=3)
+    config.data.warmup_seq_length, config.data.max_seq_length = 16, 32
+    config.data.warmup_seq_fraction = 0.75
+    full = tmp_path / "full"
+    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    shards = cached_shards(short_corpus, tokenizer, "auto", default_cache_dir(), False)
+    # The warmup's first epoch ends before its last step, its second is cut short at step 9.
+    assert 5 <= len(epoch_batches(shards, tokenizer, config, 16)(0)) < 9
+    assert read_json(full / "checkpoints" / "step_000005" / "state.json")["warmup_end_epoch"] is None
+    assert read_json(full / "checkpoints" / "step_000010" / "state.json")["warmup_end_epoch"] == 2
+    assert_resumes_exactly(tmp_path, full, (5, 10, 12))  # within the warmup, and after it ended
+
+
+def test_the_masking_rate_moves_epoch_by_epoch_to_its_final_value(
+    tmp_path, monkeypatch, short_corpus, small_tokenizer_dir
+):
+    import bertforge.pretrain
+
+    masked_shares = []
+    real_loss = bertforge.pretrain.masked_lm_and_nsp_loss
+
+    def recording_loss(model, batch, vocab_size):
+        # The maskable tokens: ids above the five specials, and those that masking made [MASK] (id 4).
+        maskable = batch["input_ids"] >= 4
+        masked_shares.append(batch["masked_positions"].numel() / int(maskable.sum()))
+        return real_loss(model, batch, vocab_size)
+
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", recording_loss)
+    config = tiny_config(short_corpus, max_steps=30, eval_every=30)
+    config.data.max_seq_length = 32
+    config.data.mlm_probability, config.data.final_mlm_probability = 0.4, 0.1
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+
+    rates = [line["mlm_probability"] for line in metrics_lines(tmp_path / "run", "train")]  # one per step
+    assert rates[0] == 0.4 and 0.1 <= rates[-1] < 0.2
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) >= 4  # several epochs, each lower
+    for step, (rate, before) in enumerate(zip(rates, [None, *rates[:-1]], strict=True), 1):
+        if rate != before:  # an epoch started at this step: the rate of the progress before it
+            assert rate == pytest.approx(0.4 - 0.3 * (step - 1) / 30, abs=1e-4)
+    for share, rate in zip(masked_shares, rates, strict=True):
+        assert share == pytest.approx(rate, abs=0.05)  # round(rate * n) of each pair's n tokens
+
+
+def test_a_run_with_a_changing_masking_rate_resumes_exactly(tmp_path, short_corpus, small_tokenizer_dir):
+    from bertforge.io import read_json
+
+    config = tiny_config(short_corpus, max_steps=12, eval_every=5, keep_checkpoints=3)
+    config.data.max_seq_length = 32
+    config.data.mlm_probability, config.data.final_mlm_probability = 0.3, 0.15
+    full = tmp_path / "full"
+    pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    state = read_json(full / "checkpoints" / "step_000010" / "state.json")
+    assert state["masking_epoch"] >= 1 and 0.15 < state["masking_rate"] < 0.3
+    assert_resumes_exactly(tmp_path, full, (5, 10, 12))
+
+
+def test_the_final_masking_rate_must_be_a_rate():
+    from bertforge.config import validate
+    from bertforge.errors import BertforgeError
+
+    config = tiny_config()
+    for bad in (-0.1, 1.0, 1.5):
+        config.data.final_mlm_probability = bad
+        with pytest.raises(BertforgeError, match=r"data.final_mlm_probability must be 0 .* or in \(0, 1\)"):
+            validate(config)
+    config.data.final_mlm_probability = 0.15
+    validate(config)
 
 
 def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice, small_tokenizer_dir):

@@ -101,6 +101,10 @@ class DataConfig:
     short_seq_prob: float = 0.1
     nsp: bool = True
     mlm_probability: float = 0.15
+    # 0: the rate stays mlm_probability. Otherwise it moves linearly from mlm_probability at the start
+    # to this at the end of the run (Ankner et al. 2023 decay 30% to 15%); each epoch is masked at
+    # the rate of the progress where it starts
+    final_mlm_probability: float = 0.0
     max_predictions_per_seq: int = 0  # 0: ceil(mlm_probability * max_seq_length)
     whole_word_masking: bool = False
     eval_max_pairs: int = 2000  # cap on validation pairs per evaluation (0: all)
@@ -479,6 +483,11 @@ DATA_RULES: list[Rule] = [
         "must be in (0, 1)",
         "data.mlm_probability",
         "data.warmup_seq_fraction",
+    ),
+    *each(
+        lambda value: value == 0.0 or 0.0 < value < 1.0,
+        "must be 0 (the rate stays data.mlm_probability) or in (0, 1)",
+        "data.final_mlm_probability",
     ),
     *fraction("data.short_seq_prob"),
     *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),

@@ -41,10 +41,12 @@ def fill_mask(
     """The `top_k` most likely tokens for every `[MASK]` in `text`.
 
     Returns, for one text, a list with one entry per `[MASK]` (left to right); for a list of
-    texts, a list of those. An entry is a list of `top_k` dicts, most likely first:
+    texts, a list of those. An entry is a list of (at most) `top_k` dicts, most likely first:
     `token` (the vocabulary entry, e.g. `##s`), `token_id`, `score` (softmax probability),
     `word` (the whole word the token forms with its neighbours, `##` pieces merged) and
-    `sequence` (the text with this token in place). Every mask is predicted from the same input,
+    `sequence` (the text with this token in place). A mask that starts a word (after a space or a
+    punctuation mark) is offered no `##` piece, which could only continue a word; a mask right after a
+    letter or digit may be. Every mask is predicted from the same input,
     independently of the others (as Hugging Face's fill-mask pipeline does). A model with a padded
     vocabulary (more embedding rows than tokens) predicts only its tokenizer's tokens.
     """
@@ -61,7 +63,10 @@ def fill_mask(
             )
     results: list = [None] * len(texts)
     examples = [{"input_ids": ids} for ids in encoded]
+    mask_counts = [ids.count(tokenizer.mask_id) for ids in encoded]
+    word_starts = [_masks_starting_words(text, n) for text, n in zip(texts, mask_counts, strict=True)]
     with _inference(model) as device:
+        continuation = torch.from_numpy(tokenizer.continuation_mask()).to(device)  # (V,)
         for rows, batch in _batches(examples, batch_size, tokenizer.pad_id, device):
             is_mask = batch["input_ids"] == tokenizer.mask_id  # (B, T)
             positions = is_mask.flatten().nonzero().squeeze(1)  # (M,) flat indices, row-major
@@ -69,7 +74,12 @@ def fill_mask(
                 batch["input_ids"], attention_mask=batch["attention_mask"], masked_positions=positions
             )
             mlm_logits = mlm_logits[:, : tokenizer.vocab_size]  # (M, V): a padded vocabulary's extra rows
-            scores, ids = mlm_logits.float().softmax(-1).topk(top_k, dim=-1)  # (M, k), (M, k)
+            probabilities = mlm_logits.float().softmax(-1)  # (M, V)
+            starts = [start for row in rows for start in word_starts[row]]
+            starts = torch.tensor(starts, device=device)  # (M,) bool
+            # A `##` piece cannot stand where a word starts: ranked last, and left out below.
+            probabilities[starts[:, None] & continuation[None, :]] = -1.0
+            scores, ids = probabilities.topk(top_k, dim=-1)  # (M, k), (M, k)
             masks_per_row = is_mask.sum(1).tolist()
             scores, ids = scores.cpu().split(masks_per_row), ids.cpu().split(masks_per_row)
             for row, row_scores, row_ids in zip(rows, scores, ids, strict=True):
@@ -257,6 +267,8 @@ def _describe_predictions(
     for position, mask_scores, mask_ids in zip(positions, scores, candidates, strict=True):
         options = []
         for score, candidate in zip(mask_scores.tolist(), mask_ids.tolist(), strict=True):
+            if score < 0:  # a `##` piece where a word starts
+                continue
             filled, filled_tokens = list(ids), list(tokens)
             filled[position] = candidate
             filled_tokens[position] = tokenizer.convert_ids_to_tokens([candidate])[0]
@@ -270,6 +282,22 @@ def _describe_predictions(
                 }
             )
         found.append(options)
+    return found
+
+
+def _masks_starting_words(text: str, count: int) -> list[bool]:
+    """For each of the `count` masks of `text`, left to right: whether it starts a word (nothing, a
+    space or a punctuation mark before it), where only a whole word or a word's first piece can go.
+    A mask right after a letter or digit ("play[MASK]") may be a `##` piece."""
+    starts = [index == 0 or not text[index - 1].isalnum() for index in _find_all(text, "[MASK]")]
+    return starts if len(starts) == count else [False] * count  # the tokenizer read them otherwise
+
+
+def _find_all(text: str, part: str) -> list[int]:
+    found, index = [], text.find(part)
+    while index >= 0:
+        found.append(index)
+        index = text.find(part, index + len(part))
     return found
 
 

@@ -134,10 +134,15 @@ class PretrainingCollator:
 
 
 def pretraining_collator(
-    tokenizer, data: DataConfig, mlm_probability: float | None = None, fixed_shapes: bool = False
+    tokenizer,
+    data: DataConfig,
+    mlm_probability: float | None = None,
+    fixed_shapes: bool = False,
+    masked_room: int = 0,
 ) -> PretrainingCollator:
     """The collator for a tokenizer and data settings (evaluation passes its fixed rate); with
-    `fixed_shapes` (for torch.compile) every batch of a given size has the same shapes."""
+    `fixed_shapes` (for torch.compile) every batch of a given size has the same shapes, with room for
+    `masked_room` masked positions per sequence (0: the most this rate masks)."""
     if mlm_probability is not None:
         data = replace(data, mlm_probability=mlm_probability, max_predictions_per_seq=0)
     masking = MaskingCollator(
@@ -152,7 +157,7 @@ def pretraining_collator(
     )
     if not fixed_shapes:
         return PretrainingCollator(masking)
-    return PretrainingCollator(masking, data.max_seq_length, max_predictions(data))
+    return PretrainingCollator(masking, data.max_seq_length, masked_room or max_predictions(data))
 
 
 def _choose_words(

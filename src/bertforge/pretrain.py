@@ -32,6 +32,8 @@ import os
 import shlex
 import shutil
 import warnings
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +50,7 @@ from bertforge.cache import (
     remove_orphans,
 )
 from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
-from bertforge.config import DataConfig, RunConfig, save_json, validate
+from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
 from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -62,7 +64,7 @@ from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.losses import pretraining_loss, summarize_pretraining
-from bertforge.masking import pretraining_collator
+from bertforge.masking import PretrainingCollator, pretraining_collator
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs
@@ -274,6 +276,7 @@ def train_and_save(
         # Short sequences first: Google BERT's 128 then 512 in small (Devlin et al. 2019, appendix A.2).
         warmup_batches=batches(train_shards, tokenizer, config, warmup_length) if warmup_length else None,
         warmup_fraction=config.data.warmup_seq_fraction,
+        masking_rate=masking_rate_schedule(config.data) if mlm else None,
     )
     result = train(objective, config, out, resume=resume, show_progress=show_progress)
     if distributed.launched().is_main:
@@ -408,18 +411,36 @@ def run_tokenizer(
 
 
 def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig, length: int):
-    """epoch -> micro-batches of freshly drawn pairs of at most `length` tokens (Google's algorithm)
-    with dynamic masking."""
+    """(epoch, masking rate) -> micro-batches of freshly drawn pairs of at most `length` tokens
+    (Google's algorithm) with dynamic masking at that rate (default: `data.mlm_probability`)."""
     data, seed = config.data, config.runtime.seed
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
-    collate = pretraining_collator(tokenizer, data, fixed_shapes=config.runtime.compile)  # compile once
+    # Under torch.compile the masked positions are padded to the most any epoch's rate masks: one graph.
+    most = max(data.mlm_probability, data.final_mlm_probability)
+    room = max_predictions(replace(data, mlm_probability=most))
+    collators: dict[float, PretrainingCollator] = {}
 
-    def batches(epoch: int) -> SeededBatches:
+    def batches(epoch: int, mlm_probability: float | None = None) -> SeededBatches:
+        rate = data.mlm_probability if mlm_probability is None else mlm_probability
+        if rate not in collators:
+            rated = replace(data, mlm_probability=rate)
+            compiled = config.runtime.compile
+            collators[rate] = pretraining_collator(tokenizer, rated, fixed_shapes=compiled, masked_room=room)
         pairs = build_pairs(shards, length, data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
-        return SeededBatches(examples, micro_batch, collate, seed, epoch)
+        return SeededBatches(examples, micro_batch, collators[rate], seed, epoch)
 
     return batches
+
+
+def masking_rate_schedule(data: DataConfig) -> Callable[[float], float] | None:
+    """The run's progress in [0, 1] -> its masking rate, linear from `data.mlm_probability` to
+    `data.final_mlm_probability` (Ankner et al. 2023, "Dynamic Masking Rate Schedules for MLM
+    Pretraining": 30% decaying to 15%); None when the rate is fixed."""
+    start, end = data.mlm_probability, data.final_mlm_probability
+    if not end:
+        return None
+    return lambda progress: round(start + (end - start) * progress, 4)
 
 
 def packed_epoch_batches(

@@ -4,7 +4,8 @@ An `Objective` says what is trained (model, batches per epoch, loss, evaluation)
 how: AdamW without decay on biases and LayerNorm, linear warmup then the schedule (linear decay,
 flat, or warmup-stable-decay) over steps or a time budget, the end of a sequence-length warmup
 (`Objective.warmup_batches` until its share of the run, then full-length batches from the next
-epoch, recorded for resume), gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
+epoch, recorded for resume), a masking rate set per epoch from the run's progress (also recorded),
+gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
 optional `torch.compile` (falling back to eager mode when compiling fails), periodic evaluation,
 `metrics.jsonl`, atomic checkpoints and exact resume. A checkpoint the disk refuses stops the run
 with one line, the previous checkpoint intact; a last line of `metrics.jsonl` torn by a crash is
@@ -80,14 +81,18 @@ class Objective:
     """
 
     model: torch.nn.Module
-    batches: Callable[[int], Dataset]  # epoch -> dataset whose item b is micro-batch b (dict of tensors)
+    # epoch (and, with `masking_rate`, the epoch's rate) -> dataset whose item b is micro-batch b
+    batches: Callable[..., Dataset]
     loss: Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     evaluate: Callable[[torch.nn.Module], dict[str, float]]
     summarize: Callable[[dict[str, float]], Summary]
     # A sequence-length warmup: the batches of the run's first `warmup_fraction` (of its progress,
     # `Schedule.progress`), after which the epoch under way is cut short and `batches` take over.
-    warmup_batches: Callable[[int], Dataset] | None = None
+    warmup_batches: Callable[..., Dataset] | None = None
     warmup_fraction: float = 0.0
+    # A masking rate that changes over the run: progress -> rate. Each epoch takes the rate of the
+    # progress where it starts, and its batches are then `batches(epoch, rate)` (and the warmup's).
+    masking_rate: Callable[[float], float] | None = None
 
 
 @dataclass
@@ -104,6 +109,8 @@ class TrainState:
     micro_batch: int = 0  # sequences per micro-batch: a resumed run must keep it
     world_size: int = 1  # the processes that trained the run
     warmup_end_epoch: int | None = None  # the first epoch after a sequence-length warmup, once it ended
+    masking_epoch: int | None = None  # with `Objective.masking_rate`: the last epoch started, and its rate
+    masking_rate: float | None = None
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -367,6 +374,7 @@ class Trainer:
             # The dropout stream (the model was seeded by its builder); each rank draws its own.
             torch.manual_seed(self.runtime.seed + self.world.rank)
         self.clock_read: tuple[int, float] | None = None  # (step, seconds) last agreed under DDP
+        self.progress = 0.0  # the run's progress before the step under way (`Schedule.progress`)
         self.checked_step = self.state.step  # the last step whose loss, gradients and weights were finite
         # False once a step's gradient norm was non-finite (fp16's scaler skips those steps itself).
         self.grads_finite = torch.ones((), dtype=torch.bool, device=self.device)
@@ -439,7 +447,7 @@ class Trainer:
         bar = self.progress_bar(show_progress)
         while True:
             now = self.elapsed()
-            progress = self.schedule.progress(self.state.step, now)
+            progress = self.progress = self.schedule.progress(self.state.step, now)
             if progress >= 1.0:
                 break
             if self.warming_up() and progress >= self.objective.warmup_fraction:
@@ -487,9 +495,19 @@ class Trainer:
 
     def epoch_batches(self, epoch: int) -> Dataset:
         end = self.state.warmup_end_epoch
-        if self.objective.warmup_batches is not None and (end is None or epoch < end):
-            return self.objective.warmup_batches(epoch)
-        return self.objective.batches(epoch)
+        warming_up = self.objective.warmup_batches is not None and (end is None or epoch < end)
+        batches = self.objective.warmup_batches if warming_up else self.objective.batches
+        if self.objective.masking_rate is None:
+            return batches(epoch)
+        return batches(epoch, self.epoch_masking_rate(epoch))
+
+    def epoch_masking_rate(self, epoch: int) -> float:
+        """The masking rate of an epoch: set from the run's progress when the epoch starts, and kept in
+        the state, so a run resumed within the epoch masks the rest of it at the same rate."""
+        if self.state.masking_epoch != epoch:
+            self.state.masking_epoch = epoch
+            self.state.masking_rate = self.objective.masking_rate(self.progress)
+        return self.state.masking_rate
 
     def warming_up(self) -> bool:
         return self.objective.warmup_batches is not None and self.state.warmup_end_epoch is None
@@ -624,6 +642,8 @@ class Trainer:
             self.check_finite()  # before anything of this step is logged, evaluated or saved
         if log:
             self.state.tokens += tokens
+            if self.objective.masking_rate is not None:
+                record["mlm_probability"] = self.state.masking_rate
             if self.world.is_main:
                 self.log.append({"step": step, "split": "train", **record})
                 bar.set_postfix(
