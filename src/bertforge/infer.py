@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -289,16 +290,9 @@ def _masks_starting_words(text: str, count: int) -> list[bool]:
     """For each of the `count` masks of `text`, left to right: whether it starts a word (nothing, a
     space or a punctuation mark before it), where only a whole word or a word's first piece can go.
     A mask right after a letter or digit ("play[MASK]") may be a `##` piece."""
-    starts = [index == 0 or not text[index - 1].isalnum() for index in _find_all(text, "[MASK]")]
+    found = [match.start() for match in re.finditer(re.escape("[MASK]"), text)]
+    starts = [index == 0 or not text[index - 1].isalnum() for index in found]
     return starts if len(starts) == count else [False] * count  # the tokenizer read them otherwise
-
-
-def _find_all(text: str, part: str) -> list[int]:
-    found, index = [], text.find(part)
-    while index >= 0:
-        found.append(index)
-        index = text.find(part, index + len(part))
-    return found
 
 
 def _whole_word(tokenizer: BertTokenizer, ids: list[int], tokens: list[str], position: int) -> str:
