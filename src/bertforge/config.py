@@ -485,7 +485,7 @@ DATA_RULES: list[Rule] = [
         "data.warmup_seq_fraction",
     ),
     *each(
-        lambda value: value == 0.0 or 0.0 < value < 1.0,
+        lambda value: 0.0 <= value < 1.0,
         "must be 0 (the rate stays data.mlm_probability) or in (0, 1)",
         "data.final_mlm_probability",
     ),

@@ -413,7 +413,7 @@ def run_tokenizer(
 def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig, length: int):
     """(epoch, masking rate) -> micro-batches of freshly drawn pairs of at most `length` tokens
     (Google's algorithm) with dynamic masking at that rate (default: `data.mlm_probability`)."""
-    data, seed = config.data, config.runtime.seed
+    data, seed, compiled = config.data, config.runtime.seed, config.runtime.compile
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     # Under torch.compile the masked positions are padded to the most any epoch's rate masks: one graph.
     most = max(data.mlm_probability, data.final_mlm_probability)
@@ -424,7 +424,6 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
         rate = data.mlm_probability if mlm_probability is None else mlm_probability
         if rate not in collators:
             rated = replace(data, mlm_probability=rate)
-            compiled = config.runtime.compile
             collators[rate] = pretraining_collator(tokenizer, rated, fixed_shapes=compiled, masked_room=room)
         pairs = build_pairs(shards, length, data.short_seq_prob, data.nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
