@@ -8,6 +8,7 @@ import random
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import HF_TINY_SIZES, metrics_lines
@@ -25,6 +26,7 @@ from bertforge.finetune import (
     encode,
     finetune,
     finetuning_config,
+    length_grouped,
     read_task,
     scores,
 )
@@ -174,6 +176,41 @@ def test_text_pairs_get_segment_ids_zero_then_one(tmp_path, small_tokenizer_dir)
     assert set(single["token_type_ids"]) == {0}
     truncated = encode(tokenizer, data, [0, 1], max_length=6)[0]
     assert len(truncated["input_ids"]) == 6 and truncated["token_type_ids"][-1] == 1
+
+
+def padded_tokens(order: np.ndarray, lengths: np.ndarray, batch_size: int) -> int:
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return sum(lengths[batch].max() * len(batch) for batch in batches)
+
+
+def test_length_grouped_batches_are_a_shuffled_epoch_with_little_padding():
+    lengths = np.random.default_rng(0).integers(3, 64, size=1000)
+    order = np.random.default_rng(1).permutation(1000)
+    grouped = length_grouped(order, lengths, 32, np.random.default_rng(2), window=10)
+
+    assert sorted(grouped) == list(range(1000))  # every example once
+    assert padded_tokens(grouped, lengths, 32) < 1.2 * lengths.sum() < 0.7 * padded_tokens(order, lengths, 32)
+    batches = [grouped[i : i + 32] for i in range(0, 1000, 32)]
+    assert len(batches[-1]) == 1000 % 32  # the short batch stays last
+    spreads = [np.ptp(lengths[batch]) for batch in batches[:-1]]
+    assert np.median(spreads) <= 8  # 10 batches a window: a batch spans about a tenth of the lengths
+    maxima = [lengths[batch].max() for batch in batches[:-1]]
+    assert maxima != sorted(maxima) and maxima != sorted(maxima, reverse=True)  # batches shuffled
+    again = length_grouped(order, lengths, 32, np.random.default_rng(2), window=10)
+    assert np.array_equal(grouped, again)
+
+
+def test_length_grouping_is_on_for_finetuning_and_changes_only_the_batches(
+    tmp_path, tiny_pretrained_run, toy
+):
+    assert finetuning_config().train.group_by_length  # (the other tests here fine-tune with it)
+    task = toy_task(tiny_pretrained_run, toy, epochs=1)
+    for name, grouped in (("grouped", True), ("plain", False)):
+        finetune(task, toy_config(group_by_length=grouped), tmp_path / name, show_progress=False)
+    grouped, plain = (metrics_lines(tmp_path / name, "train") for name in ("grouped", "plain"))
+    valid = [metrics_lines(tmp_path / name, "valid")[-1]["tokens"] for name in ("grouped", "plain")]
+    assert valid[0] == valid[1]  # the same real tokens: the epoch
+    assert [line["loss"] for line in grouped] != [line["loss"] for line in plain]  # in other batches
 
 
 # ---------------------------------------------------------------------------------------------- training

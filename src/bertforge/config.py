@@ -133,6 +133,9 @@ class TrainConfig:
     eval_every: int = 200
     checkpoint_every: int = 0  # 0: same as eval_every
     keep_checkpoints: int = 2
+    # fine-tuning: batches of examples of similar length, so less of each batch is padding (Hugging
+    # Face's `group_by_length`); pretraining packs its sequences to full length, so it has none
+    group_by_length: bool = False
 
 
 @dataclass
