@@ -226,6 +226,9 @@ def test_evaluate_gives_the_runs_held_out_next_token_metrics(gpt_run, wiki_valid
     for key in ("clm_loss", "perplexity", "clm_accuracy"):
         assert metrics[key] == pytest.approx(last[key], rel=1e-6)
     assert "mlm_loss" not in metrics and metrics["unigram_entropy"] > 0
+    argv = ["evaluate", "--model", str(gpt_run), "--corpus", str(wiki_valid_slice), "--no-nsp"]
+    assert main(argv) == 2
+    assert "drop --nsp/--no-nsp" in capsys.readouterr().err
 
 
 def test_export_loads_in_transformers_with_equal_logits_and_generates(gpt_run, gpt_export):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,3 +34,34 @@ def test_evaluate_reads_the_named_text_column(tmp_path, tiny_pretrained_run, wik
     assert metrics["mlm_loss"] > 0 and metrics["unigram_entropy"] > 0
     assert main(argv) == 2  # the default column, "text", is not in these records
     assert '"text"' in capsys.readouterr().err
+
+
+def evaluate_json(capsys, model, corpus, *flags) -> dict:
+    from bertforge.cli import main
+
+    assert (
+        main(["evaluate", "--model", str(model), "--corpus", str(corpus), "--json", "--quiet", *flags]) == 0
+    )
+    return json.loads(capsys.readouterr().out)
+
+
+def test_evaluate_on_pairs_or_windows_whatever_the_model_trained_on(
+    tmp_path, tiny_pretrained_run, wiki_valid_slice, capsys
+):
+    on_pairs = evaluate_json(capsys, tiny_pretrained_run, wiki_valid_slice)  # trained with NSP: pairs
+    assert "nsp_accuracy" in on_pairs
+    assert evaluate_json(capsys, tiny_pretrained_run, wiki_valid_slice, "--nsp") == on_pairs
+    on_windows = evaluate_json(capsys, tiny_pretrained_run, wiki_valid_slice, "--no-nsp")
+    assert "nsp_accuracy" not in on_windows  # no pairs, no NSP labels
+    assert on_windows["mlm_loss"] != on_pairs["mlm_loss"]  # other sequences
+
+    # The same weights, as a model trained without NSP: windows by default, and on pairs its NSP
+    # head (never trained) is not scored.
+    mlm_only = tmp_path / "mlm-only"
+    shutil.copytree(tiny_pretrained_run / "final", mlm_only)
+    config = json.loads((mlm_only / "config.json").read_text())
+    config["data"]["nsp"] = False
+    (mlm_only / "config.json").write_text(json.dumps(config))
+    assert evaluate_json(capsys, mlm_only, wiki_valid_slice) == on_windows
+    paired = evaluate_json(capsys, mlm_only, wiki_valid_slice, "--nsp")
+    assert paired == {key: value for key, value in on_pairs.items() if not key.startswith("nsp_")}

@@ -118,13 +118,24 @@ def evaluate_model(
     cache_dir: Path | None = None,
     show_progress: bool = True,
     text_column: str = DEFAULT_TEXT_COLUMN,
+    nsp: bool | None = None,
 ) -> dict[str, float]:
     """Evaluate a saved model (run folder, `final/`, checkpoint, imported or exported folder) on a
-    corpus with its own tokenizer, at its training sequence length unless `max_length` is given.
+    corpus with its own tokenizer, at its training sequence length unless `max_length` is given, on
+    the kind of sequences it trained on unless `nsp` says: sentence pairs (True) or contiguous
+    windows (False), to compare a model trained with NSP and one without on the same text.
 
-    Returns the metrics and, as a reference for `mlm_loss`, the text's `unigram_entropy`."""
+    Returns the metrics (NSP's only from a model that trained its NSP head) and, as a reference for
+    `mlm_loss`, the text's `unigram_entropy`."""
     model, tokenizer, config = open_pretrained(model_path)
     data = config.data
+    trained_nsp = data.nsp
+    if nsp is not None:
+        if config.model.objective == "clm":
+            raise BertforgeError(
+                "a GPT is evaluated on packed windows, not BERT's pairs; drop --nsp/--no-nsp"
+            )
+        data.nsp = nsp
     if max_length is not None:
         if not 8 <= max_length <= config.model.max_position_embeddings:
             raise BertforgeError(
@@ -140,4 +151,6 @@ def evaluate_model(
     batches = evaluation_batches(shards, tokenizer, data, config.model.objective)
     model.to(resolve_device(device))
     metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision)
+    if not trained_nsp:  # its NSP head kept its random weights
+        metrics = {key: value for key, value in metrics.items() if not key.startswith("nsp_")}
     return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
@@ -194,6 +195,12 @@ def add_evaluate_command(commands) -> None:
         help="tokens per pair (default: the model's training length); "
         "to compare runs trained at different lengths",
     )
+    p.add_argument(
+        "--nsp",
+        action=argparse.BooleanOptionalAction,
+        help="evaluate on NSP sentence pairs (--nsp) or contiguous windows (--no-nsp); default: the kind "
+        "the model trained on. To compare a model trained with NSP and one without on the same sequences",
+    )
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     add_device_argument(p)
     p.add_argument("--precision", default="fp32", choices=EXPLICIT_PRECISIONS)
@@ -379,6 +386,7 @@ def run_evaluate(args) -> int:
         cache_dir=args.cache_dir,
         show_progress=not args.quiet,
         text_column=args.text_column,
+        nsp=args.nsp,
     )
     if args.json:
         print(json.dumps(metrics))
