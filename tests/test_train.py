@@ -169,6 +169,47 @@ def test_sequence_length_warmup_uses_short_pairs_for_its_share_of_the_run(
     assert state["warmup_end_epoch"] == 1
 
 
+def test_warmup_nsp_trains_on_pairs_with_nsp_then_on_windows_alone(
+    tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    import bertforge.pretrain
+
+    seen = []  # per step: (width, pairs labelled for NSP, segment-1 tokens)
+    real_loss = bertforge.pretrain.masked_lm_and_nsp_loss
+
+    def recording_loss(model, batch, vocab_size):
+        labelled = int((batch["nsp_labels"] >= 0).sum())
+        seen.append((batch["input_ids"].shape[1], labelled, int(batch["token_type_ids"].sum())))
+        return real_loss(model, batch, vocab_size)
+
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", recording_loss)
+    config = tiny_config(wiki_slice, max_steps=8, log_every=1)
+    config.data.nsp, config.data.warmup_nsp = False, True
+    config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    batch_size = config.train.batch_size
+    assert all(width <= 16 and labelled == batch_size and second > 0 for width, labelled, second in seen[:4])
+    assert all(width > 16 and labelled == 0 and second == 0 for width, labelled, second in seen[4:])
+    train_lines = metrics_lines(tmp_path / "run", "train")
+    assert all("nsp_loss" in line for line in train_lines[:4])  # both heads while warming up
+    assert not any("nsp_loss" in line for line in train_lines[4:])  # MLM alone after it
+    assert not any("nsp_accuracy" in line for line in metrics_lines(tmp_path / "run", "valid"))
+
+
+def test_warmup_nsp_needs_a_run_without_nsp_and_a_warmup():
+    from bertforge.config import validate
+    from bertforge.errors import BertforgeError
+
+    config = tiny_config()
+    config.data.warmup_nsp = True
+    for nsp, warmup in ((True, 32), (False, 0)):
+        config.data.nsp, config.data.warmup_seq_length = nsp, warmup
+        with pytest.raises(BertforgeError, match="data.warmup_nsp"):
+            validate(config)
+    config.data.nsp, config.data.warmup_seq_length = False, 32
+    validate(config)
+
+
 def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
     from bertforge.config import validate
     from bertforge.errors import BertforgeError

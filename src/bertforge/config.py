@@ -100,6 +100,9 @@ class DataConfig:
     warmup_seq_fraction: float = 0.5
     short_seq_prob: float = 0.1
     nsp: bool = True
+    # with nsp = false: the sequence-length warmup trains on NSP pairs all the same (both heads), MLM
+    # alone on contiguous text after it. NSP leads out of the MLM plateau reliably; MLM alone transfers better
+    warmup_nsp: bool = False
     mlm_probability: float = 0.15
     # 0: the rate stays mlm_probability. Otherwise it moves linearly from mlm_probability at the start
     # to this at the end of the run (Ankner et al. 2023 decay 30% to 15%); each epoch is masked at
@@ -392,8 +395,9 @@ def parameter_count(m: ModelConfig) -> int:
 
 
 def trains_nsp(config: RunConfig) -> bool:
-    """Whether the run trains on sentence pairs with NSP: a GPT trains on packed text, never on pairs."""
-    return config.data.nsp and config.model.objective == "mlm"
+    """Whether the run trains on sentence pairs with NSP (all along, or in its sequence-length warmup):
+    a GPT trains on packed text, never on pairs."""
+    return (config.data.nsp or config.data.warmup_nsp) and config.model.objective == "mlm"
 
 
 def shortest_sequence(config: RunConfig) -> int:
@@ -478,8 +482,15 @@ DATA_RULES: list[Rule] = [
         ),
     ),
     Rule(
+        lambda c: not c.data.warmup_nsp or (not c.data.nsp and c.data.warmup_seq_length and trains_nsp(c)),
+        lambda c: (
+            "data.warmup_nsp = true is for a BERT run without NSP (data.nsp = false) with a sequence-length "
+            "warmup (data.warmup_seq_length); set those, or drop data.warmup_nsp"
+        ),
+    ),
+    Rule(
         lambda c: not trains_nsp(c) or c.model.type_vocab_size >= 2,
-        lambda c: "data.nsp = true needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
+        lambda c: "NSP (data.nsp or data.warmup_nsp) needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
     ),
     *each(
         lambda value: 0.0 < value < 1.0,

@@ -274,7 +274,9 @@ def train_and_save(
         ),
         summarize=summarize_sums,
         # Short sequences first: Google BERT's 128 then 512 in small (Devlin et al. 2019, appendix A.2).
-        warmup_batches=batches(train_shards, tokenizer, config, warmup_length) if warmup_length else None,
+        warmup_batches=batches(train_shards, tokenizer, config, warmup_length, **warmup_pairs(config.data))
+        if warmup_length
+        else None,
         warmup_fraction=config.data.warmup_seq_fraction,
         masking_rate=masking_rate_schedule(config.data) if mlm else None,
     )
@@ -284,6 +286,11 @@ def train_and_save(
         plot_pretraining(out / "metrics.jsonl", out / "loss.png")
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
+
+
+def warmup_pairs(data: DataConfig) -> dict:
+    """`epoch_batches`' settings for the sequence-length warmup: NSP pairs with `data.warmup_nsp`."""
+    return {"nsp": True} if data.warmup_nsp else {}
 
 
 def objective_parts(objective: str) -> tuple:
@@ -299,8 +306,9 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
     if config.model.objective == "clm":
         window_starts(shards, data.max_seq_length, seed, 0)
         return
-    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed, 0)
-    random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if data.nsp else 0.0
+    nsp = data.nsp or data.warmup_nsp
+    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0)
+    random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
     if random_share > 0.6 and distributed.launched().is_main:  # Google's pairs are about half random
         warnings.warn(
             f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
@@ -410,10 +418,18 @@ def run_tokenizer(
     return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
 
 
-def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, config: RunConfig, length: int):
+def epoch_batches(
+    shards: TokenShards | ShardSet,
+    tokenizer: BertTokenizer,
+    config: RunConfig,
+    length: int,
+    nsp: bool | None = None,
+):
     """(epoch, masking rate) -> micro-batches of freshly drawn pairs of at most `length` tokens
-    (Google's algorithm) with dynamic masking at that rate (default: `data.mlm_probability`)."""
+    (Google's algorithm; with `nsp` False, or by default `data.nsp`, contiguous windows) with dynamic
+    masking at that rate (default: `data.mlm_probability`)."""
     data, seed, compiled = config.data, config.runtime.seed, config.runtime.compile
+    nsp = data.nsp if nsp is None else nsp
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     # Under torch.compile the masked positions are padded to the most any epoch's rate masks: one graph.
     most = max(data.mlm_probability, data.final_mlm_probability)
@@ -425,7 +441,7 @@ def epoch_batches(shards: TokenShards | ShardSet, tokenizer: BertTokenizer, conf
         if rate not in collators:
             rated = replace(data, mlm_probability=rate)
             collators[rate] = pretraining_collator(tokenizer, rated, fixed_shapes=compiled, masked_room=room)
-        pairs = build_pairs(shards, length, data.short_seq_prob, data.nsp, seed, epoch)
+        pairs = build_pairs(shards, length, data.short_seq_prob, nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         return SeededBatches(examples, micro_batch, collators[rate], seed, epoch)
 
