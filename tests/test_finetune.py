@@ -23,6 +23,7 @@ from bertforge.finetune import (
     FinetuneTask,
     Job,
     build_classifier,
+    check_task,
     encode,
     finetune,
     finetuning_config,
@@ -295,6 +296,23 @@ def test_from_scratch_replaces_only_the_encoder(tiny_pretrained_run):
         scratch.bert.embeddings.word_embeddings.weight, encoder["embeddings.word_embeddings.weight"]
     )
     assert torch.equal(tuned.classifier.weight, scratch.classifier.weight)  # same seed, same head
+
+
+def test_reinit_pooler_keeps_the_encoder_but_starts_the_pooler_as_from_scratch(tiny_pretrained_run):
+    config, _, encoder = open_encoder(tiny_pretrained_run)
+    config.runtime.seed = 5
+    fresh = build_classifier(config, 3, encoder, reinit_pooler=True)
+    tuned = build_classifier(config, 3, encoder)
+    scratch = build_classifier(config, 3, None)
+    pooler = fresh.bert.pooler.dense.weight
+    assert torch.equal(pooler, scratch.bert.pooler.dense.weight)
+    assert torch.equal(tuned.bert.pooler.dense.weight, encoder["pooler.dense.weight"])
+    assert not torch.equal(pooler, encoder["pooler.dense.weight"])
+    layer = "encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(fresh.bert.state_dict()[layer], encoder[layer])  # the rest is pretrained
+    with pytest.raises(BertforgeError, match="reinit_pooler"):
+        task = FinetuneTask("m", "t", "v", "text", "label", from_scratch=True, reinit_pooler=True)
+        check_task(task)
 
 
 def test_from_scratch_run(tmp_path, tiny_pretrained_run, toy):

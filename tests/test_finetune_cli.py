@@ -172,6 +172,12 @@ def test_from_scratch_flag(tmp_path, tiny_pretrained_run, data):
     assert json.loads((out / "finetune.json").read_text())["task"]["from_scratch"] is True
 
 
+def test_reinit_pooler_flag(tmp_path, tiny_pretrained_run, data):
+    out = tmp_path / "fresh-pooler"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--reinit-pooler")) == 0
+    assert json.loads((out / "finetune.json").read_text())["task"]["reinit_pooler"] is True
+
+
 def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "cmp"
     argv = finetune_argv(

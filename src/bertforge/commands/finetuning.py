@@ -24,6 +24,7 @@ SETTING_FLAGS = {
     "task.seeds": "--seeds",
     "task.from_scratch": "--from-scratch",
     "task.compare_scratch": "--compare-scratch",
+    "task.reinit_pooler": "--reinit-pooler",
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
 }
@@ -31,6 +32,7 @@ RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
     "compare_scratch",
+    "reinit_pooler",
     *("precision", "device", "set"),
 )
 
@@ -79,6 +81,11 @@ def add_finetune_command(commands) -> None:
         "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
     )
     p.add_argument("--from-scratch", action="store_true", help="same architecture and tokenizer, random init")
+    p.add_argument(
+        "--reinit-pooler",
+        action="store_true",
+        help="leave out the pretrained pooler ([CLS] dense + tanh, which NSP trains): it starts fresh",
+    )
     p.add_argument(
         "--compare-scratch",
         action="store_true",
@@ -147,6 +154,7 @@ def finetune_inputs(args):
         seeds=args.seeds,
         from_scratch=args.from_scratch,
         compare_scratch=args.compare_scratch,
+        reinit_pooler=args.reinit_pooler,
     )
     config = finetuning_config()
     flags = {
