@@ -427,6 +427,12 @@ def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
     ]
 
 
+def test_finetune_a_gpt_refuses_reinit_pooler(tmp_path, capsys, gpt_run, toy):
+    out = tmp_path / "fresh-pooler"
+    assert_clean_failure(capsys, finetune_argv(gpt_run, toy, out, "--reinit-pooler"), "has no pooler")
+    assert not out.exists()
+
+
 def test_finetune_a_gpt_against_scratch(tmp_path, capsys, gpt_run, toy):
     out = tmp_path / "compare"
     argv = finetune_argv(gpt_run, toy, out, "--compare-scratch", "--seeds", "1,2")

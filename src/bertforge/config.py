@@ -482,7 +482,10 @@ DATA_RULES: list[Rule] = [
         ),
     ),
     Rule(
-        lambda c: not c.data.warmup_nsp or (not c.data.nsp and c.data.warmup_seq_length and trains_nsp(c)),
+        lambda c: (
+            not c.data.warmup_nsp
+            or (c.model.objective == "mlm" and not c.data.nsp and c.data.warmup_seq_length > 0)
+        ),
         lambda c: (
             "data.warmup_nsp = true is for a BERT run without NSP (data.nsp = false) with a sequence-length "
             "warmup (data.warmup_seq_length); set those, or drop data.warmup_nsp"

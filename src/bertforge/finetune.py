@@ -157,6 +157,8 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     config.data.corpus, config.data.valid = [task.train], task.valid
+    if task.reinit_pooler and config.model.objective == "clm":
+        raise BertforgeError(f"{task.model} is a GPT, which has no pooler; drop task.reinit_pooler")
     check_max_length(config, task)
     validate(config)  # before set_epochs divides by the batch size
     train_data, valid_data, labels = read_task_data(task)
@@ -323,8 +325,11 @@ class EpochBatches:
         self.batch_size = train_cfg.batch_size
         self.micro_batch = distributed.batch_plan(train_cfg).micro_batch
         self.per_epoch = steps_per_epoch(len(examples), train_cfg) * train_cfg.batch_size
-        lengths = [len(example["input_ids"]) for example in examples]
-        self.lengths = np.array(lengths) if train_cfg.group_by_length else None
+        self.lengths = (
+            np.array([len(example["input_ids"]) for example in examples])
+            if train_cfg.group_by_length
+            else None
+        )
         # Compiled: one sequence length (the epoch's short last batch still compiles once more).
         width = config.data.max_seq_length if config.runtime.compile else None
         self.collate = ClassificationCollator(pad_id, width)
@@ -535,11 +540,12 @@ def build_classifier(
     model = sequence_classifier(config.model, num_labels)
     if encoder is not None:
         body = getattr(model, ENCODER[config.model.objective])
-        pooler = getattr(body, "pooler", None) if reinit_pooler else None
-        fresh = {key: value.clone() for key, value in pooler.state_dict().items()} if pooler else None
+        fresh = (
+            {key: value.clone() for key, value in body.pooler.state_dict().items()} if reinit_pooler else None
+        )
         check_and_load_state(body, encoder, source=source)
-        if pooler is not None:
-            pooler.load_state_dict(fresh)
+        if fresh is not None:
+            body.pooler.load_state_dict(fresh)
     return model
 
 

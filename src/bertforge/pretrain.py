@@ -50,7 +50,7 @@ from bertforge.cache import (
     remove_orphans,
 )
 from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
-from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
+from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, trains_nsp, validate
 from bertforge.corpus import resolve_corpus_files
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -306,7 +306,7 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
     if config.model.objective == "clm":
         window_starts(shards, data.max_seq_length, seed, 0)
         return
-    nsp = data.nsp or data.warmup_nsp
+    nsp = trains_nsp(config)  # BERT here: in the warmup or all along
     pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0)
     random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
     if random_share > 0.6 and distributed.launched().is_main:  # Google's pairs are about half random
