@@ -65,6 +65,18 @@ def test_attention_without_dropout_is_sdpa_with_the_padding_mask():
     torch.testing.assert_close(attention(q, k, v, mask, 0.1, training=False), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_bf16_attention_without_dropout_runs_unfused_and_agrees_with_sdpa():
+    # In bf16 on CPU the unfused path is the faster one (fast_ops docstring), dropout or not.
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    got = attention(q, k, v, mask, 0.1, training=False)
+    scores = ((q * 8**-0.5) @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(got, scores.softmax(-1) @ v, rtol=0, atol=0)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_attention_with_dropout_drops_probabilities_with_the_dropout_mask():
     torch.manual_seed(5)
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))

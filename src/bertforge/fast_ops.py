@@ -13,9 +13,11 @@ their arithmetic:
   step pays page faults over all of it: the cast and softmax cost several times their arithmetic.
   `cross_entropy_sum` does the same float32 softmax over a few rows at a time. On a GPU it runs
   in larger chunks, so the float32 copies stay bounded however large masked tokens x vocabulary grow.
-- attention with dropout: torch's fused CPU attention kernels take no dropout, so
-  `scaled_dot_product_attention` falls back to its unfused path; `attention` runs that path
-  itself with the cheaper mask.
+- attention on CPU: torch's fused kernels take no dropout, so `scaled_dot_product_attention`
+  falls back to its unfused path; `attention` runs that path itself with the cheaper mask. In bf16
+  it runs it without dropout too: there the fused kernel was slower than the unfused one (batch
+  64 x 128, 4 heads of 64: 8.9 against 5.1 ms forward, 45 against 15 ms forward and backward; in
+  fp32 the fused one was faster, 27 against 32 ms, and fp32 keeps it; benchmarks/RESULTS.md).
 The dropout masks come from torch's default generator, so seeded runs and exact resume still hold.
 """
 
@@ -55,8 +57,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, tr
 
     q, k, v: (B, nh, T, hd); mask: None or (B, 1, 1, T) boolean, True for keys to attend to.
     """
-    if not training or p == 0.0 or q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
+    p = p if training else 0.0
+    if q.device.type != "cpu" or (p == 0.0 and q.dtype == torch.float32):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
