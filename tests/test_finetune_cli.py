@@ -178,6 +178,21 @@ def test_reinit_pooler_flag(tmp_path, tiny_pretrained_run, data):
     assert json.loads((out / "finetune.json").read_text())["task"]["reinit_pooler"] is True
 
 
+def test_dropout_flag_sets_the_classifiers_dropout(tmp_path, capsys, tiny_pretrained_run, data):
+    out = tmp_path / "dropout"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--dropout", "0.25")) == 0
+    saved = json.loads((out / "finetune.json").read_text())
+    assert saved["task"]["dropout"] == 0.25
+    model = saved["config"]["model"]
+    assert model["hidden_dropout_prob"] == model["attention_probs_dropout_prob"] == 0.25
+    pretrained = json.loads((tiny_pretrained_run / "config.json").read_text())["model"]
+    assert pretrained["hidden_dropout_prob"] == 0.1  # the pretrained model's setting, the default
+    bad = tmp_path / "bad"
+    argv = finetune_argv(tiny_pretrained_run, *data, bad, "--dropout", "1.5")
+    assert_clean_failure(capsys, argv, "--dropout")
+    assert not bad.exists()
+
+
 def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "cmp"
     argv = finetune_argv(

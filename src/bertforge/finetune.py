@@ -90,6 +90,9 @@ class FinetuneTask:
     # the pretrained pooler left out: it starts as the from-scratch arm's (Zhang et al. 2021); NSP
     # trains it for NSP, which measured worse on SST-2 than a fresh one
     reinit_pooler: bool = False
+    # hidden and attention dropout while fine-tuning; None: the pretrained model's. A model pretrained
+    # without dropout (Cramming) is fine-tuned with it, as BERT's 0.1.
+    dropout: float | None = None
 
 
 def finetuning_config() -> RunConfig:
@@ -156,6 +159,8 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
+    if task.dropout is not None:
+        config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = task.dropout
     config.data.corpus, config.data.valid = [task.train], task.valid
     if task.reinit_pooler and config.model.objective == "clm":
         raise BertforgeError(f"{task.model} is a GPT, which has no pooler; drop task.reinit_pooler")
@@ -230,6 +235,8 @@ def check_task(task: FinetuneTask) -> None:
         raise BertforgeError(
             "task.from_scratch has no pretrained pooler to leave out; drop task.reinit_pooler"
         )
+    if task.dropout is not None and not 0.0 <= task.dropout < 1.0:
+        raise BertforgeError(f"task.dropout must be in [0, 1), got {task.dropout}")
     if task.compare_scratch and len(task.seeds or []) < 2:
         raise BertforgeError(
             "task.compare_scratch pairs the arms seed by seed and needs task.seeds with at least 2 seeds "

@@ -25,6 +25,7 @@ SETTING_FLAGS = {
     "task.from_scratch": "--from-scratch",
     "task.compare_scratch": "--compare-scratch",
     "task.reinit_pooler": "--reinit-pooler",
+    "task.dropout": "--dropout",
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
 }
@@ -33,6 +34,7 @@ RESUME_IGNORES = (
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
     "compare_scratch",
     "reinit_pooler",
+    "dropout",
     *("precision", "device", "set"),
 )
 
@@ -85,6 +87,11 @@ def add_finetune_command(commands) -> None:
         "--reinit-pooler",
         action="store_true",
         help="leave out the pretrained pooler ([CLS] dense + tanh, which NSP trains): it starts fresh",
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        help="hidden and attention dropout while fine-tuning (default: the pretrained model's)",
     )
     p.add_argument(
         "--compare-scratch",
@@ -155,6 +162,7 @@ def finetune_inputs(args):
         from_scratch=args.from_scratch,
         compare_scratch=args.compare_scratch,
         reinit_pooler=args.reinit_pooler,
+        dropout=args.dropout,
     )
     config = finetuning_config()
     flags = {
