@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=PRECISIONS)
     parser.add_argument("--batch-size", type=int, help="sequences per step (default 32; quick 8)")
     parser.add_argument("--seq-len", type=int, nargs="+", default=[128], help="step sequence lengths")
+    parser.add_argument("--dropout", type=float, help="step: both models' dropout (default 0.1)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models in the step test")
     parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 5)")
     parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
@@ -92,7 +93,7 @@ def run_all(args, only: list[str], precisions: list[str], bench: Bench, results:
         rounds = args.rounds or (2 if quick else 5)
         warmup = (3 if args.compile else 1) if quick else (4 if args.compile else 2)
         timing = (warmup, rounds, 1 if quick else 2)
-        results["step"] = step.run(presets, precisions, args.seq_len, batch, bench, timing)
+        results["step"] = step.run(presets, precisions, args.seq_len, batch, bench, timing, args.dropout)
     if "e2e" in only:
         preset, steps = ("tiny", 15) if quick else ("mini", 60)
         results["e2e"] = [
@@ -130,7 +131,11 @@ def step_table(rows: list[dict]) -> str:
         {
             "preset": lambda r: r["preset"],
             "precision": lambda r: r["precision"],
-            "batch": lambda r: f"{r['batch']} x {r['seq_len']}" + (" compiled" if r.get("compiled") else ""),
+            "batch": lambda r: (
+                f"{r['batch']} x {r['seq_len']}"
+                + (" compiled" if r.get("compiled") else "")
+                + (f" dropout {r['dropout']:g}" if r.get("dropout", 0.1) != 0.1 else "")
+            ),
             "bertforge tok/s": lambda r: f"{r['bertforge_tokens_per_s']:,.0f}",
             "HF tok/s": lambda r: f"{r['hf_tokens_per_s']:,.0f}",
             "speed-up": lambda r: f"{r['speedup']:.2f}x",

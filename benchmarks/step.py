@@ -99,12 +99,16 @@ def measure(
     with_reference: bool = True,
     vocab_size: int = 30522,
     seq_len: int = SEQ_LEN,
+    dropout: float | None = None,
 ) -> dict:
     """Tokens/s of both (or only bertforge), the speed-up and each as a fraction of the machine's limit.
 
-    `timing` is (warm-up steps, rounds, steps per round) for each contender.
+    `timing` is (warm-up steps, rounds, steps per round) for each contender; `dropout`, if given,
+    replaces the preset's hidden and attention dropout (0.1) in both models.
     """
     config, device = model_config(preset, vocab_size), bench.device
+    if dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     batch = {k: v.to(device) for k, v in full_length_batch(config.vocab_size, batch_size, seq_len).items()}
     steps = {
         name: make_step(model.to(device), loss, batch, precision, device, bench.compile)
@@ -113,7 +117,8 @@ def measure(
     times = interleaved(steps, *timing, device)
     flops = step_flops(config, batch_size, seq_len, int(batch["masked_positions"].numel()))
     row = {"preset": preset, "precision": precision, "batch": batch_size, "seq_len": seq_len,
-           "compiled": bench.compile, "vocab_size": config.vocab_size, "flops_per_step": flops}  # fmt: skip
+           "compiled": bench.compile, "vocab_size": config.vocab_size, "flops_per_step": flops,
+           "dropout": config.hidden_dropout_prob}  # fmt: skip
     for name, seconds in times.items():
         median = statistics.median(seconds)
         row[f"{name}_tokens_per_s"] = batch_size * seq_len / median
@@ -124,11 +129,15 @@ def measure(
     return row
 
 
-def run(presets, precisions, seq_lens, batch_size: int, bench: Bench, timing: tuple[int, int, int]) -> list:
+def run(
+    presets, precisions, seq_lens, batch_size: int, bench: Bench, timing: tuple[int, int, int], dropout=None
+) -> list:
     rows = []
     for preset in presets:
         for seq_len in seq_lens:
             for precision in precisions:
                 bench.log(f"step: {preset} {precision}, batch {batch_size} x {seq_len}")
-                rows.append(measure(preset, precision, batch_size, bench, timing, seq_len=seq_len))
+                rows.append(
+                    measure(preset, precision, batch_size, bench, timing, seq_len=seq_len, dropout=dropout)
+                )
     return rows

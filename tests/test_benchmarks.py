@@ -28,3 +28,14 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
     for model in ("bertforge", "hf"):
         assert results["quality"][model]["steps"] > 0
         assert 0.0 <= results["quality"][model]["mlm_accuracy"] <= 1.0
+
+
+def test_the_step_benchmark_sets_both_models_dropout(tmp_path):
+    out = tmp_path / "step.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "step", "--precisions", "bf16"]
+    command += ["--dropout", "0", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--threads", "2"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text(encoding="utf-8"))["step"]
+    assert [row["dropout"] for row in rows] == [0.0]
+    assert "dropout 0" in done.stdout
