@@ -15,7 +15,14 @@ from safetensors.torch import load_file
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.generate import filter_logits, generate
-from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel, next_token_loss, next_token_sums, summarize_clm
+from bertforge.gpt import (
+    GPT_TIED_KEYS,
+    GPTLMHeadModel,
+    causal_attention,
+    next_token_loss,
+    next_token_sums,
+    summarize_clm,
+)
 from bertforge.gpt_convert import (
     from_hf_state_dict,
     hf_config,
@@ -423,3 +430,17 @@ def test_text_generation_pipeline_loads_an_exported_folder(tmp_path, small_token
     assert hf_tokenizer.decode(pieces) == " unreleased"
     assert hf_tokenizer.decode(pieces[1:]) == "unreleased".removeprefix(first)  # "##": no space, no ##
     assert prompt + hf_tokenizer.decode(sentence) == f"{prompt} {tokenizer.decode(sentence)}"
+
+
+def test_bf16_causal_attention_on_cpu_runs_unfused_and_agrees_with_sdpa():
+    # In bf16 on CPU the unfused path is the faster one (fast_ops docstring), as for BERT's attention.
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(2, 3, 6, 8, dtype=torch.bfloat16) for _ in range(3))
+    got = causal_attention(q, k, v, None, 0.1, training=False)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    scores = ((q * 8**-0.5) @ k.transpose(-2, -1)).masked_fill(~causal, float("-inf"))
+    torch.testing.assert_close(got, scores.softmax(-1) @ v, rtol=0, atol=0)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+    fp32 = [t.float() for t in (q, k, v)]
+    torch.testing.assert_close(causal_attention(*fp32, None, 0.1, training=False), expected)

@@ -18,6 +18,7 @@ their arithmetic:
   it runs it without dropout too: there the fused kernel was slower than the unfused one (batch
   64 x 128, 4 heads of 64: 8.9 against 5.1 ms forward, 45 against 15 ms forward and backward; in
   fp32 the fused one was faster, 27 against 32 ms, and fp32 keeps it; benchmarks/RESULTS.md).
+  Causal attention (GPT) measured the same way: 25 against 48 ms in bf16, 36 against 28 in fp32.
 The dropout masks come from torch's default generator, so seeded runs and exact resume still hold.
 """
 
@@ -52,13 +53,20 @@ def _uniform_int16(shape: torch.Size) -> Tensor:
     return words.view(torch.int16)[:count].view(shape)
 
 
+def fused_attention_pays(q: Tensor, p: float) -> bool:
+    """Whether torch's `scaled_dot_product_attention` is the faster path for queries `q` with
+    dropout `p` (0 outside training): always off the CPU; on it, only in fp32 without dropout."""
+    return q.device.type != "cpu" or (p == 0.0 and q.dtype == torch.float32)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, training: bool) -> Tensor:
     """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0)`.
 
-    q, k, v: (B, nh, T, hd); mask: None or (B, 1, 1, T) boolean, True for keys to attend to.
+    q, k, v: (B, nh, T, hd); mask: None or boolean, broadcastable to (B, nh, T, S), True for keys
+    to attend to.
     """
     p = p if training else 0.0
-    if q.device.type != "cpu" or (p == 0.0 and q.dtype == torch.float32):
+    if fused_attention_pays(q, p):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
     if mask is not None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import ModelConfig
-from bertforge.fast_ops import Dropout, attention, cross_entropy_sum
+from bertforge.fast_ops import Dropout, attention, cross_entropy_sum, fused_attention_pays
 from bertforge.losses import Summary, token_prediction_metrics
 from bertforge.model import (
     BertIntermediate,
@@ -71,12 +71,13 @@ def causal_attention(
 ) -> Tensor:
     """Attention of q (B, nh, T, hd) over k, v (B, nh, S, hd) -> (B, nh, T, hd).
 
-    mask None: plain causal attention (S == T), through SDPA's `is_causal=True` kernels. Otherwise a
-    boolean mask broadcastable to (B, nh, T, S), True where a query may attend to a key; it must
-    already hold the causal part. Dropout on CPU uses bertforge's cheaper masks (`fast_ops`).
+    mask None: plain causal attention (S == T), through SDPA's `is_causal=True` kernels where those
+    are the faster path (`fast_ops.fused_attention_pays`). Otherwise a boolean mask broadcastable to
+    (B, nh, T, S), True where a query may attend to a key; it must already hold the causal part.
+    Dropout on CPU uses bertforge's cheaper masks (`fast_ops`).
     """
     if mask is None:
-        if not training or p == 0.0 or q.device.type != "cpu":
+        if fused_attention_pays(q, p if training else 0.0):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
         mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()  # (T, S)
     return attention(q, k, v, mask, p, training)
