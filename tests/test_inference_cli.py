@@ -21,12 +21,12 @@ from bertforge.tokenizer import load_tokenizer
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 
 
-def save_random_model(folder: Path, tokenizer_dir: Path, nsp: bool = True) -> Path:
+def save_random_model(folder: Path, tokenizer_dir: Path, nsp: bool = True, warmup_nsp: bool = False) -> Path:
     tokenizer = load_tokenizer(tokenizer_dir)
     config = tiny_config()
     config.model.vocab_size = tokenizer.vocab_size
     config.model.initializer_range = 0.2
-    config.data.nsp = nsp
+    config.data.nsp, config.data.warmup_nsp = nsp, warmup_nsp
     torch.manual_seed(0)
     save_model_folder(folder / "final", BertForPreTraining(config.model), tokenizer, config)
     return folder
@@ -112,6 +112,20 @@ def test_nsp_pairs_from_arguments_and_tsv(capsys, tmp_path, run, loaded):
     assert main(["nsp", "--model", str(run), "--input", str(tsv)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(0.0 <= float(line.split()[0]) <= 1.0 for line in out)
+
+
+def test_nsp_and_showcase_take_a_model_with_nsp_in_its_warmup_only(
+    capsys, tmp_path, small_tokenizer_dir, wiki_valid_slice
+):
+    warmup_only = save_random_model(tmp_path / "warmup_nsp", small_tokenizer_dir, nsp=False, warmup_nsp=True)
+    assert main(["nsp", "--model", str(warmup_only), "the game was released .", "it sold well ."]) == 0
+    captured = capsys.readouterr()
+    assert "P(B follows A)" in captured.out
+    assert "bertforge: warning:" in captured.err and "warmup" in captured.err
+    corpus = ["--corpus", str(wiki_valid_slice)]
+    showcase = ["showcase", "--model", str(warmup_only), *corpus, "--sentences", "2"]
+    assert main(showcase) == 0
+    assert capsys.readouterr().out.count("\n  true next ") == 2
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])

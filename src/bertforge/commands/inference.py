@@ -17,6 +17,7 @@ from itertools import islice
 from pathlib import Path
 
 from bertforge.commands import add_device_argument
+from bertforge.config import trains_nsp
 from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
@@ -228,10 +229,17 @@ def run_nsp(args) -> int:
 
     pairs = nsp_pairs(args)
     model, tokenizer, config = load_on_device(args)
-    if not config.data.nsp:
+    if not trains_nsp(config):
         raise BertforgeError(
             f"{args.model} was pretrained without next sentence prediction (data.nsp = false): its NSP head "
             "is untrained"
+        )
+    if not config.data.nsp:
+        print(
+            f"bertforge: warning: {args.model} trained its NSP head only on the "
+            f"{config.data.warmup_seq_length}-token pairs of its sequence-length warmup (data.warmup_nsp); "
+            "longer pairs are new to it",
+            file=sys.stderr,
         )
     firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
     probabilities = next_sentence(model, tokenizer, firsts, seconds, batch_size=args.batch_size)
@@ -295,7 +303,7 @@ def run_showcase(args) -> int:
     documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
     model, tokenizer, config = load_on_device(args)
     examples = showcase(
-        model, tokenizer, documents, count=args.sentences, seed=args.seed, nsp=config.data.nsp
+        model, tokenizer, documents, count=args.sentences, seed=args.seed, nsp=trains_nsp(config)
     )
     print(
         f"\nfill-mask: one word of {len(examples)} sentences of {args.corpus.name} masked, top-5 predictions"
