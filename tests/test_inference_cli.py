@@ -14,6 +14,7 @@ from conftest import assert_clean_failure, tiny_config
 import bertforge
 from bertforge.checkpoint import save_model_folder
 from bertforge.cli import main
+from bertforge.config import validate
 from bertforge.infer import embed, fill_mask, next_sentence
 from bertforge.model import BertForPreTraining
 from bertforge.tokenizer import load_tokenizer
@@ -27,6 +28,8 @@ def save_random_model(folder: Path, tokenizer_dir: Path, nsp: bool = True, warmu
     config.model.vocab_size = tokenizer.vocab_size
     config.model.initializer_range = 0.2
     config.data.nsp, config.data.warmup_nsp = nsp, warmup_nsp
+    config.data.warmup_seq_length = 32 if warmup_nsp else 0  # warmup_nsp needs a warmup (validate)
+    validate(config)
     torch.manual_seed(0)
     save_model_folder(folder / "final", BertForPreTraining(config.model), tokenizer, config)
     return folder
@@ -121,7 +124,7 @@ def test_nsp_and_showcase_take_a_model_with_nsp_in_its_warmup_only(
     assert main(["nsp", "--model", str(warmup_only), "the game was released .", "it sold well ."]) == 0
     captured = capsys.readouterr()
     assert "P(B follows A)" in captured.out
-    assert "bertforge: warning:" in captured.err and "warmup" in captured.err
+    assert "bertforge: warning:" in captured.err and "only on the 32-token pairs" in captured.err
     corpus = ["--corpus", str(wiki_valid_slice)]
     showcase = ["showcase", "--model", str(warmup_only), *corpus, "--sentences", "2"]
     assert main(showcase) == 0
