@@ -76,9 +76,10 @@ def causal_attention(
     (B, nh, T, S), True where a query may attend to a key; it must already hold the causal part.
     Dropout on CPU uses bertforge's cheaper masks (`fast_ops`).
     """
+    p = p if training else 0.0
     if mask is None:
-        if fused_attention_pays(q, p if training else 0.0):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
+        if fused_attention_pays(q, p):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()  # (T, S)
     return attention(q, k, v, mask, p, training)
 
