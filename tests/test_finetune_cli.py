@@ -166,6 +166,26 @@ def test_seeds_report_median_and_spread_and_resume_finishes(tmp_path, capsys, ti
     assert_clean_failure(capsys, ["classify", "--model", str(out), "x"], "one fine-tuning run per seed")
 
 
+def test_resume_with_more_seeds_runs_only_the_new_ones(tmp_path, capsys, tiny_pretrained_run, data):
+    out = tmp_path / "more-seeds"
+    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    first = (out / "seed_1" / "result.json").read_text()
+    stamp = (out / "seed_1" / "result.json").stat().st_mtime_ns
+    assert_clean_failure(
+        capsys, ["finetune", "--out", str(out), "--resume", "--seeds", "1,3"], "--seeds 1,2,3"
+    )
+    assert json.loads((out / "finetune.json").read_text())["task"]["seeds"] == [1, 2]  # refused: unchanged
+    assert main(["finetune", "--out", str(out), "--resume", "--seeds", "1,2,3", "--quiet"]) == 0
+    assert "over 3 seeds" in capsys.readouterr().out
+    assert (out / "seed_1" / "result.json").read_text() == first
+    assert (out / "seed_1" / "result.json").stat().st_mtime_ns == stamp  # not run again
+    assert json.loads((out / "seed_3" / "result.json").read_text())["seed"] == 3
+    assert json.loads((out / "summary.json").read_text())["seeds"] == [1, 2, 3]
+    assert json.loads((out / "finetune.json").read_text())["task"]["seeds"] == [1, 2, 3]
+    assert main(["finetune", "--out", str(out), "--resume", "--quiet"]) == 0  # the saved task has 3 seeds
+    assert "over 3 seeds" in capsys.readouterr().out
+
+
 def test_from_scratch_flag(tmp_path, tiny_pretrained_run, data):
     out = tmp_path / "scratch"
     assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--from-scratch")) == 0
@@ -235,6 +255,10 @@ def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, t
     assert_clean_failure(
         capsys, ["finetune", "--out", str(out), "--resume", "--compare-scratch"], "drop --compare-scratch"
     )
+    with pytest.warns(UserWarning, match="3 seeds support no claim"):
+        assert main(["finetune", "--out", str(out), "--resume", "--seeds", "1,2,3", "--quiet"]) == 0
+    grown = json.loads((out / "comparison.json").read_text())
+    assert grown["seeds"] == [1, 2, 3] and grown["pairs"][:2] == comparison["pairs"]
 
 
 @pytest.mark.parametrize(

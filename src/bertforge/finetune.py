@@ -178,7 +178,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if choice is not None and show_progress:
         print(choice.describe(), flush=True)
 
-    if not resume:
+    if not resume or read_task(out)[0].seeds != task.seeds:  # new, or seeds added (`with_more_seeds`)
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         write_json(out / TASK, payload)
     return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
@@ -211,6 +211,21 @@ def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
         return FinetuneTask(**raw["task"]), RunConfig.from_dict(raw["config"])
     except (KeyError, TypeError) as error:
         raise BertforgeError(f"{Path(out) / TASK} is damaged ({error}); start the run again") from None
+
+
+def with_more_seeds(task: FinetuneTask, seeds: list[int]) -> FinetuneTask:
+    """`task` (a saved run's) with `seeds`, which must keep all of its seeds: `--resume --seeds` adds
+    seeds to a finished or interrupted run, and its finished seeds are not run again."""
+    if task.seeds is None:
+        raise BertforgeError("this run was started without --seeds; start a new run with --seeds")
+    missing = [seed for seed in task.seeds if seed not in seeds]
+    if missing:
+        saved = ",".join(map(str, task.seeds))
+        raise BertforgeError(
+            f"--seeds with --resume adds seeds to the run, which has {saved}; give them all and the new "
+            f"ones, e.g. --seeds {saved},{max(task.seeds) + 1}"
+        )
+    return replace(task, seeds=list(seeds))
 
 
 def check_finetuning_folder(out: Path, resume: bool) -> None:

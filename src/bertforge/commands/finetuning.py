@@ -31,7 +31,7 @@ SETTING_FLAGS = {
 }
 RESUME_IGNORES = (
     *TASK_FLAGS,
-    *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "seeds", "from_scratch"),
+    *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "from_scratch"),
     "compare_scratch",
     "reinit_pooler",
     "dropout",
@@ -108,7 +108,11 @@ def add_finetune_command(commands) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override a train or runtime setting, or data.max_seq_length",
     )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out with its saved settings (with --seeds: add seeds to it)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
     p.set_defaults(handler=run_finetune, setting_flags=SETTING_FLAGS)
@@ -135,14 +139,15 @@ def add_classify_command(commands) -> None:
 def finetune_inputs(args):
     """(task, config) from the arguments, or the saved ones with --resume."""
     from bertforge.config import apply_mapping, apply_overrides
-    from bertforge.finetune import FinetuneTask, finetuning_config, read_task
+    from bertforge.finetune import FinetuneTask, finetuning_config, read_task, with_more_seeds
 
     if args.resume:
         given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False, [])]
         if given:
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
             raise BertforgeError(f"--resume continues with the run's saved settings; drop {flags}")
-        return read_task(args.out)
+        task, config = read_task(args.out)
+        return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
     fixed = [item for item in args.set if item.strip().startswith(("model.", "tokenizer."))]
     if fixed:
         raise BertforgeError(f"--set {fixed[0]}: the model and tokenizer settings come from --model")
