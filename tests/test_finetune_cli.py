@@ -186,10 +186,12 @@ def test_resume_with_more_seeds_runs_only_the_new_ones(tmp_path, capsys, tiny_pr
     assert "over 3 seeds" in capsys.readouterr().out
 
 
-def test_from_scratch_flag(tmp_path, tiny_pretrained_run, data):
+def test_from_scratch_flag(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "scratch"
     assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--from-scratch")) == 0
     assert json.loads((out / "finetune.json").read_text())["task"]["from_scratch"] is True
+    argv = ["finetune", "--out", str(out), "--resume", "--seeds", "1,2"]
+    assert_clean_failure(capsys, argv, "started without --seeds")  # one run has no seeds to add to
 
 
 def test_reinit_pooler_flag(tmp_path, tiny_pretrained_run, data):
