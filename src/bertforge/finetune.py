@@ -168,8 +168,9 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     validate(config)  # before set_epochs divides by the batch size
     train_data, valid_data, labels = read_task_data(task)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
-    if resume:
-        check_same_data(out, hashes)
+    saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
+    if saved is not None:
+        check_same_data(out, saved, hashes)
     train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
     valid_set = encode(tokenizer, valid_data, label_ids(valid_data, labels), config.data.max_seq_length)
     set_epochs(config, task.epochs, len(train_set))
@@ -178,7 +179,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if choice is not None and show_progress:
         print(choice.describe(), flush=True)
 
-    if not resume or read_task(out)[0].seeds != task.seeds:  # new, or seeds added (`with_more_seeds`)
+    if saved is None or saved.get("task", {}).get("seeds") != task.seeds:  # seeds added: `with_more_seeds`
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         write_json(out / TASK, payload)
     return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
@@ -269,9 +270,11 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
         )
 
 
-def check_same_data(out: Path, hashes: dict[str, str]) -> None:
-    saved = read_json(out / TASK).get("data_sha256", {})
-    refuse_changed_data(saved, hashes, out, "resume only with the same data, or start a new run")
+def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
+    """Refuse to resume the run in `out` (its finetune.json is `saved`) on other data than it started on."""
+    refuse_changed_data(
+        saved.get("data_sha256", {}), hashes, out, "resume only with the same data, or start a new run"
+    )
 
 
 def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str]]:
