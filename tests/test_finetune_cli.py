@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,17 @@ def test_resume_with_more_seeds_runs_only_the_new_ones(tmp_path, capsys, tiny_pr
     assert json.loads((out / "finetune.json").read_text())["task"]["seeds"] == [1, 2, 3]
     assert main(["finetune", "--out", str(out), "--resume", "--quiet"]) == 0  # the saved task has 3 seeds
     assert "over 3 seeds" in capsys.readouterr().out
+
+
+def test_resume_refuses_changed_data_and_writes_nothing(tmp_path, capsys, tiny_pretrained_run, data):
+    train, valid = (Path(shutil.copy(f, tmp_path / f.name)) for f in data)
+    out = tmp_path / "run"
+    assert main(finetune_argv(tiny_pretrained_run, train, valid, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    saved = (out / "finetune.json").read_text()
+    train.write_text(train.read_text() + train.read_text().splitlines()[-1] + "\n")
+    argv = ["finetune", "--out", str(out), "--resume", "--seeds", "1,2,3"]
+    assert_clean_failure(capsys, argv, "data changed since the run")
+    assert (out / "finetune.json").read_text() == saved and not (out / "seed_3").exists()
 
 
 def test_from_scratch_flag(tmp_path, capsys, tiny_pretrained_run, data):
