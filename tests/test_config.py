@@ -83,6 +83,11 @@ def test_json_round_trip(tmp_path):
         (["runtime.precision=fp8"], "runtime.precision"),
         (["data.format=xml"], "data.format"),
         (["tokenizer.vocab_size=3"], "special tokens"),
+        (["train.embedding_init=glove"], "train.embedding_init"),
+        (
+            ["model.objective=clm", "model.hidden_act=gelu_new", "train.embedding_init=cooccurrence"],
+            "starts BERT's tied MLM decoder",
+        ),
     ],
 )
 def test_impossible_values_are_named(overrides, message):

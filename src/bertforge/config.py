@@ -37,6 +37,9 @@ TokenizerKind = Literal["wordpiece", "wordlevel"]
 # Compute-Optimal Training Beyond Fixed Training Durations")
 Schedule = Literal["linear", "constant", "wsd"]
 MlmBiasInit = Literal["unigram", "zero"]  # the MLM bias: log token frequencies of the corpus, or HF's 0
+# The word embeddings (tied to the MLM decoder): BERT's N(0, initializer_range), or the corpus's
+# co-occurrence statistics at that scale (`bertforge.embedding_init`)
+EmbeddingInit = Literal["normal", "cooccurrence"]
 ExplicitPrecision = Literal["fp32", "bf16", "fp16"]
 Precision = Literal["auto", ExplicitPrecision]  # auto: measured (`bertforge.precision`)
 
@@ -129,6 +132,7 @@ class TrainConfig:
     schedule: Schedule = "linear"
     decay_ratio: float = 0.2  # the wsd schedule's decay: the last share of the run's progress
     mlm_bias_init: MlmBiasInit = "unigram"
+    embedding_init: EmbeddingInit = "normal"
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_minutes: float = 0.0  # 0: no time budget; otherwise the schedule ends when time runs out
@@ -535,6 +539,13 @@ TRAIN_RULES: list[Rule] = [
         lambda c: (
             f"train.batch_size ({c.train.batch_size}) must be divisible by "
             f"train.gradient_accumulation_steps ({c.train.gradient_accumulation_steps})"
+        ),
+    ),
+    Rule(
+        lambda c: c.train.embedding_init == "normal" or c.model.objective == "mlm",
+        lambda c: (
+            'train.embedding_init = "cooccurrence" starts BERT\'s tied MLM decoder; with '
+            'model.objective = "clm" set it to "normal"'
         ),
     ),
 ]

@@ -52,6 +52,7 @@ from bertforge.cache import (
 from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
 from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, trains_nsp, validate
 from bertforge.corpus import resolve_corpus_files
+from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
     evaluation_batches,
@@ -259,8 +260,11 @@ def train_and_save(
     mlm = config.model.objective == "mlm"
     if init_state is not None:  # `pretrain --init`: start from a saved model's weights
         model.load_state_dict(init_state)
-    elif mlm and config.train.mlm_bias_init == "unigram" and not resume:
-        init_mlm_bias(model, train_shards, tokenizer.special_ids)
+    elif mlm and not resume:
+        if config.train.mlm_bias_init == "unigram":
+            init_mlm_bias(model, train_shards, tokenizer.special_ids)
+        if config.train.embedding_init == "cooccurrence":
+            init_word_embeddings(model, train_shards, tokenizer.special_ids, config)
     batches, loss, summarize_sums = objective_parts(config.model.objective)
     warmup_length = config.data.warmup_seq_length
     objective = Objective(
@@ -345,6 +349,17 @@ def init_mlm_bias(
     log_prior = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: all finite
     with torch.no_grad():
         model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))
+
+
+def init_word_embeddings(
+    model: BertForPreTraining, shards: TokenShards | ShardSet, special_ids: tuple[int, ...], config: RunConfig
+) -> None:
+    """Start the word embeddings (and so the tied MLM decoder) from the corpus's co-occurrences."""
+    vectors = cooccurrence_embeddings(
+        shards, config.model.hidden_size, config.model.initializer_range, special_ids, config.runtime.seed
+    )
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
 
 
 def check_pretraining_folder(out: Path, resume: bool) -> None:
