@@ -2,14 +2,14 @@
 "cooccurrence"`), instead of BERT's N(0, 0.02).
 
 Owns `cooccurrence_embeddings`: positive pointwise mutual information (PPMI) between each token and
-the most frequent tokens within a few positions of it, reduced to the model's width by a truncated
-SVD (Levy, Goldberg & Dagan 2015, "Improving Distributional Similarity with Lessons Learned from
-Word Embeddings": context distribution smoothing 0.75, the singular values split evenly between
-words and contexts). Tokens that appear in similar contexts then start with similar vectors, and
-since BERT ties its MLM decoder to these embeddings, a gradient that raises one word's score at a
-masked position raises its neighbours' too: rare words learn from their frequent relatives from
-step 0. The vectors are scaled to BERT's initialiser range, so the rest of the network sees the
-magnitudes it is initialised for. A few seconds of numpy and one low-rank SVD on WikiText-2.
+the most frequent tokens within a few positions of it, reduced to the model's width by a truncated SVD
+(Levy, Goldberg & Dagan 2015, "Improving Distributional Similarity with Lessons Learned from Word
+Embeddings": context distribution smoothing 0.75, the singular values split evenly between words
+and contexts). Tokens that appear in similar contexts then start with similar vectors, and since
+BERT ties its MLM decoder to these embeddings, a gradient that raises one word's score at a masked
+position raises its neighbours' too: rare words learn from their frequent relatives from step 0.
+The vectors are scaled to BERT's initialiser range, so the rest of the network sees the magnitudes
+it is initialised for. A few seconds of numpy and a randomised SVD on WikiText-2.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 
 from bertforge.shards import ShardSet, TokenShards, token_counts
 
-# Levy et al. 2015: a window of a few words both sides, distance-weighted counts (as word2vec's
-# dynamic window and GloVe), and context probabilities raised to 0.75 (as word2vec's negative sampling).
+# Levy et al. 2015: a window of a few tokens both sides, a pair at distance d counted 1/d (as GloVe),
+# and context probabilities raised to 0.75 (as word2vec's negative sampling).
 WINDOW = 5
 CONTEXT_SMOOTHING = 0.75
 # Contexts are the most frequent tokens: they carry nearly all of the co-occurrence mass. Their number
@@ -30,10 +30,12 @@ CONTEXT_SMOOTHING = 0.75
 # contexts for 8,192 pieces, 1,099 for 30,522.
 MAX_CONTEXTS = 4096
 MAX_CELLS = 2**25
-# The statistics settle long before a large corpus ends: at most this many tokens are counted, in
-# blocks spread evenly over the corpus (WikiText-2's 2.4 M tokens are all counted).
+# The statistics settle long before a large corpus ends: past this many tokens, windows of `BLOCK`
+# tokens spread evenly over the corpus are counted instead (WikiText-2's 2.4 M are all counted).
 MAX_TOKENS = 20_000_000
 BLOCK = 1_000_000
+OVERSAMPLE = 16
+POWER_ITERATIONS = 4
 
 
 def cooccurrence_embeddings(
@@ -44,18 +46,21 @@ def cooccurrence_embeddings(
     seed: int,
 ) -> torch.Tensor:
     """(vocab_size, dim) float32 vectors: the PPMI-SVD vectors of the tokens seen in `shards`, scaled
-    to standard deviation `std`; tokens never seen and `special_ids` get N(0, std) draws."""
+    to standard deviation `std`. N(0, std) draws fill the rest: the rows of `special_ids` and of
+    tokens with no context counted, and the columns past the PPMI matrix's rank."""
     vocab_size = shards.vocab_size
     generator = torch.Generator().manual_seed(seed)
+    drawn = torch.randn(vocab_size, dim, generator=generator) * std
     frequency = token_counts(shards, exclude=special_ids)
     contexts = _context_ids(frequency, min(MAX_CONTEXTS, MAX_CELLS // vocab_size))
-    counts = _window_counts(shards, vocab_size, contexts)  # (V, C)
-    vectors = _ppmi_svd(counts, dim, generator)  # (V, dim)
-    seen = counts.sum(1) > 0
-    vectors *= std / vectors[seen].std()
-    drawn = torch.randn(vocab_size, dim, generator=generator) * std
-    vectors[~seen] = drawn[~seen]
-    vectors[list(special_ids)] = drawn[list(special_ids)]
+    ppmi = _ppmi(_window_counts(shards, vocab_size, contexts))  # (V, C)
+    seen = ppmi.sum(1) > 0
+    seen[list(special_ids)] = False
+    vectors = drawn.clone()
+    if not seen.any():
+        return vectors
+    found = _svd_vectors(ppmi[seen], dim, generator)  # (seen, rank), rank <= dim
+    vectors[seen, : found.shape[1]] = found * (std / found.std())
     return vectors
 
 
@@ -67,12 +72,12 @@ def _context_ids(frequency: np.ndarray, limit: int) -> np.ndarray:
 
 def _window_counts(shards: TokenShards | ShardSet, vocab_size: int, contexts: np.ndarray) -> torch.Tensor:
     """(vocab_size, len(contexts)) float32: how often each context token occurs within `WINDOW`
-    positions of each token, a pair at distance d counted 1/d. Pairs that cross a document or block
-    boundary are counted too, or lost: a handful against millions."""
+    positions of each token, a pair at distance d counted 1/d. Pairs across a document boundary
+    are counted (a handful against millions); pairs across two sampled windows are not."""
     column = np.full(vocab_size, -1, dtype=np.int64)
     column[contexts] = np.arange(len(contexts))
     counts = np.zeros(vocab_size * len(contexts), dtype=np.float64)
-    for tokens in _sampled_blocks(shards):
+    for tokens in _token_windows(shards):
         cells, weights = [], []
         for distance in range(1, WINDOW + 1):
             left, right = tokens[:-distance], tokens[distance:]
@@ -84,29 +89,47 @@ def _window_counts(shards: TokenShards | ShardSet, vocab_size: int, contexts: np
     return torch.from_numpy(counts.reshape(vocab_size, len(contexts))).float()
 
 
-def _sampled_blocks(shards: TokenShards | ShardSet) -> Iterator[np.ndarray]:
-    """The corpus in blocks of `BLOCK` tokens (int64), at most `MAX_TOKENS` of them in all, spread
-    evenly over every part when the corpus is larger."""
+def _token_windows(shards: TokenShards | ShardSet) -> Iterator[np.ndarray]:
+    """Every part of the corpus whole (int64) when it has at most `MAX_TOKENS` tokens; else
+    `MAX_TOKENS / BLOCK` windows of up to `BLOCK` tokens at evenly spaced positions (a window ends
+    early at the end of its part)."""
     parts = shards.parts if isinstance(shards, ShardSet) else [shards]
-    starts = [(part, start) for part in parts for start in range(0, part.num_tokens, BLOCK)]
-    keep = min(len(starts), max(1, MAX_TOKENS // BLOCK))
-    for index in np.linspace(0, len(starts) - 1, keep).round().astype(int):
-        part, start = starts[index]
-        yield np.asarray(part.tokens[start : start + BLOCK], dtype=np.int64)
+    sizes = np.array([part.num_tokens for part in parts])
+    if sizes.sum() <= MAX_TOKENS:
+        for part in parts:
+            yield np.asarray(part.tokens[:], dtype=np.int64)
+        return
+    ends = np.cumsum(sizes)
+    for position in np.linspace(0, ends[-1], MAX_TOKENS // BLOCK, endpoint=False).astype(np.int64):
+        index = int(np.searchsorted(ends, position, side="right"))
+        start = position - (ends[index] - sizes[index])
+        yield np.asarray(parts[index].tokens[start : start + BLOCK], dtype=np.int64)
 
 
-def _ppmi_svd(counts: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor:
-    """U * sqrt(S) of the rank-`dim` SVD of the PPMI matrix of `counts` (V, C)."""
+def _ppmi(counts: torch.Tensor) -> torch.Tensor:
+    """max(0, log P(w, c) / (P(w) P_0.75(c))) of a (V, C) count matrix; 0 where a count is 0."""
     total = counts.sum()
     word = counts.sum(1, keepdim=True) / total  # (V, 1)
     context = counts.sum(0, keepdim=True) ** CONTEXT_SMOOTHING  # (1, C)
     context = context / context.sum()
-    pmi = torch.log(counts / total) - torch.log(word) - torch.log(context)  # -inf or nan where unseen
-    ppmi = torch.nan_to_num(pmi, nan=0.0, neginf=0.0).clamp_(min=0.0)
-    rank = min(dim, *ppmi.shape)
-    with torch.random.fork_rng(devices=[]):  # svd_lowrank draws from the global generator
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-        u, s, _ = torch.svd_lowrank(ppmi, q=rank, niter=4)
-    vectors = torch.zeros(counts.shape[0], dim)
-    vectors[:, :rank] = u * s.sqrt()
-    return vectors
+    pmi = torch.log(counts / total) - torch.log(word) - torch.log(context)  # -inf or nan where 0
+    return torch.nan_to_num(pmi, nan=0.0, neginf=0.0).clamp_(min=0.0)
+
+
+def _svd_vectors(ppmi: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """U * sqrt(S) of the rank-`dim` SVD of `ppmi` (rows, C) (fewer columns when its rank is lower).
+
+    A randomised SVD (Halko, Martinsson & Tropp 2011: a Gaussian sketch with `OVERSAMPLE` extra
+    columns, `POWER_ITERATIONS` re-orthonormalised passes) from `generator`, so the global random
+    state is left alone: about a second at 8,192 x 4,096, where the exact SVD takes 20.
+    """
+    rows, columns = ppmi.shape
+    width = min(dim + OVERSAMPLE, rows, columns)
+    sketch = ppmi @ torch.randn(columns, width, generator=generator)  # (rows, width)
+    basis = torch.linalg.qr(sketch).Q
+    for _ in range(POWER_ITERATIONS):
+        basis = torch.linalg.qr(ppmi.T @ basis).Q  # (C, width)
+        basis = torch.linalg.qr(ppmi @ basis).Q  # (rows, width)
+    u, s, _ = torch.linalg.svd(basis.T @ ppmi, full_matrices=False)  # (width, C): small
+    rank = min(dim, int((s > s[0] * 1e-6).sum()))
+    return (basis @ u[:, :rank]) * s[:rank].sqrt()

@@ -31,6 +31,7 @@ import functools
 import os
 import shlex
 import shutil
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -195,6 +196,11 @@ def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], B
     tokenizer sections (its architecture and vocabulary win over any other setting)."""
     model, tokenizer, source = open_pretrained(path)
     config.model, config.tokenizer = source.model, source.tokenizer
+    if config.train.embedding_init == "cooccurrence" and distributed.launched().is_main:
+        warnings.warn(
+            f'the word embeddings come from {path}: train.embedding_init = "cooccurrence" is not applied',
+            stacklevel=2,
+        )
     return model.state_dict(), tokenizer
 
 
@@ -260,11 +266,12 @@ def train_and_save(
     mlm = config.model.objective == "mlm"
     if init_state is not None:  # `pretrain --init`: start from a saved model's weights
         model.load_state_dict(init_state)
-    elif mlm and not resume:
+    elif mlm and not resume:  # a resumed run loads its checkpoint's weights in `train`
         if config.train.mlm_bias_init == "unigram":
             init_mlm_bias(model, train_shards, tokenizer.special_ids)
-        if config.train.embedding_init == "cooccurrence":
-            init_word_embeddings(model, train_shards, tokenizer.special_ids, config)
+        if config.train.embedding_init == "cooccurrence" and distributed.launched().is_main:
+            # Rank 0 alone: DistributedDataParallel gives its weights to every rank when it wraps the model.
+            init_word_embeddings(model, train_shards, tokenizer.special_ids, config, show_progress)
     batches, loss, summarize_sums = objective_parts(config.model.objective)
     warmup_length = config.data.warmup_seq_length
     objective = Objective(
@@ -352,14 +359,22 @@ def init_mlm_bias(
 
 
 def init_word_embeddings(
-    model: BertForPreTraining, shards: TokenShards | ShardSet, special_ids: tuple[int, ...], config: RunConfig
+    model: BertForPreTraining,
+    shards: TokenShards | ShardSet,
+    special_ids: tuple[int, ...],
+    config: RunConfig,
+    show_progress: bool = False,
 ) -> None:
     """Start the word embeddings (and so the tied MLM decoder) from the corpus's co-occurrences."""
+    started = time.perf_counter()
     vectors = cooccurrence_embeddings(
         shards, config.model.hidden_size, config.model.initializer_range, special_ids, config.runtime.seed
     )
     with torch.no_grad():
         model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
+    if show_progress and distributed.launched().is_main:
+        seconds = time.perf_counter() - started
+        print(f"word embeddings: from the corpus's co-occurrences (PPMI-SVD, {seconds:.1f} s)", flush=True)
 
 
 def check_pretraining_folder(out: Path, resume: bool) -> None:
