@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from bertforge.shards import ShardSet, TokenShards, token_counts
+from bertforge.shards import ShardSet, TokenShards, shard_parts, token_counts
 
 # Levy et al. 2015: a window of a few tokens both sides, a pair at distance d counted 1/d (as GloVe),
 # and context probabilities raised to 0.75 (as word2vec's negative sampling).
@@ -50,13 +50,12 @@ def cooccurrence_embeddings(
     tokens with no context counted, and the columns past the PPMI matrix's rank."""
     vocab_size = shards.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    drawn = torch.randn(vocab_size, dim, generator=generator) * std
+    vectors = torch.randn(vocab_size, dim, generator=generator) * std  # what the PPMI does not fill
     frequency = token_counts(shards, exclude=special_ids)
     contexts = _context_ids(frequency, min(MAX_CONTEXTS, MAX_CELLS // vocab_size))
     ppmi = _ppmi(_window_counts(shards, vocab_size, contexts))  # (V, C)
     seen = ppmi.sum(1) > 0
     seen[list(special_ids)] = False
-    vectors = drawn.clone()
     if not seen.any():
         return vectors
     found = _svd_vectors(ppmi[seen], dim, generator)  # (seen, rank), rank <= dim
@@ -93,7 +92,7 @@ def _token_windows(shards: TokenShards | ShardSet) -> Iterator[np.ndarray]:
     """Every part of the corpus whole (int64) when it has at most `MAX_TOKENS` tokens; else
     `MAX_TOKENS / BLOCK` windows of up to `BLOCK` tokens at evenly spaced positions (a window ends
     early at the end of its part)."""
-    parts = shards.parts if isinstance(shards, ShardSet) else [shards]
+    parts = shard_parts(shards)
     sizes = np.array([part.num_tokens for part in parts])
     if sizes.sum() <= MAX_TOKENS:
         for part in parts:

@@ -372,7 +372,7 @@ def init_word_embeddings(
     )
     with torch.no_grad():
         model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
-    if show_progress and distributed.launched().is_main:
+    if show_progress:  # called on rank 0 alone
         seconds = time.perf_counter() - started
         print(f"word embeddings: from the corpus's co-occurrences (PPMI-SVD, {seconds:.1f} s)", flush=True)
 

@@ -290,10 +290,15 @@ def check_prepared_with(shards: TokenShards, tokenizer: BertTokenizer) -> TokenS
     return shards
 
 
+def shard_parts(shards: TokenShards | ShardSet) -> list[TokenShards]:
+    """The shard folders behind `shards`: a set's parts, or the one folder."""
+    return shards.parts if isinstance(shards, ShardSet) else [shards]
+
+
 def token_counts(shards: TokenShards | ShardSet, exclude: Sequence[int] = ()) -> np.ndarray:
     """How often each token id occurs, (vocab_size,) int64, counted in blocks so memory stays flat;
     the ids in `exclude` (special tokens, which are never MLM labels) count 0."""
-    parts = shards.parts if isinstance(shards, ShardSet) else [shards]
+    parts = shard_parts(shards)
     counts = np.zeros(shards.vocab_size, dtype=np.int64)
     for part in parts:
         for start in range(0, part.num_tokens, _COUNT_BLOCK):
