@@ -77,14 +77,14 @@ def _window_counts(shards: TokenShards | ShardSet, vocab_size: int, contexts: np
     column[contexts] = np.arange(len(contexts))
     counts = np.zeros(vocab_size * len(contexts), dtype=np.float64)
     for tokens in _token_windows(shards):
-        cells, weights = [], []
+        # One distance at a time: the cell indices of one distance, not of all `WINDOW`, are held at once.
         for distance in range(1, WINDOW + 1):
             left, right = tokens[:-distance], tokens[distance:]
+            cells = []
             for word, context in ((left, right), (right, left)):
                 keep = column[context] >= 0
                 cells.append(word[keep] * len(contexts) + column[context[keep]])
-                weights.append(np.full(len(cells[-1]), 1.0 / distance))
-        counts += np.bincount(np.concatenate(cells), np.concatenate(weights), minlength=counts.size)
+            counts += np.bincount(np.concatenate(cells), minlength=counts.size) / distance
     return torch.from_numpy(counts.reshape(vocab_size, len(contexts))).float()
 
 
