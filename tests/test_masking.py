@@ -1,4 +1,5 @@
-"""Dynamic MLM masking and padding: rates, 80/10/10, specials, caps, whole words, reproducibility."""
+"""Dynamic MLM masking and padding: rates, 80/10/10, specials, caps, whole words, reproducibility,
+frequency-weighted choice of what to mask."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from bertforge.batches import pad_batch
 from bertforge.config import RunConfig, validate
 from bertforge.errors import BertforgeError
-from bertforge.masking import MaskingCollator
+from bertforge.masking import MaskingCollator, subsampling_weights
 
 VOCAB = 1000
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -202,7 +203,63 @@ def test_invalid_settings_are_refused_by_the_config():
     config.data.mlm_probability = 0.0
     with pytest.raises(BertforgeError, match="mlm_probability"):
         validate(config)
+    config = RunConfig()
+    config.data.mask_subsampling = 1.0
+    with pytest.raises(BertforgeError, match="mask_subsampling"):
+        validate(config)
     with pytest.raises(AssertionError):  # the collator trusts a validated config
         collator(mlm_probability=0.0)
     with pytest.raises(AssertionError):
         collator(max_predictions=0)
+
+
+def test_subsampling_weights_follow_word2vec():
+    counts = np.array([0, 500, 300, 150, 40, 10], dtype=np.int64)  # frequencies 0, .5, .3, .15, .04, .01
+    weights = subsampling_weights(counts, 0.05)
+    expected = [1.0, np.sqrt(0.05 / 0.5), np.sqrt(0.05 / 0.3), np.sqrt(0.05 / 0.15), 1.0, 1.0]
+    assert np.allclose(weights, expected)
+
+
+def test_weighted_masking_draws_in_proportion_to_the_weights():
+    # Each row: 30 copies of a frequent token (weight 0.05) and 30 distinct ones (weight 1); k = 18.
+    frequent, rare = 7, np.arange(100, 130)
+    row = np.concatenate([[CLS], np.full(30, frequent), rare, [SEP]]).astype(np.int64)
+    rows = [{"input_ids": row, "nsp_label": 0}] * 3000
+    weights = np.ones(VOCAB)
+    weights[frequent] = 0.05
+    batch = collator(mlm_probability=0.3, max_predictions=60, token_weights=weights)(rows, seeded(8))
+    per_row = torch.bincount(batch["masked_positions"] // len(row), minlength=len(rows))
+    assert (per_row == 18).all()  # the weights choose what, not how many
+    share = (batch["masked_labels"] == frequent).double().mean().item()
+    # The same draw without replacement by numpy's successive sampling: 18 of 60, p proportional to w.
+    rng = np.random.default_rng(0)
+    p = np.concatenate([np.full(30, 0.05), np.ones(30)])
+    expected = np.mean([(rng.choice(60, 18, replace=False, p=p / p.sum()) < 30).mean() for _ in range(3000)])
+    assert 0.03 < expected < 0.15  # far from the 0.5 of uniform masking
+    assert abs(share - expected) < 0.01
+    unweighted = collator(mlm_probability=0.3, max_predictions=60)(rows, seeded(8))
+    assert abs((unweighted["masked_labels"] == frequent).double().mean().item() - 0.5) < 0.02
+
+
+def test_weighted_whole_word_masking_weighs_a_word_by_its_head():
+    examples = make_examples(count=400, seed=6, words=True)
+    weights = np.ones(VOCAB)
+    weights[5:300] = 0.01  # words whose head is below 300 are rarely chosen
+    masker = collator(whole_word_mask=True, continuation_mask=CONTINUATION, token_weights=weights)
+    batch = masker(examples, generator=seeded(7))
+    heads = batch["masked_labels"][batch["masked_labels"] < FIRST_CONTINUATION]
+    assert (heads < 300).double().mean().item() < 0.1  # uniform: about half
+    # A masked '##' piece comes with its word: the candidate before it (its head or a piece) is masked too.
+    original = original_batch(examples)
+    ids, candidates = original["input_ids"].view(-1), candidate_mask(original).view(-1)
+    masked = set(batch["masked_positions"].tolist())
+    for position in masked:
+        if ids[position] >= FIRST_CONTINUATION and candidates[position - 1]:
+            assert position - 1 in masked
+
+
+def test_token_weights_must_match_the_vocabulary():
+    with pytest.raises(BertforgeError, match="token_weights"):
+        collator(token_weights=np.ones(10))
+    with pytest.raises(BertforgeError, match="positive"):
+        collator(token_weights=np.zeros(VOCAB))

@@ -354,3 +354,39 @@ def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # WikiText's documents: about half random, no warning
         check_training_data(shards, config)
+
+
+def test_mask_subsampling_masks_frequent_tokens_less_and_leaves_evaluation_alone(
+    wiki_slice, small_tokenizer_dir
+):
+    from bertforge.cache import cached_shards, default_cache_dir
+    from bertforge.evaluate import evaluation_batches
+    from bertforge.pretrain import epoch_batches
+    from bertforge.shards import token_counts
+    from bertforge.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    shards = cached_shards(wiki_slice, tokenizer, "auto", default_cache_dir(), False)
+    counts = token_counts(shards, exclude=tokenizer.special_ids)
+    frequent = torch.from_numpy(counts / counts.sum() > 1e-2)  # "the", ",", "." and the like
+
+    def frequent_share(config) -> tuple[float, int]:
+        labels = torch.cat(
+            [batch["masked_labels"] for batch in epoch_batches(shards, tokenizer, config, 64)(0)]
+        )
+        return frequent[labels].double().mean().item(), labels.numel()
+
+    config = tiny_config(wiki_slice)
+    uniform, uniform_count = frequent_share(config)
+    config.data.mask_subsampling = 1e-3
+    weighted, weighted_count = frequent_share(config)
+    assert weighted_count == uniform_count  # the same number of targets
+    assert uniform > 0.2 and weighted < 0.5 * uniform
+    # Evaluation keeps BERT's uniform 15%: its batches do not depend on the setting.
+    config.data.valid = str(wiki_slice)
+    subsampled = evaluation_batches(shards, tokenizer, config.data, config.model.objective)
+    config.data.mask_subsampling = 0.0
+    plain = evaluation_batches(shards, tokenizer, config.data, config.model.objective)
+    assert all(
+        torch.equal(a["masked_labels"], b["masked_labels"]) for a, b in zip(plain, subsampled, strict=True)
+    )

@@ -113,6 +113,10 @@ class DataConfig:
     final_mlm_probability: float = 0.0
     max_predictions_per_seq: int = 0  # 0: ceil(mlm_probability * max_seq_length)
     whole_word_masking: bool = False
+    # 0: every token equally likely to be masked (BERT). t > 0: a token of corpus frequency p > t is
+    # chosen with relative weight sqrt(t / p) (word2vec's subsampling of frequent words, Mikolov et
+    # al. 2013), so more of the masked targets are the rarer content words; the rate stays the same
+    mask_subsampling: float = 0.0
     eval_max_pairs: int = 2000  # cap on validation pairs per evaluation (0: all)
 
 
@@ -509,6 +513,11 @@ DATA_RULES: list[Rule] = [
         lambda value: 0.0 <= value < 1.0,
         "must be 0 (the rate stays data.mlm_probability) or in (0, 1)",
         "data.final_mlm_probability",
+    ),
+    *each(
+        lambda value: 0.0 <= value < 1.0,
+        "must be 0 (every token equally likely to be masked) or in (0, 1), a token frequency such as 1e-4",
+        "data.mask_subsampling",
     ),
     *fraction("data.short_seq_prob"),
     *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),

@@ -11,7 +11,9 @@ min(max_predictions, max(1, round(mlm_probability * n))) of its n candidate toke
 not padding; Google also counts [CLS] and [SEP] in n) are chosen uniformly; of those, 80% become
 [MASK], 10% a random non-special token and 10% stay unchanged. Google's whole-word variant
 takes words (a head token and its `##` continuations) in random order and skips any word that
-would take the count past k.
+would take the count past k. With token weights (`subsampling_weights`), the words are drawn
+without replacement in proportion to their head token's weight instead of uniformly (weighted
+sampling by exponential keys, Efraimidis & Spirakis 2006); k does not change.
 
 The masked positions are returned as flat indices into the (B, T) batch so the model projects
 only those through the vocabulary (sparse MLM head). Every random draw comes from the
@@ -50,6 +52,7 @@ class MaskingCollator:
         max_predictions: int = 20,
         whole_word_mask: bool = False,
         continuation_mask: np.ndarray | None = None,
+        token_weights: np.ndarray | None = None,
     ):
         assert 0.0 < mlm_probability < 1.0, f"mlm_probability {mlm_probability} (config.validate checks it)"
         assert max_predictions >= 1, f"max_predictions {max_predictions}"
@@ -64,6 +67,15 @@ class MaskingCollator:
         self.max_predictions = max_predictions
         self._special = torch.from_numpy(special)  # (V,)
         self._replacements = torch.from_numpy(np.flatnonzero(~special))  # (V',) random-token pool
+        self._weights = None
+        if token_weights is not None:
+            weights = np.asarray(token_weights, dtype=np.float64)
+            if weights.shape != (vocab_size,) or not (weights > 0).all():
+                raise BertforgeError(
+                    f"token_weights has shape {weights.shape}, expected ({vocab_size},) positive "
+                    "weights: one per vocabulary id, from the same tokenizer"
+                )
+            self._weights = torch.from_numpy(weights)  # (V,)
         self._continuation = None
         if whole_word_mask:
             if continuation_mask is None:
@@ -99,7 +111,7 @@ class MaskingCollator:
             heads = candidates & (~self._continuation[input_ids] | ~previous)  # (B, T)
         else:
             heads = candidates
-        selected = _choose_words(candidates, heads, k, generator)  # (B, T)
+        selected = _choose_words(candidates, heads, k, generator, self._word_weights(input_ids, heads))
 
         flat = input_ids.view(-1)  # (B*T,)
         masked_positions = selected.view(-1).nonzero().squeeze(1)  # (M,) sorted
@@ -114,6 +126,15 @@ class MaskingCollator:
         batch["masked_positions"] = masked_positions
         batch["masked_labels"] = masked_labels
         return batch
+
+    def _word_weights(self, input_ids: torch.Tensor, heads: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) each word slot's weight, its head token's (as `_choose_words` numbers the words); None
+        without token weights."""
+        if self._weights is None:
+            return None
+        word = (heads.cumsum(1) - 1).clamp(min=0)  # (B, T)
+        head_weights = torch.where(heads, self._weights[input_ids], 0.0)  # (B, T)
+        return torch.zeros(heads.shape, dtype=torch.float64).scatter_add_(1, word, head_weights)
 
 
 class PretrainingCollator:
@@ -139,10 +160,12 @@ def pretraining_collator(
     mlm_probability: float | None = None,
     fixed_shapes: bool = False,
     masked_room: int = 0,
+    token_weights: np.ndarray | None = None,
 ) -> PretrainingCollator:
-    """The collator for a tokenizer and data settings (evaluation passes its fixed rate); with
-    `fixed_shapes` (for torch.compile) every batch of a given size has the same shapes, with room for
-    `masked_room` masked positions per sequence (0: the most this rate masks)."""
+    """The collator for a tokenizer and data settings (evaluation passes its fixed rate, and no
+    `token_weights`: it masks every token alike); with `fixed_shapes` (for torch.compile) every
+    batch of a given size has the same shapes, with room for `masked_room` masked positions per
+    sequence (0: the most this rate masks)."""
     if mlm_probability is not None:
         data = replace(data, mlm_probability=mlm_probability, max_predictions_per_seq=0)
     masking = MaskingCollator(
@@ -154,14 +177,28 @@ def pretraining_collator(
         max_predictions=max_predictions(data),
         whole_word_mask=data.whole_word_masking,
         continuation_mask=tokenizer.continuation_mask() if data.whole_word_masking else None,
+        token_weights=token_weights,
     )
     if not fixed_shapes:
         return PretrainingCollator(masking)
     return PretrainingCollator(masking, data.max_seq_length, masked_room or max_predictions(data))
 
 
+def subsampling_weights(counts: np.ndarray, threshold: float) -> np.ndarray:
+    """(V,) masking weights from token counts: min(1, sqrt(threshold / p)) for a token of frequency p,
+    so tokens more frequent than `threshold` are masked less (word2vec's subsampling of frequent
+    words) and rarer ones all alike; a token never seen weighs 1."""
+    frequency = counts / max(counts.sum(), 1)
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, np.sqrt(threshold / frequency))
+
+
 def _choose_words(
-    candidates: torch.Tensor, heads: torch.Tensor, k: torch.Tensor, generator: torch.Generator | None
+    candidates: torch.Tensor,
+    heads: torch.Tensor,
+    k: torch.Tensor,
+    generator: torch.Generator | None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token positions of words chosen in random order, skipping any that would pass k per row.
 
@@ -169,7 +206,9 @@ def _choose_words(
     list and skips words that no longer fit; here each round takes, in every row, the longest
     prefix of the remaining shuffled words that fits, then drops the words larger than what is
     left. The first remaining word always fits, so the rounds are at most k (one when every word
-    is a single token) and the result is exactly Google's walk. Returns a (B, T) bool mask.
+    is a single token) and the result is exactly Google's walk. With `weights` (B, T) per word slot,
+    the order sorts exponential keys -log(u) / weight: weighted sampling without replacement.
+    Returns a (B, T) bool mask.
     """
     batch_size, width = candidates.shape
     word = (heads.cumsum(1) - 1).clamp(min=0)  # (B, T) word slot of each token
@@ -177,7 +216,9 @@ def _choose_words(
     sizes = torch.zeros(batch_size, width, dtype=torch.long)  # (B, T) tokens in each word slot
     sizes.scatter_add_(1, word, candidates.long())
     scores = torch.rand(batch_size, width, generator=generator, dtype=torch.float64)  # (B, T)
-    scores.masked_fill_(torch.arange(width) >= num_words[:, None], 2.0)  # unused slots sort last
+    if weights is not None:
+        scores = -torch.log1p(-scores) / weights.clamp(min=1e-300)  # Exp(weight) keys, u in [0, 1)
+    scores.masked_fill_(torch.arange(width) >= num_words[:, None], float("inf"))  # unused slots sort last
     order = scores.argsort(1)  # (B, T) a random order of each row's words
     sorted_sizes = sizes.gather(1, order)  # (B, T)
     budget = k.clone()  # (B,)

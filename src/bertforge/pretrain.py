@@ -66,7 +66,7 @@ from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.losses import pretraining_loss, summarize_pretraining
-from bertforge.masking import PretrainingCollator, pretraining_collator
+from bertforge.masking import PretrainingCollator, pretraining_collator, subsampling_weights
 from bertforge.model import BertForPreTraining
 from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs
@@ -464,18 +464,31 @@ def epoch_batches(
     # Under torch.compile the masked positions are padded to the most any epoch's rate masks: one graph.
     most = max(data.mlm_probability, data.final_mlm_probability)
     room = max_predictions(replace(data, mlm_probability=most))
+    weights = masking_weights(shards, tokenizer, data)
     collators: dict[float, PretrainingCollator] = {}
 
     def batches(epoch: int, mlm_probability: float | None = None) -> SeededBatches:
         rate = data.mlm_probability if mlm_probability is None else mlm_probability
         if rate not in collators:
             rated = replace(data, mlm_probability=rate)
-            collators[rate] = pretraining_collator(tokenizer, rated, fixed_shapes=compiled, masked_room=room)
+            collators[rate] = pretraining_collator(
+                tokenizer, rated, fixed_shapes=compiled, masked_room=room, token_weights=weights
+            )
         pairs = build_pairs(shards, length, data.short_seq_prob, nsp, seed, epoch)
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         return SeededBatches(examples, micro_batch, collators[rate], seed, epoch)
 
     return batches
+
+
+def masking_weights(
+    shards: TokenShards | ShardSet, tokenizer: BertTokenizer, data: DataConfig
+) -> np.ndarray | None:
+    """Each token's weight in the choice of what to mask (`data.mask_subsampling`), from its
+    frequency in the training text; None when every token is alike (BERT)."""
+    if not data.mask_subsampling:
+        return None
+    return subsampling_weights(token_counts(shards, exclude=tokenizer.special_ids), data.mask_subsampling)
 
 
 def masking_rate_schedule(data: DataConfig) -> Callable[[float], float] | None:
