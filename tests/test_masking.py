@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertforge.batches import pad_batch
-from bertforge.config import RunConfig, validate
+from bertforge.config import RunConfig, apply_objective, validate
 from bertforge.errors import BertforgeError
 from bertforge.masking import MaskingCollator, subsampling_weights
 
@@ -206,6 +206,11 @@ def test_invalid_settings_are_refused_by_the_config():
     config = RunConfig()
     config.data.mask_subsampling = 1.0
     with pytest.raises(BertforgeError, match="mask_subsampling"):
+        validate(config)
+    config.data.mask_subsampling = 1e-4
+    validate(config)
+    apply_objective(config, "clm")
+    with pytest.raises(BertforgeError, match="masks nothing"):
         validate(config)
     with pytest.raises(AssertionError):  # the collator trusts a validated config
         collator(mlm_probability=0.0)

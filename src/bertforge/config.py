@@ -557,6 +557,13 @@ TRAIN_RULES: list[Rule] = [
             'model.objective = "clm" set it to "normal"'
         ),
     ),
+    Rule(
+        lambda c: not c.data.mask_subsampling or c.model.objective == "mlm",
+        lambda c: (
+            'data.mask_subsampling weighs what BERT masks; GPT-1 (model.objective = "clm") masks nothing: '
+            "set it to 0"
+        ),
+    ),
 ]
 
 RUNTIME_RULES: list[Rule] = [
