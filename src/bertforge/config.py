@@ -519,6 +519,13 @@ DATA_RULES: list[Rule] = [
         "must be 0 (every token equally likely to be masked) or in (0, 1), a token frequency such as 1e-4",
         "data.mask_subsampling",
     ),
+    Rule(
+        lambda c: not c.data.mask_subsampling or c.model.objective == "mlm",
+        lambda c: (
+            'data.mask_subsampling weighs what BERT masks; GPT-1 (model.objective = "clm") masks nothing: '
+            "set it to 0"
+        ),
+    ),
     *fraction("data.short_seq_prob"),
     *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),
 ]
@@ -555,13 +562,6 @@ TRAIN_RULES: list[Rule] = [
         lambda c: (
             'train.embedding_init = "cooccurrence" starts BERT\'s tied MLM decoder; with '
             'model.objective = "clm" set it to "normal"'
-        ),
-    ),
-    Rule(
-        lambda c: not c.data.mask_subsampling or c.model.objective == "mlm",
-        lambda c: (
-            'data.mask_subsampling weighs what BERT masks; GPT-1 (model.objective = "clm") masks nothing: '
-            "set it to 0"
         ),
     ),
 ]

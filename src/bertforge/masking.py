@@ -111,7 +111,8 @@ class MaskingCollator:
             heads = candidates & (~self._continuation[input_ids] | ~previous)  # (B, T)
         else:
             heads = candidates
-        selected = _choose_words(candidates, heads, k, generator, self._word_weights(input_ids, heads))
+        token_weights = None if self._weights is None else self._weights[input_ids]  # (B, T)
+        selected = _choose_words(candidates, heads, k, generator, token_weights)  # (B, T)
 
         flat = input_ids.view(-1)  # (B*T,)
         masked_positions = selected.view(-1).nonzero().squeeze(1)  # (M,) sorted
@@ -126,15 +127,6 @@ class MaskingCollator:
         batch["masked_positions"] = masked_positions
         batch["masked_labels"] = masked_labels
         return batch
-
-    def _word_weights(self, input_ids: torch.Tensor, heads: torch.Tensor) -> torch.Tensor | None:
-        """(B, T) each word slot's weight, its head token's (as `_choose_words` numbers the words); None
-        without token weights."""
-        if self._weights is None:
-            return None
-        word = (heads.cumsum(1) - 1).clamp(min=0)  # (B, T)
-        head_weights = torch.where(heads, self._weights[input_ids], 0.0)  # (B, T)
-        return torch.zeros(heads.shape, dtype=torch.float64).scatter_add_(1, word, head_weights)
 
 
 class PretrainingCollator:
@@ -198,7 +190,7 @@ def _choose_words(
     heads: torch.Tensor,
     k: torch.Tensor,
     generator: torch.Generator | None,
-    weights: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token positions of words chosen in random order, skipping any that would pass k per row.
 
@@ -206,8 +198,9 @@ def _choose_words(
     list and skips words that no longer fit; here each round takes, in every row, the longest
     prefix of the remaining shuffled words that fits, then drops the words larger than what is
     left. The first remaining word always fits, so the rounds are at most k (one when every word
-    is a single token) and the result is exactly Google's walk. With `weights` (B, T) per word slot,
-    the order sorts exponential keys -log(u) / weight: weighted sampling without replacement.
+    is a single token) and the result is exactly Google's walk. With `token_weights` (B, T), a word
+    weighs what its head token does, and the order sorts exponential keys -log(u) / weight:
+    weighted sampling without replacement.
     Returns a (B, T) bool mask.
     """
     batch_size, width = candidates.shape
@@ -216,7 +209,9 @@ def _choose_words(
     sizes = torch.zeros(batch_size, width, dtype=torch.long)  # (B, T) tokens in each word slot
     sizes.scatter_add_(1, word, candidates.long())
     scores = torch.rand(batch_size, width, generator=generator, dtype=torch.float64)  # (B, T)
-    if weights is not None:
+    if token_weights is not None:
+        weights = torch.zeros(batch_size, width, dtype=torch.float64)  # (B, T) by word slot
+        weights.scatter_add_(1, word, torch.where(heads, token_weights, 0.0))
         scores = -torch.log1p(-scores) / weights.clamp(min=1e-300)  # Exp(weight) keys, u in [0, 1)
     scores.masked_fill_(torch.arange(width) >= num_words[:, None], float("inf"))  # unused slots sort last
     order = scores.argsort(1)  # (B, T) a random order of each row's words
