@@ -88,6 +88,18 @@ def test_json_round_trip(tmp_path):
             ["model.objective=clm", "model.hidden_act=gelu_new", "train.embedding_init=cooccurrence"],
             "starts BERT's tied MLM decoder",
         ),
+        (
+            ["train.embedding_init=window_model", "model.hidden_size=256", "model.num_attention_heads=4"],
+            r"data.max_seq_length \(128\) must be at most that",  # sinusoids of period 64
+        ),
+        (
+            ["train.embedding_init=window_model", "model.num_attention_heads=1", "data.max_seq_length=64"],
+            "at least 2 heads",
+        ),
+        (
+            ["train.embedding_init=window_model", "model.hidden_act=tanh", "data.max_seq_length=64"],
+            "which tanh has not",
+        ),
     ],
 )
 def test_impossible_values_are_named(overrides, message):

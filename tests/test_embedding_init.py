@@ -144,10 +144,10 @@ def test_a_large_corpus_is_sampled_in_windows_spread_over_its_parts(monkeypatch)
                 path="part",
             )
         )
-    windows = list(embedding_init._token_windows(ShardSet(parts)))
+    windows = list(embedding_init.token_windows(ShardSet(parts)))
     assert [(w[0], len(w)) for w in windows] == [(0, 1000), (3333, 1000), (6666, 1000)]
     monkeypatch.setattr(embedding_init, "MAX_TOKENS", 10_000)  # small enough: every part, whole
-    assert [len(w) for w in embedding_init._token_windows(ShardSet(parts))] == [6000, 4000]
+    assert [len(w) for w in embedding_init.token_windows(ShardSet(parts))] == [6000, 4000]
 
 
 def test_the_tied_decoder_starts_from_the_vectors():

@@ -37,9 +37,10 @@ TokenizerKind = Literal["wordpiece", "wordlevel"]
 # Compute-Optimal Training Beyond Fixed Training Durations")
 Schedule = Literal["linear", "constant", "wsd"]
 MlmBiasInit = Literal["unigram", "zero"]  # the MLM bias: log token frequencies of the corpus, or HF's 0
-# The word embeddings (tied to the MLM decoder): BERT's N(0, initializer_range), or the corpus's
-# co-occurrence statistics at that scale (`bertforge.embedding_init`)
-EmbeddingInit = Literal["normal", "cooccurrence"]
+# The word embeddings (tied to the MLM decoder): BERT's N(0, initializer_range); the corpus's
+# co-occurrence statistics at that scale (`bertforge.embedding_init`); or those, with the positions,
+# layer 1 and the MLM transform set to a count-based window model (`bertforge.window_init`)
+EmbeddingInit = Literal["normal", "cooccurrence", "window_model"]
 ExplicitPrecision = Literal["fp32", "bf16", "fp16"]
 Precision = Literal["auto", ExplicitPrecision]  # auto: measured (`bertforge.precision`)
 
@@ -530,6 +531,44 @@ DATA_RULES: list[Rule] = [
     *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),
 ]
 
+
+def window_model_rules() -> list[Rule]:
+    """What `train.embedding_init = "window_model"` needs of the model (`bertforge.window_init`)."""
+
+    def applies(c: RunConfig) -> bool:
+        return c.train.embedding_init == "window_model" and c.model.objective == "mlm"
+
+    def head_dim(c: RunConfig) -> int:
+        return c.model.hidden_size // c.model.num_attention_heads
+
+    why = 'train.embedding_init = "window_model"'
+    return [
+        Rule(
+            lambda c: not applies(c) or (c.model.num_attention_heads >= 2 and head_dim(c) % 2 == 0),
+            lambda c: (
+                f"{why} gives layer 1's heads one neighbour each and keeps the positions in one head's "
+                f"dims: it needs at least 2 heads of an even size (model.num_attention_heads = "
+                f'{c.model.num_attention_heads}, head size {head_dim(c)}); or set it to "cooccurrence"'
+            ),
+        ),
+        Rule(
+            lambda c: not applies(c) or c.data.max_seq_length <= head_dim(c),
+            lambda c: (
+                f"{why} starts the positions as sinusoids that repeat every head size ({head_dim(c)}) "
+                f"positions: data.max_seq_length ({c.data.max_seq_length}) must be at most that; or "
+                'set it to "cooccurrence"'
+            ),
+        ),
+        Rule(
+            lambda c: not applies(c) or c.model.hidden_act != "tanh",
+            lambda _c: (
+                f"{why} runs the MLM transform in its activation's linear range, which tanh has not: "
+                'set model.hidden_act to "gelu", or embedding_init to "cooccurrence"'
+            ),
+        ),
+    ]
+
+
 TRAIN_RULES: list[Rule] = [
     *one_of_choices("train"),
     *positive(
@@ -560,10 +599,11 @@ TRAIN_RULES: list[Rule] = [
     Rule(
         lambda c: c.train.embedding_init == "normal" or c.model.objective == "mlm",
         lambda c: (
-            'train.embedding_init = "cooccurrence" starts BERT\'s tied MLM decoder; with '
+            f'train.embedding_init = "{c.train.embedding_init}" starts BERT\'s tied MLM decoder; with '
             'model.objective = "clm" set it to "normal"'
         ),
     ),
+    *window_model_rules(),
 ]
 
 RUNTIME_RULES: list[Rule] = [

@@ -52,7 +52,7 @@ def cooccurrence_embeddings(
     generator = torch.Generator().manual_seed(seed)
     vectors = torch.randn(vocab_size, dim, generator=generator) * std  # what the PPMI does not fill
     frequency = token_counts(shards, exclude=special_ids)
-    contexts = _context_ids(frequency, min(MAX_CONTEXTS, MAX_CELLS // vocab_size))
+    contexts = context_ids(frequency, min(MAX_CONTEXTS, MAX_CELLS // vocab_size))
     ppmi = _ppmi(_window_counts(shards, vocab_size, contexts))  # (V, C)
     seen = ppmi.sum(1) > 0
     seen[list(special_ids)] = False
@@ -63,7 +63,7 @@ def cooccurrence_embeddings(
     return vectors
 
 
-def _context_ids(frequency: np.ndarray, limit: int) -> np.ndarray:
+def context_ids(frequency: np.ndarray, limit: int) -> np.ndarray:
     """The ids of the `limit` most frequent tokens (those that occur), most frequent first."""
     order = np.argsort(-frequency, kind="stable")
     return order[: min(limit, int((frequency > 0).sum()))]
@@ -76,7 +76,7 @@ def _window_counts(shards: TokenShards | ShardSet, vocab_size: int, contexts: np
     column = np.full(vocab_size, -1, dtype=np.int64)
     column[contexts] = np.arange(len(contexts))
     counts = np.zeros(vocab_size * len(contexts), dtype=np.float64)
-    for tokens in _token_windows(shards):
+    for tokens in token_windows(shards):
         # One distance at a time: the cell indices of one distance, not of all `WINDOW`, are held at once.
         for distance in range(1, WINDOW + 1):
             left, right = tokens[:-distance], tokens[distance:]
@@ -88,7 +88,7 @@ def _window_counts(shards: TokenShards | ShardSet, vocab_size: int, contexts: np
     return torch.from_numpy(counts.reshape(vocab_size, len(contexts))).float()
 
 
-def _token_windows(shards: TokenShards | ShardSet) -> Iterator[np.ndarray]:
+def token_windows(shards: TokenShards | ShardSet) -> Iterator[np.ndarray]:
     """Every part of the corpus whole (int64) when it has at most `MAX_TOKENS` tokens; else
     `MAX_TOKENS / BLOCK` windows of up to `BLOCK` tokens at evenly spaced positions (a window ends
     early at the end of its part)."""

@@ -83,6 +83,7 @@ from bertforge.shards import (
 )
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
+from bertforge.window_init import init_window_model
 
 DATA = "data.json"
 
@@ -196,9 +197,10 @@ def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], B
     tokenizer sections (its architecture and vocabulary win over any other setting)."""
     model, tokenizer, source = open_pretrained(path)
     config.model, config.tokenizer = source.model, source.tokenizer
-    if config.train.embedding_init == "cooccurrence" and distributed.launched().is_main:
+    if config.train.embedding_init != "normal" and distributed.launched().is_main:
         warnings.warn(
-            f'the word embeddings come from {path}: train.embedding_init = "cooccurrence" is not applied',
+            f"the weights come from {path}: train.embedding_init = "
+            f'"{config.train.embedding_init}" is not applied',
             stacklevel=2,
         )
     return model.state_dict(), tokenizer
@@ -269,7 +271,7 @@ def train_and_save(
     elif mlm and not resume:  # a resumed run loads its checkpoint's weights in `train`
         if config.train.mlm_bias_init == "unigram":
             init_mlm_bias(model, train_shards, tokenizer.special_ids)
-        if config.train.embedding_init == "cooccurrence" and distributed.launched().is_main:
+        if config.train.embedding_init != "normal" and distributed.launched().is_main:
             # Rank 0 alone: DistributedDataParallel gives its weights to every rank when it wraps the model.
             init_word_embeddings(model, train_shards, tokenizer.special_ids, config, show_progress)
     batches, loss, summarize_sums = objective_parts(config.model.objective)
@@ -365,16 +367,22 @@ def init_word_embeddings(
     config: RunConfig,
     show_progress: bool = False,
 ) -> None:
-    """Start the word embeddings (and so the tied MLM decoder) from the corpus's co-occurrences."""
+    """Start the word embeddings (and so the tied MLM decoder) from the corpus's co-occurrences; with
+    `window_model`, layer 1 and the MLM transform too, as a count-based window model."""
     started = time.perf_counter()
-    vectors = cooccurrence_embeddings(
-        shards, config.model.hidden_size, config.model.initializer_range, special_ids, config.runtime.seed
-    )
-    with torch.no_grad():
-        model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
+    if config.train.embedding_init == "window_model":
+        init_window_model(model, shards, special_ids, config)
+        what = "word embeddings, positions, layer 1 and the MLM transform: a count-based window model"
+    else:
+        vectors = cooccurrence_embeddings(
+            shards, config.model.hidden_size, config.model.initializer_range, special_ids, config.runtime.seed
+        )
+        with torch.no_grad():
+            model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
+        what = "word embeddings: from the corpus's co-occurrences"
     if show_progress:  # called on rank 0 alone
         seconds = time.perf_counter() - started
-        print(f"word embeddings: from the corpus's co-occurrences (PPMI-SVD, {seconds:.1f} s)", flush=True)
+        print(f"{what} (PPMI-SVD, {seconds:.1f} s)", flush=True)
 
 
 def check_pretraining_folder(out: Path, resume: bool) -> None:

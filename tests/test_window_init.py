@@ -1,0 +1,158 @@
+"""`train.embedding_init = "window_model"`: BERT started as a count-based window model
+(`bertforge.window_init`): at step 0 it fills a mask from the corpus's neighbour statistics."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import metrics_lines, tiny_config
+
+from bertforge.config import RunConfig
+from bertforge.model import BertForPreTraining
+from bertforge.pretrain import init_mlm_bias, pretrain
+from bertforge.window_init import (
+    SMOOTHING,
+    head_offsets,
+    init_window_model,
+    offset_pmi,
+    position_frequencies,
+    rotation,
+)
+
+SPECIALS = (0, 1, 2, 3, 4)  # pad, unk, cls, sep, mask
+CLS, SEP, MASK = 2, 3, 4
+VOCAB = 40
+
+
+def corpus_of(tokens) -> SimpleNamespace:
+    """What the init reads of a `TokenShards`."""
+    tokens = np.asarray(tokens, dtype=np.uint16)
+    return SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=VOCAB)
+
+
+def pair_corpus(pairs: int = 6000) -> SimpleNamespace:
+    """Word pairs (a, a + 10), a drawn from 10-19: each first word says what follows it, each second
+    word what went before it, and nothing else is predictable."""
+    first = np.random.default_rng(0).integers(10, 20, size=pairs)
+    return corpus_of(np.stack([first, first + 10], 1).reshape(-1))
+
+
+def small_config(heads: int = 2, layers: int = 2) -> RunConfig:
+    config = RunConfig()
+    m = config.model
+    m.vocab_size, m.hidden_size, m.num_attention_heads = VOCAB, 64, heads
+    m.num_hidden_layers, m.intermediate_size, m.max_position_embeddings = layers, 64, 64
+    config.data.max_seq_length = 64 // heads
+    return config
+
+
+def window_model(heads: int = 2) -> BertForPreTraining:
+    config = small_config(heads)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config.model)
+    init_mlm_bias(model, pair_corpus(), SPECIALS)  # as `pretrain` does: tokens never seen score low
+    init_window_model(model, pair_corpus(), SPECIALS, config)
+    return model.eval()
+
+
+def test_heads_read_the_nearest_neighbours_first():
+    assert head_offsets(2) == [-1, 1]
+    assert head_offsets(4) == [-1, 1, -2, 2]
+    assert head_offsets(5) == [-1, 1, -2, 2, -3]
+
+
+@pytest.mark.parametrize("offset", [-2, -1, 1, 3])
+def test_rotation_moves_a_position_by_the_offset(offset):
+    width = 16
+    angle = torch.arange(20, dtype=torch.float32)[:, None] * position_frequencies(width)
+    sinusoids = torch.cat([torch.cos(angle), torch.sin(angle)], 1)  # (20, 16)
+    moved = sinusoids[5:12] @ rotation(width, offset).T
+    torch.testing.assert_close(moved, sinusoids[5 + offset : 12 + offset], atol=1e-5, rtol=0)
+
+
+def test_offset_pmi_is_the_smoothed_log_ratio_of_counts():
+    tokens = np.random.default_rng(1).integers(5, 12, size=400)
+    counts = np.bincount(tokens, minlength=12)
+    contexts = np.array([7, 5, 11])
+    pmi = offset_pmi([tokens.astype(np.int64)], counts, contexts, offset=-2)
+    prior = (counts + 0.5) / (counts + 0.5).sum()
+    for w in (5, 8, 11):
+        for column, c in enumerate(contexts):
+            pairs = sum(1 for i in range(2, len(tokens)) if tokens[i] == w and tokens[i - 2] == c)
+            expected = math.log((pairs + SMOOTHING * prior[c]) / (counts[w] + SMOOTHING)) - math.log(prior[c])
+            assert pmi[w, column].item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_layer_one_heads_attend_to_their_neighbour():
+    model = window_model(heads=2)
+    ids = torch.tensor([[CLS, 12, 22, 15, 25, 11, 21, 17, 27, 13, 23, SEP]])
+    embeddings = model.bert.embeddings(ids)  # (1, T, H)
+    attention = model.bert.encoder.layer[0].attention.self
+    head_dim = attention.head_dim
+    q = attention.query(embeddings).view(1, -1, 2, head_dim).transpose(1, 2)
+    k = attention.key(embeddings).view(1, -1, 2, head_dim).transpose(1, 2)
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim), -1)[0]  # (heads, T, T)
+    for head, offset in enumerate(head_offsets(2)):
+        for i in range(2, 10):
+            assert weights[head, i, i + offset].item() > 0.95, (head, i, weights[head, i])
+
+
+def test_at_step_zero_a_mask_is_filled_from_its_neighbours():
+    """Before any training: the word after a first word is its pair, the word before a second word
+    is its pair; a model with BERT's initialisation (and the same word embeddings) does no better
+    than chance."""
+    model = window_model(heads=2)
+    hits = 0
+    for a in range(10, 20):
+        after = torch.tensor([[CLS, 13, 23, a, MASK, 16, 26, SEP]])
+        before = torch.tensor([[CLS, 13, 23, MASK, a + 10, 16, 26, SEP]])
+        for ids, position, answer in ((after, 4, a + 10), (before, 3, a)):
+            with torch.no_grad():
+                logits, _ = model(ids)
+            hits += int(logits[0, position].argmax().item() == answer)
+    assert hits == 20
+
+
+def test_other_layers_keep_berts_initialisation_and_the_weights_are_finite():
+    model = window_model(heads=2)
+    second = model.bert.encoder.layer[1]
+    assert 0.015 < second.attention.output.dense.weight.std().item() < 0.025
+    assert 0.015 < second.output.dense.weight.std().item() < 0.025
+    assert torch.count_nonzero(model.bert.encoder.layer[0].output.dense.weight) == 0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+FIRST = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+SECOND = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel", "iris", "juniper"]
+
+
+def pair_text(path, sentences: int, seed: int) -> str:
+    """Sentences of six word pairs ("alpha apple", "echo elder", ...), ten sentences a document."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for n in range(sentences):
+        pairs = rng.integers(0, 10, size=6)
+        lines.append(" ".join(f"{FIRST[i]} {SECOND[i]}" for i in pairs) + " .\n")
+        if n % 10 == 9:
+            lines.append("\n")
+    path.write_text("".join(lines), encoding="utf-8")
+    return str(path)
+
+
+def test_a_pretraining_run_starts_from_the_counts(tmp_path):
+    """Through `pretrain`: the held-out MLM accuracy at step 0, before any update, is that of the
+    pairs' counts with the window model, and near chance with the co-occurrence init alone."""
+    corpus, valid = pair_text(tmp_path / "train.txt", 3000, 0), pair_text(tmp_path / "valid.txt", 300, 1)
+    accuracy = {}
+    for init in ("cooccurrence", "window_model"):
+        config = tiny_config(corpus, valid, max_steps=1, eval_every=1, embedding_init=init)
+        config.model.hidden_size, config.model.num_attention_heads = 128, 2  # heads of 64: 64 positions
+        config.tokenizer.vocab_size = 200
+        config.data.nsp = False  # one-line sentences: the test is about the MLM head
+        pretrain(config, tmp_path / init, show_progress=False)
+        accuracy[init] = metrics_lines(tmp_path / init, "valid")[0]["mlm_accuracy"]
+    assert accuracy["window_model"] > 0.8 and accuracy["cooccurrence"] < 0.3, accuracy
