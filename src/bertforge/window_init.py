@@ -166,20 +166,10 @@ def init_window_model(
     # What the embeddings' LayerNorm makes of [a_w; p]: the word part divided by the vector's std.
     input_words = words / torch.sqrt(((words**2).sum(1) + position_sq) / hidden)[:, None]
 
-    counts = token_counts(shards, exclude=special_ids)
-    contexts = context_ids(counts, min(MAX_CONTEXTS, MAX_CELLS // vocab))
-    root_frequency = torch.from_numpy(counts).float().add(1.0).sqrt()
-    fit = OffsetMapFit(words, input_words[contexts], (root_frequency, root_frequency[contexts]), head_dim)
-    windows = [np.asarray(tokens, dtype=np.int64) for tokens in token_windows(shards)]
     offsets = head_offsets(heads)
-    maps = []
-    for offset in offsets:
-        scores = offset_pmi(windows, counts, contexts, offset)
-        scores[list(special_ids)] = 0.0
-        maps.append(fit(scores))
-    frequent = torch.from_numpy(contexts[:2000].copy())
-    summed = sum(input_words[frequent] @ matrix.T for matrix in maps)
-    scale = NEIGHBOUR_NORM / float(summed.norm(dim=1).median())  # the heads' maps are kappa * M_d
+    maps, frequent = offset_maps(shards, special_ids, words, input_words, offsets, head_dim)
+    summed = sum(input_words[frequent] @ matrix.T for matrix in maps)  # at frequent neighbours
+    scale = NEIGHBOUR_NORM / float(summed.norm(dim=1).median())  # the heads map scale * M_d
 
     embeddings = model.bert.embeddings
     embeddings.word_embeddings.weight[:vocab] = torch.cat([words, torch.zeros(vocab, head_dim)], 1)
@@ -196,7 +186,38 @@ def init_window_model(
     transform.LayerNorm.bias.zero_()
 
 
-def _set_first_layer(model, maps, offsets, scale, word_dims, typical_sq, position_sq):
+def offset_maps(
+    shards: TokenShards | ShardSet,
+    special_ids: Sequence[int],
+    words: torch.Tensor,
+    input_words: torch.Tensor,
+    offsets: list[int],
+    rank: int,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """For each offset d, M_d (K, K) of rank `rank` with words[w] . M_d input_words[c] ~ PMI_d(w, c)
+    over the most frequent context tokens; and the ids of the 2,000 most frequent tokens."""
+    counts = token_counts(shards, exclude=special_ids)
+    contexts = context_ids(counts, min(MAX_CONTEXTS, MAX_CELLS // len(counts)))
+    root_frequency = torch.from_numpy(counts).float().add(1.0).sqrt()
+    fit = OffsetMapFit(words, input_words[contexts], (root_frequency, root_frequency[contexts]), rank)
+    windows = [np.asarray(tokens, dtype=np.int64) for tokens in token_windows(shards)]
+    maps = []
+    for offset in offsets:
+        scores = offset_pmi(windows, counts, contexts, offset)
+        scores[list(special_ids)] = 0.0
+        maps.append(fit(scores))
+    return maps, torch.from_numpy(contexts[:2000].copy())
+
+
+def _set_first_layer(
+    model: BertForPreTraining,
+    maps: list[torch.Tensor],
+    offsets: list[int],
+    scale: float,
+    word_dims: int,
+    typical_sq: float,
+    position_sq: float,
+) -> None:
     """Head k of layer 1 attends from i to i + offsets[k] and adds scale * M_k of that token's word
     vector; its feed-forward output starts at zero. `typical_sq` is |[a_w; p]|^2 of a typical token."""
     layer = model.bert.encoder.layer[0]
