@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from bertforge.config import RunConfig, TokenizerConfig
@@ -99,6 +101,12 @@ def assert_clean_failure(capsys, argv: list[str], message: str) -> str:
     assert err.startswith("bertforge: error:") and message in err, err
     assert "Traceback" not in err and err.count("\n") == 1
     return err
+
+
+def corpus_of(tokens, vocab_size: int = 40) -> SimpleNamespace:
+    """A token sequence as the corpus statistics read a `TokenShards` (tokens, count, vocabulary)."""
+    tokens = np.asarray(tokens, dtype=np.uint16)
+    return SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=vocab_size)
 
 
 def tiny_config(corpus: Path | None = None, valid: Path | None = None, **train) -> RunConfig:

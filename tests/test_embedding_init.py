@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import HF_TINY_SIZES, tiny_config
+from conftest import HF_TINY_SIZES, corpus_of, tiny_config
 
 from bertforge import embedding_init, pretrain
 from bertforge.cache import cached_shards, default_cache_dir
@@ -22,12 +22,6 @@ from bertforge.shards import ShardSet
 from bertforge.tokenizer import load_tokenizer
 
 SPECIALS = (0, 1, 2, 3, 4)
-
-
-def corpus_of(tokens, vocab_size: int = 40) -> SimpleNamespace:
-    """What the init reads of a `TokenShards`."""
-    tokens = np.asarray(tokens, dtype=np.uint16)
-    return SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=vocab_size)
 
 
 def two_topic_corpus(length: int = 20_000) -> SimpleNamespace:
