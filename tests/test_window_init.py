@@ -81,9 +81,35 @@ def test_offset_pmi_is_the_smoothed_log_ratio_of_counts():
             assert pmi[w, column].item() == pytest.approx(expected, abs=1e-4)
 
 
-def test_layer_one_heads_attend_to_their_neighbour():
-    model = window_model(heads=2)
-    ids = torch.tensor([[CLS, 12, 22, 15, 25, 11, 21, 17, 27, 13, 23, SEP]])
+def skewed_pair_corpus(pairs: int = 6000) -> SimpleNamespace:
+    """As `pair_corpus`, with the first word 10 half of the time: its pair 20 is ten times as
+    frequent as the others (a corpus's frequent and rare words)."""
+    rng = np.random.default_rng(0)
+    first = np.where(rng.random(pairs) < 0.5, 10, rng.integers(11, 20, size=pairs))
+    return corpus_of(np.stack([first, first + 10], 1).reshape(-1), vocab_size=VOCAB)
+
+
+def test_word_vectors_share_one_norm_and_special_tokens_have_none():
+    """One norm for every word seen, frequent or rare, so that LayerNorm leaves each token the same
+    position part (the attention to a neighbour depends on it); [MASK] and the others carry nothing."""
+    config = small_config(heads=2)
+    model = BertForPreTraining(config.model)
+    init_window_model(model, skewed_pair_corpus(), SPECIALS, config)
+    norms = model.bert.embeddings.word_embeddings.weight.norm(dim=1)
+    seen = list(range(10, 30))
+    expected = config.model.initializer_range * math.sqrt(32)  # as N(0, std) in the 32 word dims
+    torch.testing.assert_close(norms[seen], torch.full((20,), expected), rtol=1e-4, atol=0)
+    assert norms[list(SPECIALS) + [5, 30]].max().item() == 0.0  # 5 and 30 never occur
+
+
+@pytest.mark.parametrize("corpus", [pair_corpus, skewed_pair_corpus])
+def test_layer_one_heads_attend_to_their_neighbour(corpus):
+    """At every position, masked ones included, and whether the neighbour is a frequent word or not."""
+    config = small_config(heads=2)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config.model)
+    init_window_model(model, corpus(), SPECIALS, config)
+    ids = torch.tensor([[CLS, 12, 22, 10, MASK, 11, 21, MASK, 20, 13, 23, SEP]])
     embeddings = model.bert.embeddings(ids)  # (1, T, H)
     attention = model.bert.encoder.layer[0].attention.self
     head_dim = attention.head_dim
@@ -116,6 +142,16 @@ def test_other_layers_keep_berts_initialisation_and_the_weights_are_finite():
     assert 0.015 < second.attention.output.dense.weight.std().item() < 0.025
     assert 0.015 < second.output.dense.weight.std().item() < 0.025
     assert torch.count_nonzero(model.bert.encoder.layer[0].output.dense.weight) == 0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("tokens", [[7] * 200, [7, 8] * 100])
+def test_a_corpus_with_nothing_to_count_gives_finite_weights(tokens):
+    """One word repeated, or two alternating: the PMI is (nearly) all zero, and the init must not
+    divide by it."""
+    config = small_config(heads=2)
+    model = BertForPreTraining(config.model)
+    init_window_model(model, corpus_of(np.array(tokens), vocab_size=VOCAB), SPECIALS, config)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
