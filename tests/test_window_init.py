@@ -44,12 +44,14 @@ def small_config(heads: int = 2, layers: int = 2) -> RunConfig:
     return config
 
 
-def window_model(heads: int = 2) -> BertForPreTraining:
+def window_model(corpus: SimpleNamespace | None = None, heads: int = 2) -> BertForPreTraining:
+    """A BERT of `small_config` started as the window model of `corpus` (the pair corpus if none)."""
+    corpus = pair_corpus() if corpus is None else corpus
     config = small_config(heads)
     torch.manual_seed(0)
     model = BertForPreTraining(config.model)
-    init_mlm_bias(model, pair_corpus(), SPECIALS)  # as `pretrain` does: tokens never seen score low
-    init_window_model(model, pair_corpus(), SPECIALS, config)
+    init_mlm_bias(model, corpus, SPECIALS)  # as `pretrain` does: tokens never seen score low
+    init_window_model(model, corpus, SPECIALS, config)
     return model.eval()
 
 
@@ -92,12 +94,10 @@ def skewed_pair_corpus(pairs: int = 6000) -> SimpleNamespace:
 def test_word_vectors_share_one_norm_and_special_tokens_have_none():
     """One norm for every word seen, frequent or rare, so that LayerNorm leaves each token the same
     position part (the attention to a neighbour depends on it); [MASK] and the others carry nothing."""
-    config = small_config(heads=2)
-    model = BertForPreTraining(config.model)
-    init_window_model(model, skewed_pair_corpus(), SPECIALS, config)
+    model = window_model(skewed_pair_corpus())
     norms = model.bert.embeddings.word_embeddings.weight.norm(dim=1)
     seen = list(range(10, 30))
-    expected = config.model.initializer_range * math.sqrt(32)  # as N(0, std) in the 32 word dims
+    expected = small_config().model.initializer_range * math.sqrt(32)  # as N(0, std) in the 32 word dims
     torch.testing.assert_close(norms[seen], torch.full((20,), expected), rtol=1e-4, atol=0)
     assert norms[list(SPECIALS) + [5, 30]].max().item() == 0.0  # 5 and 30 never occur
 
@@ -105,10 +105,7 @@ def test_word_vectors_share_one_norm_and_special_tokens_have_none():
 @pytest.mark.parametrize("corpus", [pair_corpus, skewed_pair_corpus])
 def test_layer_one_heads_attend_to_their_neighbour(corpus):
     """At every position, masked ones included, and whether the neighbour is a frequent word or not."""
-    config = small_config(heads=2)
-    torch.manual_seed(0)
-    model = BertForPreTraining(config.model)
-    init_window_model(model, corpus(), SPECIALS, config)
+    model = window_model(corpus())
     ids = torch.tensor([[CLS, 12, 22, 10, MASK, 11, 21, MASK, 20, 13, 23, SEP]])
     embeddings = model.bert.embeddings(ids)  # (1, T, H)
     attention = model.bert.encoder.layer[0].attention.self
@@ -124,7 +121,7 @@ def test_layer_one_heads_attend_to_their_neighbour(corpus):
 def test_at_step_zero_a_mask_is_filled_from_its_neighbours():
     """Before any training: the word after a first word is its pair, the word before a second word
     is its pair, for every pair (the step-0 comparison with the co-occurrence init is the last test)."""
-    model = window_model(heads=2)
+    model = window_model()
     hits = 0
     for a in range(10, 20):
         after = torch.tensor([[CLS, 13, 23, a, MASK, 16, 26, SEP]])
@@ -137,7 +134,7 @@ def test_at_step_zero_a_mask_is_filled_from_its_neighbours():
 
 
 def test_other_layers_keep_berts_initialisation_and_the_weights_are_finite():
-    model = window_model(heads=2)
+    model = window_model()
     second = model.bert.encoder.layer[1]
     assert 0.015 < second.attention.output.dense.weight.std().item() < 0.025
     assert 0.015 < second.output.dense.weight.std().item() < 0.025
@@ -149,9 +146,7 @@ def test_other_layers_keep_berts_initialisation_and_the_weights_are_finite():
 def test_a_corpus_with_nothing_to_count_gives_finite_weights(tokens):
     """One word repeated, or two alternating: the PMI is (nearly) all zero, and the init must not
     divide by it."""
-    config = small_config(heads=2)
-    model = BertForPreTraining(config.model)
-    init_window_model(model, corpus_of(np.array(tokens), vocab_size=VOCAB), SPECIALS, config)
+    model = window_model(corpus_of(np.array(tokens), vocab_size=VOCAB))
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
