@@ -372,17 +372,18 @@ def init_word_embeddings(
     started = time.perf_counter()
     if config.train.embedding_init == "window_model":
         init_window_model(model, shards, special_ids, config)
-        what = "word embeddings, positions, layer 1 and the MLM transform: a count-based window model (PMI"
+        what = "word embeddings, positions, layer 1 and the MLM transform: a count-based window model"
+        counted = "PMI"
     else:
         vectors = cooccurrence_embeddings(
             shards, config.model.hidden_size, config.model.initializer_range, special_ids, config.runtime.seed
         )
         with torch.no_grad():
             model.bert.embeddings.word_embeddings.weight[: len(vectors)].copy_(vectors)
-        what = "word embeddings: from the corpus's co-occurrences (PPMI-SVD"
+        what, counted = "word embeddings: from the corpus's co-occurrences", "PPMI-SVD"
     if show_progress:  # called on rank 0 alone
         seconds = time.perf_counter() - started
-        print(f"{what}, {seconds:.1f} s)", flush=True)
+        print(f"{what} ({counted}, {seconds:.1f} s)", flush=True)
 
 
 def check_pretraining_folder(out: Path, resume: bool) -> None:
