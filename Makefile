@@ -4,8 +4,14 @@
 
 VENV    ?= .venv
 PYTHON  ?= python3
-CORPUS  ?= ../shared/data/wikitext-2/wiki.train.tokens
-VALID   ?= ../shared/data/wikitext-2/wiki.valid.tokens
+# The demo's text: WikiText-2 from ../shared/data beside the repository where it is there, else
+# fetched once into the bertforge cache (`bertforge fetch wikitext-2`). Any text instead:
+# `make demo CORPUS=my.txt VALID=my-valid.txt`.
+SHARED  ?= ../shared/data/wikitext-2
+CACHE   ?= $(or $(BERTFORGE_CACHE),$(HOME)/.cache/bertforge)
+FETCHED  = $(CACHE)/data/wikitext-2
+CORPUS  ?= $(or $(wildcard $(SHARED)),$(FETCHED))/wiki.train.tokens
+VALID   ?= $(or $(wildcard $(SHARED)),$(FETCHED))/wiki.valid.tokens
 OUT     ?= runs/demo
 CONFIG  ?= configs/demo.toml
 ARGS    ?=
@@ -21,10 +27,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(filter $(FETCHED)/%,$(CORPUS) $(VALID))
 	rm -rf $(OUT)
 	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)
 	$(PY) -m bertforge showcase --model $(OUT) --corpus $(VALID)
+
+# Downloads and checks both files; a second demo finds them there.
+$(FETCHED)/%: | $(STAMP)
+	$(PY) -m bertforge fetch wikitext-2 --cache-dir $(CACHE)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

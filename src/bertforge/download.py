@@ -1,0 +1,215 @@
+"""Public corpora fetched once into the bertforge cache: WikiText-2, for the demo and for anyone
+without a copy of it.
+
+`fetch_corpus(name, cache_dir)` returns the folder `CACHE/data/NAME` holding the corpus's files and
+downloads those it lacks (standard library only, with a timeout) from URLs pinned to one commit, so
+that the bytes cannot change. A download goes to a temporary sibling (`.FILE.tmp-*`), is checked
+against the digests carried here (its git object id in that commit, what `git hash-object FILE`
+prints, and its sha256 where one is known), and only then renamed to its own name: a cut connection,
+a timeout or a wrong checksum removes the temporary, so the folder holds whole, checked files and
+nothing else. No network, or a server that sends other bytes, is one `BertforgeError` line saying
+how to get the files or how to run on any text. Progress shows as a bar on a terminal and as plain
+lines elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import ssl
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bertforge.errors import BertforgeError
+from bertforge.io import entry_lock, remove_leftovers, writing
+
+TIMEOUT_S = 60.0  # for the connection and for each read
+CHUNK = 1 << 16
+NETWORK_ERRORS = (
+    urllib.error.URLError,
+    http.client.HTTPException,
+    ConnectionError,
+    TimeoutError,
+    ssl.SSLError,
+)
+PLAIN_STEPS = 4  # lines a download prints off a terminal: at 25%, 50%, 75% and 100%
+PYTORCH_EXAMPLES = (  # the commit that put WikiText-2 into pytorch/examples
+    "https://raw.githubusercontent.com/pytorch/examples/d5678bc8ac0cdd79dbd5e44d4130271018bcec4e/"
+    "word_language_model/data/wikitext-2"
+)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str  # the file's name in the cache folder
+    url: str
+    git_blob: str  # sha1 of b"blob SIZE\0" + the bytes: the file's id in the pinned commit
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    files: tuple[RemoteFile, ...]
+    elsewhere: str  # where else the files can be had, for the message when the download fails
+
+
+CORPORA = {
+    "wikitext-2": Corpus(
+        "wikitext-2",
+        (
+            RemoteFile(
+                "wiki.train.tokens",
+                f"{PYTORCH_EXAMPLES}/train.txt",
+                "2d84b35af79e411d73ea7cae83c73964c6ac83b4",
+            ),
+            RemoteFile(
+                "wiki.valid.tokens",
+                f"{PYTORCH_EXAMPLES}/valid.txt",
+                "eec944eb2d9e46061cd34a6913528797db6842fc",
+                "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
+            ),
+        ),
+        "put wiki.train.tokens and wiki.valid.tokens of WikiText-2 in ../shared/data/wikitext-2",
+    ),
+}
+
+
+def corpus_folder(name: str, cache_dir: Path) -> Path:
+    return Path(cache_dir) / "data" / name
+
+
+def is_fetched(corpus: Corpus, folder: Path) -> bool:
+    return all((folder / remote.name).is_file() for remote in corpus.files)
+
+
+def fetch_corpus(name: str, cache_dir: Path, show_progress: bool = True, timeout: float = TIMEOUT_S) -> Path:
+    """The cache folder holding the files of the corpus `name`, downloading those it lacks."""
+    corpus = CORPORA[name]
+    folder = corpus_folder(name, cache_dir)
+    if is_fetched(corpus, folder):
+        return folder
+    with entry_lock(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(folder, depth=1)  # the temporaries of a download that was killed
+        for remote in corpus.files:
+            if not (folder / remote.name).is_file():
+                download(remote, folder / remote.name, corpus, show_progress, timeout)
+    return folder
+
+
+def download(remote: RemoteFile, target: Path, corpus: Corpus, show_progress: bool, timeout: float) -> None:
+    """Download `remote` to `target` through a temporary sibling, checked before it takes its name."""
+    with writing(target):
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                receive(remote, out, corpus, show_progress, timeout)
+            check_digests(Path(tmp), remote)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def receive(remote: RemoteFile, out, corpus: Corpus, show_progress: bool, timeout: float) -> None:
+    """Write the bytes served at `remote.url` to the open file `out`, all of them or an error. Errors
+    of the network become one line; those of the disk propagate (`writing` names them)."""
+    try:
+        response = urllib.request.urlopen(remote.url, timeout=timeout)
+    except NETWORK_ERRORS as error:
+        raise unreachable(remote, corpus, reason(error)) from None
+    received, size = 0, response.length  # from Content-Length; None when the server sent none
+    with response, progress(remote, size, show_progress) as advance:
+        while True:
+            try:
+                chunk = response.read(CHUNK)
+            except NETWORK_ERRORS as error:
+                raise unreachable(remote, corpus, reason(error, received)) from None
+            if not chunk:
+                break
+            out.write(chunk)
+            received += len(chunk)
+            advance(len(chunk))
+    if size is not None and received < size:
+        raise unreachable(remote, corpus, f"the connection closed after {received} of {size} bytes")
+
+
+def reason(error: Exception, received: int = 0) -> str:
+    if isinstance(error, urllib.error.HTTPError):
+        return f"HTTP {error.code} {error.reason}"
+    if isinstance(error, urllib.error.URLError):
+        return str(error.reason)
+    if isinstance(error, http.client.IncompleteRead):
+        return f"the connection closed after {received + len(error.partial)} bytes"
+    return str(error) or type(error).__name__
+
+
+def unreachable(remote: RemoteFile, corpus: Corpus, why: str) -> BertforgeError:
+    """The one line for a download that failed: what happened, then how to get the corpus or do without."""
+    return BertforgeError(
+        f"cannot download {corpus.name} ({remote.url}: {why}); connect to the internet and run "
+        f"`bertforge fetch {corpus.name}` again, or {corpus.elsewhere}, or run the demo on any text: "
+        "make demo CORPUS=my.txt VALID=my-valid.txt"
+    )
+
+
+def digests(path: Path) -> tuple[str, str]:
+    """(git object id, sha256) of a file's bytes."""
+    git = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    sha256 = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            git.update(chunk)
+            sha256.update(chunk)
+    return git.hexdigest(), sha256.hexdigest()
+
+
+def check_digests(path: Path, remote: RemoteFile) -> None:
+    git, sha256 = digests(path)
+    if git != remote.git_blob or (remote.sha256 is not None and sha256 != remote.sha256):
+        raise BertforgeError(
+            f"{remote.url} sent other bytes than expected (sha256 {sha256}, git object {git}; expected "
+            f"git object {remote.git_blob}); nothing was kept: try again later, or get the file elsewhere "
+            "and pass it with --corpus or --valid"
+        )
+
+
+@contextlib.contextmanager
+def progress(remote: RemoteFile, size: int | None, show_progress: bool) -> Iterator[Callable[[int], None]]:
+    """Yield the function to call with each chunk's length: it moves a bar on a terminal, and prints
+    a line at each quarter of a download of known size elsewhere."""
+    if not show_progress:
+        yield lambda count: None
+    elif sys.stderr.isatty():
+        with tqdm(total=size, unit="B", unit_scale=True, desc=remote.name) as bar:
+            yield bar.update
+    else:
+        print(f"bertforge: downloading {remote.url}", file=sys.stderr, flush=True)
+        yield PlainProgress(remote.name, size).advance
+
+
+class PlainProgress:
+    """Progress as lines, for a log: `bertforge: NAME 25% (2.7 of 10.9 MB)`."""
+
+    def __init__(self, name: str, size: int | None) -> None:
+        self.name, self.size, self.done, self.shown = name, size, 0, 0
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        step = PLAIN_STEPS * self.done // self.size if self.size else 0
+        if step > self.shown:
+            self.shown = step
+            percent = 100 * step // PLAIN_STEPS
+            line = f"{self.name} {percent}% ({self.done / 1e6:.1f} of {self.size / 1e6:.1f} MB)"
+            print(f"bertforge: {line}", file=sys.stderr, flush=True)
