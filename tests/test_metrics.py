@@ -18,6 +18,7 @@ from bertforge.metrics import (
     macro_f1,
     matthews_corrcoef,
     pearson,
+    pearson_rows,
     spearman,
 )
 
@@ -95,3 +96,14 @@ def test_correlations_match_scipy(seed):
     guess = np.round(gold + rng.normal(scale=1.0, size=300))
     assert spearman(gold, guess) == pytest.approx(stats.spearmanr(gold, guess)[0], abs=1e-12)
     assert spearman(list(gold), list(guess)) == pytest.approx(stats.spearmanr(gold, guess)[0], abs=1e-12)
+
+
+def test_pearson_rows_is_pearson_per_row_with_broadcasting():
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(2, 4, 30)), rng.normal(size=(4, 30))
+    rows = pearson_rows(x, y)
+    assert rows.shape == (2, 4)
+    for s in range(2):
+        for r in range(4):
+            assert rows[s, r] == pytest.approx(stats.pearsonr(x[s, r], y[r])[0], abs=1e-12)
+    assert pearson_rows(np.ones((2, 5)), y[:2, :5]).tolist() == [0.0, 0.0]

@@ -92,13 +92,17 @@ def confusion_matthews(matrix: np.ndarray) -> float:
 def pearson(x: ArrayLike, y: ArrayLike) -> float:
     """Pearson's correlation coefficient; 0 when either sequence is constant or has under 2 values."""
     x, y = _paired(x, y, np.float64)
-    if x.size < 2:
-        return 0.0
-    dx, dy = x - x.mean(), y - y.mean()
-    norm = np.sqrt((dx @ dx) * (dy @ dy))
-    if norm == 0:
-        return 0.0
-    return float(np.clip((dx @ dy) / norm, -1.0, 1.0))
+    return float(pearson_rows(x, y)) if x.size >= 2 else 0.0
+
+
+def pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson's r along the last axis of `x` and `y` (broadcast against each other, e.g. (seeds,
+    resamples, examples) against (resamples, examples)); 0 where a row is constant."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    dx, dy = x - x.mean(-1, keepdims=True), y - y.mean(-1, keepdims=True)
+    norm = np.sqrt((dx * dx).sum(-1) * (dy * dy).sum(-1))
+    r = (dx * dy).sum(-1) / np.where(norm > 0, norm, 1.0)
+    return np.clip(np.where(norm > 0, r, 0.0), -1.0, 1.0)
 
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
