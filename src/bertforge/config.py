@@ -208,7 +208,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 # Peak learning rate per size: post-LN BERT collapses into predicting the most frequent token
-# above about 3e-3 (tiny) and 2e-3 (mini) on WikiText-2 (docs/time-to-quality.md); tiny and mini
+# above about 3e-3 (tiny) and 2e-3 (mini) on WikiText-2 (docs/findings.md); tiny and mini
 # are the fastest measured rates that stay clear of it, base is Devlin et al.'s 1e-4.
 PRESET_LEARNING_RATES: dict[str, float] = {
     "tiny": 2e-3,

@@ -28,10 +28,10 @@ weights (nothing is added; the export is unchanged):
 The other layers keep BERT's initialisation. The mechanism is that of Elhage et al. 2021 ("A
 Mathematical Framework for Transformer Circuits": attention heads that copy a neighbour's token
 through an OV circuit), with counts put where training would have to find them. Measured on
-WikiText-2 (docs/time-to-quality.md), at step 0: 15.7% of the [MASK] positions of held-out text
-filled right, against 5.6% for BERT's init with the unigram bias (it fills in "the") and 9.7% for
-this init's first version (the PPMI vectors alone, which the maps fit worse: 10.5% even computed
-outside the network; and a temperature set on all positions' loss). A count-based naive Bayes over
+WikiText-2 (docs/records/pretraining.md), at step 0: 15.7% of the [MASK] positions of held-out text
+filled right, against 5.6% for BERT's init with the unigram bias (it fills in "the") and 9.7% with
+PPMI vectors alone as the word vectors (which the maps fit worse: 10.5% even computed outside the
+network; and a temperature set on all positions' loss). A count-based naive Bayes over
 the same four neighbours fills 26% with full-rank tables and 17% with each table cut to rank
 head_dim: the heads' rank is the limit.
 """
