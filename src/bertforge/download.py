@@ -60,7 +60,7 @@ class RemoteFile:
 class Corpus:
     name: str
     files: tuple[RemoteFile, ...]
-    elsewhere: str  # where else the files can be had, for the message when the download fails
+    elsewhere: str  # how else to get the files into {folder}, for the message when the download fails
 
 
 CORPORA = {
@@ -79,7 +79,7 @@ CORPORA = {
                 "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
             ),
         ),
-        "put wiki.train.tokens and wiki.valid.tokens of WikiText-2 in ../shared/data/wikitext-2",
+        "put WikiText-2's wiki.train.tokens and wiki.valid.tokens in {folder}",
     ),
 }
 
@@ -92,9 +92,12 @@ def is_fetched(corpus: Corpus, folder: Path) -> bool:
     return all((folder / remote.name).is_file() for remote in corpus.files)
 
 
-def fetch_corpus(name: str, cache_dir: Path, show_progress: bool = True, timeout: float = TIMEOUT_S) -> Path:
-    """The cache folder holding the files of the corpus `name`, downloading those it lacks."""
-    corpus = CORPORA[name]
+def fetch_corpus(
+    name: str, cache_dir: Path, show_progress: bool = True, timeout: float | None = None
+) -> Path:
+    """The cache folder holding the files of the corpus `name`, downloading those it lacks (`timeout`
+    in seconds for the connection and each read, `TIMEOUT_S` by default)."""
+    corpus, timeout = CORPORA[name], timeout or TIMEOUT_S
     folder = corpus_folder(name, cache_dir)
     if is_fetched(corpus, folder):
         return folder
@@ -113,36 +116,43 @@ def download(remote: RemoteFile, target: Path, corpus: Corpus, show_progress: bo
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as out:
-                receive(remote, out, corpus, show_progress, timeout)
+                receive(remote.url, out, remote.name, show_progress, timeout)
             check_digests(Path(tmp), remote)
             os.replace(tmp, target)
+        except NetworkFailure as failure:
+            os.unlink(tmp)
+            raise unreachable(remote, corpus, target.parent, str(failure)) from None
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
 
 
-def receive(remote: RemoteFile, out, corpus: Corpus, show_progress: bool, timeout: float) -> None:
-    """Write the bytes served at `remote.url` to the open file `out`, all of them or an error. Errors
-    of the network become one line; those of the disk propagate (`writing` names them)."""
+class NetworkFailure(Exception):
+    """A download that the network broke off; its message says how."""
+
+
+def receive(url: str, out, name: str, show_progress: bool, timeout: float) -> None:
+    """Write the bytes served at `url` to the open file `out`, all of them or a `NetworkFailure`; an
+    error of the disk propagates (`writing` names it)."""
     try:
-        response = urllib.request.urlopen(remote.url, timeout=timeout)
+        response = urllib.request.urlopen(url, timeout=timeout)
     except NETWORK_ERRORS as error:
-        raise unreachable(remote, corpus, reason(error)) from None
+        raise NetworkFailure(reason(error)) from None
     received, size = 0, response.length  # from Content-Length; None when the server sent none
-    with response, progress(remote, size, show_progress) as advance:
+    with response, progress(url, name, size, show_progress) as advance:
         while True:
             try:
                 chunk = response.read(CHUNK)
             except NETWORK_ERRORS as error:
-                raise unreachable(remote, corpus, reason(error, received)) from None
+                raise NetworkFailure(reason(error, received)) from None
             if not chunk:
                 break
             out.write(chunk)
             received += len(chunk)
             advance(len(chunk))
     if size is not None and received < size:
-        raise unreachable(remote, corpus, f"the connection closed after {received} of {size} bytes")
+        raise NetworkFailure(f"the connection closed after {received} of {size} bytes")
 
 
 def reason(error: Exception, received: int = 0) -> str:
@@ -155,11 +165,12 @@ def reason(error: Exception, received: int = 0) -> str:
     return str(error) or type(error).__name__
 
 
-def unreachable(remote: RemoteFile, corpus: Corpus, why: str) -> BertforgeError:
+def unreachable(remote: RemoteFile, corpus: Corpus, folder: Path, why: str) -> BertforgeError:
     """The one line for a download that failed: what happened, then how to get the corpus or do without."""
+    elsewhere = corpus.elsewhere.format(folder=folder)
     return BertforgeError(
         f"cannot download {corpus.name} ({remote.url}: {why}); connect to the internet and run "
-        f"`bertforge fetch {corpus.name}` again, or {corpus.elsewhere}, or run the demo on any text: "
+        f"`bertforge fetch {corpus.name}` again, or {elsewhere}, or run the demo on any text: "
         "make demo CORPUS=my.txt VALID=my-valid.txt"
     )
 
@@ -186,21 +197,21 @@ def check_digests(path: Path, remote: RemoteFile) -> None:
 
 
 @contextlib.contextmanager
-def progress(remote: RemoteFile, size: int | None, show_progress: bool) -> Iterator[Callable[[int], None]]:
+def progress(url: str, name: str, size: int | None, show_progress: bool) -> Iterator[Callable[[int], None]]:
     """Yield the function to call with each chunk's length: it moves a bar on a terminal, and prints
     a line at each quarter of a download of known size elsewhere."""
     if not show_progress:
         yield lambda count: None
     elif sys.stderr.isatty():
-        with tqdm(total=size, unit="B", unit_scale=True, desc=remote.name) as bar:
+        with tqdm(total=size, unit="B", unit_scale=True, desc=name) as bar:
             yield bar.update
     else:
-        print(f"bertforge: downloading {remote.url}", file=sys.stderr, flush=True)
-        yield PlainProgress(remote.name, size).advance
+        print(f"bertforge: downloading {url}", file=sys.stderr, flush=True)
+        yield PlainProgress(name, size).advance
 
 
 class PlainProgress:
-    """Progress as lines, for a log: `bertforge: NAME 25% (2.7 of 10.9 MB)`."""
+    """Progress as lines, for a log: `bertforge: NAME 25% (2.73MB of 10.9MB)`."""
 
     def __init__(self, name: str, size: int | None) -> None:
         self.name, self.size, self.done, self.shown = name, size, 0, 0
@@ -211,5 +222,9 @@ class PlainProgress:
         if step > self.shown:
             self.shown = step
             percent = 100 * step // PLAIN_STEPS
-            line = f"{self.name} {percent}% ({self.done / 1e6:.1f} of {self.size / 1e6:.1f} MB)"
+            line = f"{self.name} {percent}% ({sizeof(self.done)} of {sizeof(self.size)})"
             print(f"bertforge: {line}", file=sys.stderr, flush=True)
+
+
+def sizeof(count: int) -> str:
+    return tqdm.format_sizeof(count, "B")

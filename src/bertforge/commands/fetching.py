@@ -23,7 +23,10 @@ def register(commands) -> None:
     )
     p.add_argument("corpus", choices=sorted(CORPORA), help="which corpus")
     p.add_argument(
-        "--cache-dir", type=Path, help="the cache (default $BERTFORGE_CACHE, else ~/.cache/bertforge)"
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="the cache (default $BERTFORGE_CACHE, else ~/.cache/bertforge)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(handler=run_fetch)
