@@ -7,8 +7,8 @@ PYTHON  ?= python3
 # The demo's text: WikiText-2 from ../shared/data beside the repository where it is there, else
 # fetched once into the bertforge cache (`bertforge fetch wikitext-2`). Any text instead:
 # `make demo CORPUS=my.txt VALID=my-valid.txt`.
-SHARED  ?= ../shared/data/wikitext-2
-CACHE   ?= $(or $(BERTFORGE_CACHE),$(HOME)/.cache/bertforge)
+SHARED   = ../shared/data/wikitext-2
+CACHE    = $(or $(BERTFORGE_CACHE),$(HOME)/.cache/bertforge)
 FETCHED  = $(CACHE)/data/wikitext-2
 CORPUS  ?= $(or $(wildcard $(SHARED)),$(FETCHED))/wiki.train.tokens
 VALID   ?= $(or $(wildcard $(SHARED)),$(FETCHED))/wiki.valid.tokens
