@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertforge import __version__, distributed
-from bertforge.commands import fetching, finetuning, inference, pretraining, views
+from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import describe_os_error
 
-COMMAND_GROUPS = (pretraining, inference, finetuning, views, fetching)
+COMMAND_GROUPS = (pretraining, inference, finetuning, glue, views, fetching)
 # How library errors name what these flags set, for every command that has them; a command adds
 # its own names with `set_defaults(setting_flags={...})`.
 COMMON_FLAGS = {

@@ -1,0 +1,110 @@
+"""The `glue` command: a pretrained model benchmarked on the GLUE tasks found in --data.
+
+The handler builds the benchmark's settings from the arguments (or, with --resume, reads the saved
+ones) and calls `bertforge.glue.run_glue`; it prints the skipped tasks as they are found and, at the
+end, the table of `bertforge.glue_report`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertforge.commands import add_device_argument, add_precision_argument
+from bertforge.commands.finetuning import seed_list
+from bertforge.errors import BertforgeError
+
+SETTING_FLAGS = {"`resume=True`": "--resume"}
+RESUME_IGNORES = (
+    "model",
+    "data",
+    "tasks",
+    "seeds",
+    "compare_scratch",
+    "sweep",
+    "recipes",
+    "precision",
+    "device",
+)
+
+
+def register(commands) -> None:
+    p = commands.add_parser(
+        "glue",
+        help="benchmark a pretrained model on GLUE beside Google's small BERTs",
+        description="Fine-tune --model on each GLUE task found in --data (GLUE's download layout: SST-2/, "
+        "MRPC/, STS-B/, RTE/, CoLA/, QNLI/, MNLI/, QQP/, WNLI/, each with train.tsv and dev.tsv), once per "
+        "seed, with each task's recipe (configs/glue.toml; --recipes FILE for an edited copy). Prints per "
+        "task its GLUE figures (median and range over seeds), the GLUE average, and the published "
+        "BERT-Tiny, Mini and Small figures; writes OUT/glue.json, glue.md and glue.png. Rerunning the "
+        "same command continues an interrupted benchmark without running finished seeds again.",
+    )
+    p.add_argument(
+        "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        help="a folder of GLUE task folders, a folder above such folders, or one task's folder (repeatable)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="benchmark folder (new, or one to continue)")
+    p.add_argument(
+        "--tasks", help="tasks to run, comma-separated, e.g. sst-2,mrpc,sts-b,rte (default: all found)"
+    )
+    p.add_argument("--seeds", type=seed_list, help="fine-tuning seeds (default 1,2,3,4,5)")
+    p.add_argument(
+        "--compare-scratch",
+        action="store_true",
+        help="also fine-tune the same architecture and tokenizer from random weights, per seed; paired tests",
+    )
+    p.add_argument("--recipes", type=Path, help="per-task recipes, a TOML file as configs/glue.toml")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="per task, try the recipes' [sweep] grid (learning rate x batch size, first seed) and keep the "
+        "best on dev (its dev figures are then optimistic)",
+    )
+    add_precision_argument(p)
+    add_device_argument(p, default=None)
+    p.add_argument(
+        "--resume", action="store_true", help="continue the benchmark in --out with its saved settings"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    p.set_defaults(handler=run_glue_command, setting_flags=SETTING_FLAGS)
+
+
+def glue_settings(args):
+    """The benchmark's settings from the arguments; None with --resume (the saved ones are used)."""
+    from bertforge.glue import benchmark
+
+    if args.resume:
+        given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False)]
+        if given:
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+            raise BertforgeError(f"--resume continues with the benchmark's saved settings; drop {flags}")
+        return None
+    missing = [flag for flag, value in (("--model", args.model), ("--data", args.data)) if value is None]
+    if missing:
+        raise BertforgeError(f"glue needs {' and '.join(missing)} (or --resume to continue a benchmark)")
+    return benchmark(
+        args.model,
+        args.data,
+        tasks=[name.strip() for name in args.tasks.split(",") if name.strip()] if args.tasks else None,
+        seeds=args.seeds,
+        compare_scratch=args.compare_scratch,
+        sweep=args.sweep,
+        recipes_file=args.recipes,
+        precision=args.precision,
+        device=args.device,
+    )
+
+
+def run_glue_command(args) -> int:
+    from bertforge.glue import run_glue
+    from bertforge.glue_report import text_report
+
+    report = run_glue(glue_settings(args), args.out, resume=args.resume, show_progress=not args.quiet)
+    print()
+    print(text_report(report))
+    print(f"\nreport: {args.out / 'glue.json'}, {args.out / 'glue.md'}, {args.out / 'glue.png'}")
+    return 0

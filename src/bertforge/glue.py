@@ -1,0 +1,503 @@
+"""`bertforge glue`: a pretrained model fine-tuned on every GLUE task found, per seed, scored as GLUE
+scores it, beside Google's small BERTs.
+
+Owns the benchmark's settings (with each task's recipe from `bertforge.glue_recipes`), its folder
+and how a rerun continues it, each task's runs through `bertforge.finetune` (with
+`compare_scratch` both arms per seed, laid out as `bertforge.comparison` lays them out), scoring
+each run's best epoch on the task's dev and labelled test files (`bertforge.glue_scores`), the
+`--sweep` over a small grid, and the progress over all runs. glue.json's content, the table,
+glue.md and glue.png are `bertforge.glue_report`'s.
+
+Benchmark folder (`out`):
+
+    glue_task.json      the settings (model, data, tasks, seeds, arms, recipes): what a rerun continues
+    data/<task>/        train.jsonl (its recipe's `max_train_examples`: a fixed random subset) and
+                        dev.jsonl (the first dev file), what fine-tuning reads
+    sweep/<task>/lr<LR>-bs<B>/   one fine-tuning folder per grid point (`sweep`), first seed only
+    <task>/             the task's fine-tuning folder: seed_N/, or pretrained/seed_N/ and scratch/seed_N/
+                        (each run's glue_scores.json: its figures on every dev and test file)
+    glue.json, glue.md, glue.png
+
+A run whose result.json exists is not run again; an interrupted run continues from its checkpoint.
+Each run's best epoch is chosen on the first dev file, which also scores it (as `finetune`'s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bertforge.classifier import classify
+from bertforge.comparison import ARMS, SEEDS_FOR_A_CLAIM, few_seeds_note, run_folder
+from bertforge.config import RunConfig
+from bertforge.errors import BertforgeError, Interrupted
+from bertforge.finetune import (
+    EVAL_BATCH_SIZE,
+    RESULT,
+    TASK,
+    FinetuneTask,
+    finetuning_config,
+    removed_unless_progress,
+    start,
+)
+from bertforge.folders import find_model_folder, open_classifier
+from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
+from bertforge.glue_recipes import Recipe, load_recipes
+from bertforge.glue_report import build_report, markdown_report, plot_report
+from bertforge.glue_scores import (
+    split_figures,
+    task_score,
+)
+from bertforge.io import RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
+from bertforge.labeled import LabeledExamples
+from bertforge.runtime import resolve_device
+
+SETTINGS = "glue_task.json"
+REPORT = "glue.json"
+SCORES = "glue_scores.json"
+DEFAULT_SEEDS = [1, 2, 3, 4, 5]
+SUBSET_SEED = 0  # draws a recipe's `max_train_examples`: the same subset for every seed and arm
+
+
+@dataclass
+class GlueBenchmark:
+    """What `bertforge glue` runs; saved as glue_task.json so that a rerun or `--resume` continues it."""
+
+    model: str
+    data: list[str]
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
+    compare_scratch: bool = False
+    sweep: bool = False
+    recipes: dict[str, dict] = field(default_factory=dict)  # task -> Recipe's fields
+    sweep_grid: dict[str, list] = field(default_factory=dict)  # learning_rate, batch_size
+    recipes_file: str | None = None
+    precision: str | None = None
+    device: str | None = None
+
+
+def benchmark(
+    model: str | Path,
+    data: list[str | Path],
+    tasks: list[str] | None = None,
+    seeds: list[int] | None = None,
+    compare_scratch: bool = False,
+    sweep: bool = False,
+    recipes_file: str | Path | None = None,
+    precision: str | None = None,
+    device: str | None = None,
+) -> GlueBenchmark:
+    """A `GlueBenchmark` with its tasks checked and each task's recipe and the sweep's grid resolved."""
+    names = [task_spec(name).name for name in tasks] if tasks else list(TASKS)
+    if len(set(names)) < len(names):
+        raise BertforgeError(f"--tasks names a task twice: {', '.join(names)}")
+    seeds = list(DEFAULT_SEEDS if seeds is None else seeds)
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {seeds}")
+    recipes, grid = load_recipes(recipes_file)
+    return GlueBenchmark(
+        model=str(model),
+        data=[str(path) for path in data],
+        tasks=names,
+        seeds=seeds,
+        compare_scratch=compare_scratch,
+        sweep=sweep,
+        recipes={name: asdict(recipes[name]) for name in names},
+        sweep_grid=grid,
+        recipes_file=None if recipes_file is None else str(recipes_file),
+        precision=precision,
+        device=device,
+    )
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def run_glue(
+    bench: GlueBenchmark | None, out: Path, resume: bool = False, show_progress: bool = True, say=print
+) -> dict:
+    """Run (or continue) the benchmark in `out` and return its report (what glue.json holds).
+
+    `bench` None with `resume`: the saved settings. `say` receives the lines for the user: a task
+    skipped, a test file without labels, the sweep's choice.
+    """
+    out = Path(out)
+    lock = RunFolderLock(out).acquire()
+    began = time.time()
+    try:
+        bench = settled(bench, out, resume)
+        found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
+        for line in skipped:
+            say(line)
+        if not found:
+            raise BertforgeError(
+                f"none of the tasks {', '.join(bench.tasks)} is in {', '.join(bench.data)}; give --data the "
+                "folder that holds GLUE's task folders (SST-2/, MRPC/, ...)"
+            )
+        find_model_folder(bench.model)  # a wrong --model is refused before anything is written
+        datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
+        for data in datas.values():
+            for line in data.notes:
+                say(line)
+        if len(bench.seeds) < SEEDS_FOR_A_CLAIM and bench.compare_scratch:
+            say(f"note: {few_seeds_note(len(bench.seeds))}")
+        if not (out / SETTINGS).is_file():
+            write_json(out / SETTINGS, asdict(bench))
+        files = {
+            name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
+            for name, data in datas.items()
+        }
+        progress = Progress(plan(bench, datas, out), show_progress)
+        tasks = {}
+        try:
+            for name, data in datas.items():
+                tasks[name] = run_task(bench, data, files[name], out, progress, say)
+        except Interrupted as stop:
+            stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume"
+            raise
+        finally:
+            progress.close()
+        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began)
+        write_json(out / REPORT, report)
+        atomic_write_text(out / "glue.md", markdown_report(report))
+        plot_report(report, out / "glue.png")
+        return report
+    finally:
+        lock.release()
+
+
+def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchmark:
+    """The settings to run: the saved ones with `resume`; else `bench`, which must equal the saved
+    ones when `out` already holds a benchmark (a rerun of the same command continues it)."""
+    saved = read_json(out / SETTINGS) if (out / SETTINGS).is_file() else None
+    if resume:
+        if saved is None:
+            raise BertforgeError(f"{out} holds no glue benchmark to resume; start one without `resume=True`")
+        try:
+            return GlueBenchmark(**saved)
+        except TypeError as error:
+            raise BertforgeError(
+                f"{out / SETTINGS} is damaged ({error}); start the benchmark again"
+            ) from None
+    if bench is None:
+        raise BertforgeError("give the benchmark's settings, or `resume=True` to continue one")
+    if saved is None:
+        if is_occupied(out):
+            raise BertforgeError(
+                f"{out} is not an empty folder and holds no glue benchmark; choose a new `out`"
+            )
+        return bench
+    different = [key for key, value in asdict(bench).items() if not same_setting(key, value, saved.get(key))]
+    if different:
+        raise BertforgeError(
+            f"{out} holds a glue benchmark with other settings ({', '.join(different)}); continue it with "
+            "`resume=True` (its own settings), or choose a new `out`"
+        )
+    return bench
+
+
+def same_setting(key: str, given, saved) -> bool:
+    """Equal settings; paths compared as the files they name."""
+    if key == "model":
+        return Path(given).resolve() == Path(saved).resolve()
+    if key == "data":
+        return [Path(p).resolve() for p in given] == [Path(p).resolve() for p in saved or []]
+    if key == "recipes_file":
+        return True  # the recipes themselves are compared
+    return given == saved
+
+
+def recipe_of(bench: GlueBenchmark, task: str) -> Recipe:
+    return Recipe(**bench.recipes[task])
+
+
+@dataclass
+class TaskFiles:
+    """The JSON-lines files fine-tuning reads, and how many training examples the task has."""
+
+    train: Path
+    dev: Path
+    train_examples: int
+    train_examples_in_file: int
+
+
+def write_task_files(folder: Path, data: TaskData, recipe: Recipe) -> TaskFiles:
+    """The training examples (a fixed random subset of `max_train_examples`) and the first dev file
+    as JSON lines; a file whose content is unchanged is left as it is."""
+    total = len(data.train)
+    keep = np.arange(total)
+    if 0 < recipe.max_train_examples < total:
+        rng = np.random.default_rng(SUBSET_SEED)
+        keep = np.sort(rng.choice(total, recipe.max_train_examples, replace=False))
+    train, dev = folder / "train.jsonl", folder / "dev.jsonl"
+    write_if_changed(train, jsonl(data.train, keep))
+    write_if_changed(dev, jsonl(data.dev[data.spec.dev[0]], np.arange(len(data.dev[data.spec.dev[0]]))))
+    return TaskFiles(train, dev, len(keep), total)
+
+
+def jsonl(examples: LabeledExamples, keep: np.ndarray) -> str:
+    rows = []
+    for i in keep:
+        row = {"text": examples.texts[i], "label": examples.labels[i]}
+        if examples.pairs is not None:
+            row["pair"] = examples.pairs[i]
+        rows.append(json.dumps(row, ensure_ascii=False))
+    return "\n".join(rows) + "\n"
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+
+
+def finetune_task(
+    bench: GlueBenchmark, data: TaskData, files: TaskFiles, recipe: Recipe, seeds, compare
+) -> FinetuneTask:
+    return FinetuneTask(
+        model=bench.model,
+        train=str(files.train),
+        valid=str(files.dev),
+        text_column="text",
+        label_column="label",
+        text_pair_column="pair" if data.train.pairs is not None else None,
+        format="jsonl",
+        epochs=recipe.epochs,
+        seeds=list(seeds),
+        compare_scratch=compare,
+        dropout=recipe.dropout,
+        task_type=data.spec.kind,
+    )
+
+
+def finetune_config(bench: GlueBenchmark, recipe: Recipe) -> RunConfig:
+    config = finetuning_config()
+    config.train.learning_rate = recipe.learning_rate
+    config.train.batch_size = recipe.batch_size
+    config.train.warmup_ratio = recipe.warmup
+    config.data.max_seq_length = recipe.max_length
+    if bench.precision is not None:
+        config.runtime.precision = bench.precision
+    if bench.device is not None:
+        config.runtime.device = bench.device
+    return config
+
+
+def run_task(
+    bench: GlueBenchmark, data: TaskData, files: TaskFiles, out: Path, progress: Progress, say
+) -> dict:
+    """A task's sweep (when asked), then its runs: each seed, and with `compare_scratch` each seed of
+    both arms; returns the task's part of the report."""
+    name, recipe, grid = data.spec.name, recipe_of(bench, data.spec.name), []
+    if bench.sweep:
+        recipe, grid = sweep_task(bench, data, files, recipe, out / "sweep" / name, progress)
+        say(
+            f"{name}: --sweep chose learning rate {recipe.learning_rate:g}, batch size {recipe.batch_size} "
+            f"on dev (seed {bench.seeds[0]}); its dev figures are optimistic"
+        )
+    arms = ARMS if bench.compare_scratch else ARMS[:1]
+    folder = out / name
+    task = finetune_task(bench, data, files, recipe, bench.seeds, bench.compare_scratch)
+    runs = [
+        (seed, arm, arm_folder(folder, arm, seed, bench.compare_scratch))
+        for seed in bench.seeds
+        for arm in arms
+    ]
+    scored = run_seeds(task, finetune_config(bench, recipe), folder, runs, data, progress)
+    return {
+        "folder": str(data.folder),
+        "kind": data.spec.kind,
+        "train_examples": files.train_examples,
+        "train_examples_in_file": files.train_examples_in_file,
+        "dev_examples": {stem: len(examples) for stem, examples in data.dev.items()},
+        "test_examples": {stem: len(examples) for stem, examples in data.test.items()},
+        "recipe": asdict(recipe),
+        "recipe_chosen_on_dev": bench.sweep,
+        "sweep": grid,
+        "runs": scored,
+        "true": dev_truth(data),
+    }
+
+
+def arm_folder(folder: Path, arm: str, seed: int, compare: bool) -> Path:
+    return run_folder(folder, arm, seed) if compare else folder / f"seed_{seed}"
+
+
+def run_seeds(
+    task: FinetuneTask, config: RunConfig, folder: Path, runs: list, data: TaskData, progress: Progress
+) -> list[dict]:
+    """Fine-tune and score each (seed, arm, run folder) of one task's fine-tuning folder."""
+    job, created = start(task, config, folder, (folder / TASK).is_file(), show_progress=False)
+    scored = []
+    with removed_unless_progress(folder, created, [run_dir for _, _, run_dir in runs]):
+        for seed, arm, run_dir in runs:
+            label = f"{data.spec.name} {arm} seed {seed}"
+            finished = (run_dir / RESULT).is_file()
+            # The loop writes a line per epoch to stdout even without a bar: the benchmark shows its own.
+            with contextlib.redirect_stdout(io.StringIO()):
+                result = job.run(seed, run_dir, from_scratch=arm == "scratch")
+            figures = score_run(run_dir, data, config)
+            scored.append({"seed": seed, "arm": arm, "folder": str(run_dir), **run_record(result), **figures})
+            progress.advance(label, job.steps_per_epoch * task.epochs, finished, figures["score"])
+    return scored
+
+
+def run_record(result: dict) -> dict:
+    return {key: result[key] for key in ("best_epoch", "epochs", "steps", "elapsed_s")}
+
+
+def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
+    """The run's best epoch (final/) scored on every dev and labelled test file: its figures, task
+    scores and the first dev file's predictions (for the paired bootstrap); kept in glue_scores.json."""
+    path = run_dir / SCORES
+    if path.is_file():
+        return read_json(path)
+    model, tokenizer, labels, _ = open_classifier(run_dir / "final")
+    model.to(resolve_device(config.runtime.device))
+    max_length = min(config.data.max_seq_length, model.config.max_position_embeddings)
+    regression = data.spec.kind == "regression"
+    record: dict = {"dev": {}, "test": {}}
+    for split, stems, sets in (("dev", data.spec.dev, data.dev), ("test", data.spec.test, data.test)):
+        for which, stem in enumerate(stems):
+            if stem not in sets:
+                continue
+            examples = sets[stem]
+            outputs = classify(
+                model, tokenizer, labels, examples.texts, examples.pairs, max_length, EVAL_BATCH_SIZE
+            )
+            predicted = [o["score"] for o in outputs] if regression else [o["label"] for o in outputs]
+            true = truth(examples, regression)
+            record[split].update(split_figures(data.spec.name, which, true, predicted, task_labels(data)))
+            if split == "dev" and which == 0:
+                record["predicted"] = predicted
+    record["score"] = task_score(data.spec.name, record["dev"])
+    record["test_score"] = task_score(data.spec.name, record["test"])
+    write_json(path, record, indent=None)
+    return record
+
+
+def truth(examples: LabeledExamples, regression: bool) -> list:
+    return [float(label) for label in examples.labels] if regression else list(examples.labels)
+
+
+def task_labels(data: TaskData) -> list[str]:
+    """The label names figures are counted over (sorted as fine-tuning orders them); none for STS-B."""
+    return sorted(data.spec.labels)
+
+
+def dev_truth(data: TaskData) -> list:
+    return truth(data.dev[data.spec.dev[0]], data.spec.kind == "regression")
+
+
+def sweep_task(
+    bench: GlueBenchmark, data: TaskData, files: TaskFiles, recipe: Recipe, folder: Path, progress: Progress
+) -> tuple[Recipe, list[dict]]:
+    """One run (the first seed, pretrained) per point of the grid; the recipe of the best dev score
+    (the first in grid order among equals) and every point's result."""
+    points = []
+    for lr in bench.sweep_grid["learning_rate"]:
+        for batch_size in bench.sweep_grid["batch_size"]:
+            point = replace(recipe, learning_rate=lr, batch_size=batch_size)
+            point_folder = folder / f"lr{lr:g}-bs{batch_size}"
+            seed = bench.seeds[0]
+            task = finetune_task(bench, data, files, point, [seed], compare=False)
+            run = run_seeds(
+                task,
+                finetune_config(bench, point),
+                point_folder,
+                [(seed, "pretrained", point_folder / f"seed_{seed}")],
+                data,
+                progress,
+            )[0]
+            points.append(
+                {"learning_rate": lr, "batch_size": batch_size, "score": run["score"], "dev": run["dev"]}
+            )
+    best = max(range(len(points)), key=lambda i: (points[i]["score"], -i))
+    chosen = replace(
+        recipe, learning_rate=points[best]["learning_rate"], batch_size=points[best]["batch_size"]
+    )
+    return chosen, points
+
+
+# ------------------------------------------------------------------------------------- progress
+
+
+@dataclass
+class PlannedRun:
+    steps: int
+    done: bool
+
+
+def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[PlannedRun]:
+    """Every run the benchmark holds, with its optimizer steps (for the ETA) and whether it is done."""
+    runs = []
+    arms = ARMS if bench.compare_scratch else ARMS[:1]
+    for name, data in datas.items():
+        recipe = recipe_of(bench, name)
+        examples = min(len(data.train), recipe.max_train_examples or len(data.train))
+        if bench.sweep:
+            for lr in bench.sweep_grid["learning_rate"]:
+                for batch_size in bench.sweep_grid["batch_size"]:
+                    folder = out / "sweep" / name / f"lr{lr:g}-bs{batch_size}" / f"seed_{bench.seeds[0]}"
+                    steps = recipe.epochs * math.ceil(examples / batch_size)
+                    runs.append(PlannedRun(steps, (folder / RESULT).is_file()))
+        steps = recipe.epochs * math.ceil(examples / recipe.batch_size)  # the sweep's choice may differ
+        for seed in bench.seeds:
+            for arm in arms:
+                folder = arm_folder(out / name, arm, seed, bench.compare_scratch)
+                runs.append(PlannedRun(steps, (folder / RESULT).is_file()))
+    return runs
+
+
+class Progress:
+    """The benchmark's progress over all its runs, in optimizer steps so that its ETA weighs long runs
+    as such: a bar on a terminal, else one line per run."""
+
+    def __init__(self, runs: list[PlannedRun], show: bool) -> None:
+        self.total_runs, self.runs_done = len(runs), sum(run.done for run in runs)
+        self.total = sum(run.steps for run in runs)
+        self.done_steps = sum(run.steps for run in runs if run.done)
+        self.show, self.tty = show, show and sys.stderr.isatty()
+        self.began, self.new_steps = time.time(), 0
+        self.bar = (
+            tqdm(total=self.total, initial=self.done_steps, unit="step", desc="glue", dynamic_ncols=True)
+            if self.tty
+            else None
+        )
+
+    def advance(self, label: str, steps: int, was_done: bool, score: float | None) -> None:
+        if was_done:
+            return  # counted from the start
+        self.runs_done += 1
+        self.done_steps += steps
+        self.new_steps += steps
+        shown = "" if score is None else f", dev score {score:.1f}"
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{label}{shown}", refresh=False)
+            self.bar.update(steps)
+        elif self.show:
+            print(
+                f"glue: {self.runs_done}/{self.total_runs} runs: {label} done{shown}{self.eta()}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def eta(self) -> str:
+        rate = self.new_steps / max(time.time() - self.began, 1e-9)
+        left = max(self.total - self.done_steps, 0)
+        return "" if not left or not rate else f"; about {left / rate / 60:.0f} min left"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,131 @@
+"""The recipes of `bertforge glue`: how each GLUE task is fine-tuned, and the `--sweep` grid.
+
+Owns the built-in recipes (configs/glue.toml writes out the same, for a user to copy and edit),
+reading a recipes file of that form ([default], one table per task for what differs, [sweep]) and
+one clear message for an unknown table, an unknown setting or a value out of range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from bertforge.config import load_toml
+from bertforge.errors import BertforgeError
+from bertforge.glue_data import TASKS, task_spec
+
+# The built-in recipes: configs/glue.toml holds the same, for a user to copy and edit (`--recipes`).
+DEFAULT_RECIPES: dict[str, dict] = {
+    "default": {
+        "learning_rate": 1e-4,
+        "epochs": 4,
+        "batch_size": 16,
+        "max_length": 128,
+        "warmup": 0.1,
+        "dropout": 0.1,
+        "max_train_examples": 0,
+    },
+    "CoLA": {"max_length": 64},
+    "SST-2": {"learning_rate": 3e-4, "epochs": 1, "batch_size": 32, "max_length": 64},
+    "QQP": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
+    "MNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
+    "QNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
+    "sweep": {"learning_rate": [3e-4, 1e-4, 5e-5], "batch_size": [16, 32]},
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one task is fine-tuned (a table of configs/glue.toml)."""
+
+    learning_rate: float
+    epochs: int
+    batch_size: int
+    max_length: int
+    warmup: float  # the share of the steps spent warming up
+    dropout: float
+    max_train_examples: int  # 0: every training example
+
+
+def load_recipes(path: str | Path | None) -> tuple[dict[str, Recipe], dict[str, list]]:
+    """Each task's recipe and the sweep's grid, from `path` (None: the built-in recipes)."""
+    if path is None:
+        return read_recipes(DEFAULT_RECIPES, "the built-in recipes")
+    return read_recipes(load_toml(path), str(path))
+
+
+def read_recipes(table: dict, origin: str) -> tuple[dict[str, Recipe], dict[str, list]]:
+    """Each task's recipe ([default] under the task's own table) and the sweep's grid, from a TOML
+    table in configs/glue.toml's form; `origin` names it in messages."""
+    unknown = [name for name in table if name not in ("default", "sweep") and not is_task(name)]
+    if unknown:
+        raise BertforgeError(
+            f"{origin}: [{unknown[0]}] is not a GLUE task; the tables are [default], [sweep] and one "
+            f"per task: {', '.join(TASKS)}"
+        )
+    base = recipe_values(table.get("default", {}), DEFAULT_RECIPES["default"], f"{origin} [default]")
+    recipes = {}
+    for name in TASKS:
+        own = next(
+            (values for key, values in table.items() if is_task(key) and task_spec(key).name == name), {}
+        )
+        recipes[name] = Recipe(**recipe_values(own, base, f"{origin} [{name}]"))
+    return recipes, sweep_grid(table.get("sweep", DEFAULT_RECIPES["sweep"]), f"{origin} [sweep]")
+
+
+def is_task(name: str) -> bool:
+    try:
+        task_spec(name)
+    except BertforgeError:
+        return False
+    return True
+
+
+def recipe_values(values: dict, base: dict, origin: str) -> dict:
+    """`base` updated by `values`, each key known and each value of its type and range."""
+    if not isinstance(values, dict):
+        raise BertforgeError(f"{origin} must be a table of recipe settings")
+    types = {f.name: f.type for f in fields(Recipe)}
+    merged = dict(base)
+    for key, value in values.items():
+        if key not in types:
+            raise BertforgeError(f"{origin}: unknown setting {key!r}; the settings are: {', '.join(types)}")
+        merged[key] = checked_setting(key, value, types[key], origin)
+    return merged
+
+
+LIMITS = {
+    "learning_rate": (lambda v: v > 0, "a positive number"),
+    "epochs": (lambda v: v >= 1, "an integer of at least 1"),
+    "batch_size": (lambda v: v >= 1, "an integer of at least 1"),
+    "max_length": (lambda v: v >= 4, "an integer of at least 4"),
+    "warmup": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "max_train_examples": (lambda v: v >= 0, "an integer of at least 0 (0: every example)"),
+}
+
+
+def checked_setting(key: str, value, kind: str, origin: str):
+    test, requirement = LIMITS[key]
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not numeric or (kind == "int" and not isinstance(value, int)) or not test(value):
+        raise BertforgeError(f"{origin}: {key} must be {requirement}, got {value!r}")
+    return float(value) if kind == "float" else value
+
+
+def sweep_grid(values: dict, origin: str) -> dict[str, list]:
+    grid = {}
+    for key in ("learning_rate", "batch_size"):
+        choices = values.get(key, DEFAULT_RECIPES["sweep"][key])
+        if not isinstance(choices, list) or not choices:
+            raise BertforgeError(
+                f"{origin}: {key} must be a list of values, e.g. {DEFAULT_RECIPES['sweep'][key]}"
+            )
+        kind = "float" if key == "learning_rate" else "int"
+        grid[key] = [checked_setting(key, value, kind, origin) for value in choices]
+    unknown = sorted(set(values) - set(grid))
+    if unknown:
+        raise BertforgeError(
+            f"{origin}: unknown setting {unknown[0]!r}; the grid has learning_rate, batch_size"
+        )
+    return grid

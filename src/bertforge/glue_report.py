@@ -1,0 +1,345 @@
+"""The GLUE benchmark's report: glue.json's content from the runs, and from it the table
+`bertforge glue` prints, glue.md and glue.png.
+
+glue.json: the settings and the command, the machine, the time; per task its recipe, each run's
+figures, each arm's median and spread, and the paired comparison of the arms in the task score
+(the per-seed differences, the sign test over seeds, a paired bootstrap over the first dev file's
+examples); each arm's GLUE average; the published figures with their source.
+
+The table: a row per task figure and, for a task of two figures, its score; per arm the median over
+seeds and the range; the pretrained arm's gain over scratch in the task score with the sign test's
+and the paired bootstrap's p; the published BERT-Tiny, Mini and Small figures (GLUE test sets, so
+not the same examples); and the GLUE average. The figure: each task's score and the average, this
+model's (the seeds' range as a bar) beside the scratch arm's and the published models'.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bertforge.comparison import ARMS  # noqa: E402
+from bertforge.glue_data import TASKS  # noqa: E402
+from bertforge.glue_scores import (  # noqa: E402
+    FIGURES,
+    PUBLISHED,
+    PUBLISHED_SOURCE,
+    glue_average,
+    paired_bootstrap_score,
+    published_scores,
+    task_score,
+)
+from bertforge.plots import save_png  # noqa: E402
+from bertforge.precision import cpu_name  # noqa: E402
+from bertforge.runtime import resolve_device  # noqa: E402
+from bertforge.stats import sign_test, summary  # noqa: E402
+
+SHORT = {"BERT-Tiny (2/128)": "Tiny", "BERT-Mini (4/256)": "Mini", "BERT-Small (4/512)": "Small"}
+OPTIMISTIC = "†"
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def build_report(
+    settings: dict, out: Path, tasks: dict[str, dict], skipped: list[str], wall_s: float
+) -> dict:
+    """glue.json: the settings, the machine, every run's figures, each arm's median and spread per
+    task, the paired comparison per task, the GLUE averages and the published figures. `tasks`: per
+    task its record with "runs" (each run's figures and first-dev-file predictions) and "true" (that
+    file's labels), as `bertforge.glue` gathers them."""
+    arms = list(ARMS if settings["compare_scratch"] else ARMS[:1])
+    report_tasks = {}
+    for name, task in tasks.items():
+        entry = {key: value for key, value in task.items() if key not in ("runs", "true")}
+        entry["arms"] = {arm: arm_summary([r for r in task["runs"] if r["arm"] == arm]) for arm in arms}
+        if settings["compare_scratch"]:
+            entry["comparison"] = compare_arms(name, task)
+        report_tasks[name] = entry
+    every_run = [run for task in tasks.values() for run in task["runs"]]
+    sweep_runs = [point for task in tasks.values() for point in task["sweep"]]
+    return {
+        "benchmark": "GLUE",
+        "split": "dev",
+        "units": "percent (accuracy, F1; Matthews, Pearson and Spearman correlations x 100)",
+        "command": command_line(settings, out),
+        "settings": settings,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": wall_s,
+        "runs_elapsed_s": sum(run["elapsed_s"] for run in every_run),
+        "sweep_runs": len(sweep_runs),
+        "machine": machine(settings["device"]),
+        "skipped": skipped,
+        "tasks": report_tasks,
+        "average": {arm: average(report_tasks, arm) for arm in arms},
+        "published": published(list(tasks)),
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {**summary(values), "spread": max(values) - min(values)}
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    """One arm of a task: each run's figures, and per figure and for the score the median and spread."""
+    dev = {name: spread([r["dev"][name] for r in runs]) for name in runs[0]["dev"]}
+    test = {name: spread([r["test"][name] for r in runs]) for name in runs[0]["test"]}
+    out = {"dev": dev, "score": spread([r["score"] for r in runs]), "test": test}
+    if runs[0]["test_score"] is not None:
+        out["test_score"] = spread([r["test_score"] for r in runs])
+    out["runs"] = [{k: v for k, v in r.items() if k != "predicted"} for r in runs]
+    return out
+
+
+def compare_arms(name: str, task: dict) -> dict:
+    """The task score's paired statistics: per-seed differences, the sign test over seeds and a paired
+    bootstrap over the first dev file's examples."""
+    by_arm = {
+        arm: sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS
+    }
+    pretrained, scratch = ([r["score"] for r in by_arm[arm]] for arm in ARMS)
+    differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
+    labels = [] if task["kind"] == "regression" else sorted(TASKS[name].labels)
+    bootstrap = paired_bootstrap_score(
+        name,
+        task["true"],
+        [r["predicted"] for r in by_arm["pretrained"]],
+        [r["predicted"] for r in by_arm["scratch"]],
+        labels,
+        resamples=BOOTSTRAP_RESAMPLES,
+    )
+    return {
+        "metric": "task score on the first dev file",
+        "pairs": [
+            {"seed": r["seed"], "pretrained": a, "scratch": b, "difference": a - b}
+            for r, a, b in zip(by_arm["pretrained"], pretrained, scratch, strict=True)
+        ],
+        "difference": summary(differences),
+        "sign_test": sign_test(differences),
+        "bootstrap": bootstrap,
+    }
+
+
+def average(tasks: dict[str, dict], arm: str) -> dict:
+    """The GLUE average of an arm: the mean over tasks of each task's median score."""
+    scores = {name: task["arms"][arm]["score"]["median"] for name, task in tasks.items()}
+    return {"score": glue_average(scores), "tasks": list(scores)}
+
+
+def published(tasks: list[str]) -> dict:
+    """The published models' figures on the benchmark's tasks, and their average over those tasks."""
+    models = {}
+    for model, row in PUBLISHED.items():
+        models[model] = {
+            "tasks": {task: row["tasks"][task] for task in tasks},
+            "average_of_these_tasks": glue_average(published_scores(model, tasks)),
+            "glue_score": row["score"],
+        }
+    return {"source": PUBLISHED_SOURCE, "split": "test", "models": models}
+
+
+def machine(device_name: str | None) -> dict:
+    """The CPU (and GPU) the runs used, and the software."""
+    device = resolve_device(device_name or "auto")
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def command_line(settings: dict, out: Path) -> str:
+    """The `bertforge glue` command that runs these settings."""
+    parts = ["bertforge", "glue", "--model", settings["model"]]
+    for path in settings["data"]:
+        parts += ["--data", path]
+    parts += ["--out", str(out), "--tasks", ",".join(settings["tasks"])]
+    parts += ["--seeds", ",".join(map(str, settings["seeds"]))]
+    if settings["recipes_file"]:
+        parts += ["--recipes", settings["recipes_file"]]
+    parts += ["--compare-scratch"] * settings["compare_scratch"] + ["--sweep"] * settings["sweep"]
+    if settings["precision"]:
+        parts += ["--precision", settings["precision"]]
+    if settings["device"]:
+        parts += ["--device", settings["device"]]
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
+    """The table's rows (a header first): task, figure, each arm's median (range), the gain over
+    scratch with its two p-values, and the published figures."""
+    arms = list(report["average"])
+    compare = "scratch" in arms
+    published = report["published"]["models"]
+    header = ["task", "figure", *arms] + (["gain", "p sign", "p boot"] if compare else [])
+    rows = [header + [f"{SHORT[m]}*" for m in published]]
+    for name, task in report["tasks"].items():
+        figures = [f for f, _, _ in FIGURES[name] if f in task["arms"][arms[0]][split]]
+        if not figures:
+            continue
+        shown = figures + (["score"] if len(figures) > 1 else [])
+        label = name + (OPTIMISTIC if task["recipe_chosen_on_dev"] and split == "dev" else "")
+        for i, figure in enumerate(shown):
+            row = [label if i == 0 else "", figure]
+            for arm in arms:
+                row.append(median_range(arm_figure(task["arms"][arm], split, figure, len(shown) == 1)))
+            last = i == len(shown) - 1
+            if compare:
+                row += comparison_cells(task["comparison"]) if last and split == "dev" else ["", "", ""]
+            for model in published.values():
+                values = model["tasks"].get(name, {})
+                value = values.get(figure) if figure != "score" else task_score(name, values)
+                row.append("" if value is None else f"{value:.1f}")
+            rows.append(row)
+    if split == "dev":
+        rows.append(average_row(report, arms, compare))
+    return rows
+
+
+def arm_figure(arm: dict, split: str, figure: str, single: bool) -> dict:
+    if figure == "score":
+        return arm["score" if split == "dev" else "test_score"]
+    return arm[split][figure]
+
+
+def median_range(stats: dict) -> str:
+    return f"{stats['median']:.1f} ({stats['min']:.1f}-{stats['max']:.1f})"
+
+
+def comparison_cells(comparison: dict) -> list[str]:
+    boot = comparison["bootstrap"]
+    floor = 2 / boot["resamples"]
+    p_boot = f"<{floor:.3f}" if boot["p_value"] == 0 else f"{boot['p_value']:.3f}"
+    return [f"{comparison['difference']['median']:+.1f}", f"{comparison['sign_test']['p_value']:.3f}", p_boot]
+
+
+def average_row(report: dict, arms: list[str], compare: bool) -> list[str]:
+    averages = report["average"]
+    row = ["average", "score", *(f"{averages[arm]['score']:.1f}" for arm in arms)]
+    if compare:
+        row += [f"{averages['pretrained']['score'] - averages['scratch']['score']:+.1f}", "", ""]
+    row += [f"{m['average_of_these_tasks']:.1f}" for m in report["published"]["models"].values()]
+    return row
+
+
+def notes(report: dict) -> list[str]:
+    """The lines under the table: what the figures are, subsets, choices on dev, the time."""
+    seeds = report["settings"]["seeds"]
+    lines = [
+        f"median (min-max) over {len(seeds)} seeds ({', '.join(map(str, seeds))}) on the dev sets, in "
+        "percent; a task's score is the mean of its figures, the average the mean of the tasks' scores",
+        "* published (GLUE test sets, not these dev sets): " + report["published"]["source"],
+    ]
+    if "scratch" in report["average"]:
+        lines.append(
+            "scratch: the same architecture and tokenizer from random weights, seed for seed; gain: the "
+            "median of the per-seed differences in the task score; p sign: exact sign test over seeds; "
+            "p boot: paired bootstrap over the dev examples"
+        )
+    for name, task in report["tasks"].items():
+        if task["train_examples"] < task["train_examples_in_file"]:
+            lines.append(
+                f"{name}: fine-tuned on {task['train_examples']:,} of its {task['train_examples_in_file']:,} "
+                "training examples (its recipe's max_train_examples)"
+            )
+        if task["recipe_chosen_on_dev"]:
+            recipe = task["recipe"]
+            lines.append(
+                f"{OPTIMISTIC} {name}: learning rate {recipe['learning_rate']:g} and batch size "
+                f"{recipe['batch_size']} chosen on dev by --sweep: its dev figures are optimistic"
+            )
+    lines += report["skipped"]
+    machine = report["machine"]
+    lines.append(
+        f"{report['runs_elapsed_s'] / 60:.1f} min of fine-tuning ({report['wall_s'] / 60:.1f} min this "
+        f"invocation) on {machine['gpu'] or machine['cpu']}, {machine['threads']} threads, "
+        f"torch {machine['torch']}"
+    )
+    return lines
+
+
+def text_table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    )
+
+
+def text_report(report: dict) -> str:
+    """The table `bertforge glue` prints, with its notes (and the labelled test files' table, if any)."""
+    parts = [f"GLUE of {report['settings']['model']}", text_table(table_rows(report))]
+    if has_test(report):
+        parts += ["labelled test files:", text_table(table_rows(report, "test"))]
+    return "\n\n".join(parts) + "\n\n" + "\n".join(notes(report))
+
+
+def has_test(report: dict) -> bool:
+    return any(task["test_examples"] for task in report["tasks"].values())
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(rows[0]) + " |", "| " + " | ".join("---" for _ in rows[0]) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines)
+
+
+def markdown_report(report: dict) -> str:
+    """glue.md: the table, its notes, the command and the machine."""
+    parts = [f"# GLUE: {report['settings']['model']}", markdown_table(table_rows(report))]
+    if has_test(report):
+        parts += ["Labelled test files:", markdown_table(table_rows(report, "test"))]
+    parts.append("\n".join(f"- {line}" for line in notes(report)))
+    parts.append(f"```bash\n{report['command']}\n```\n\nFinished {report['finished']}.")
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_report(report: dict, out_png: Path) -> None:
+    """glue.png: per task its score and the average, grouped: this model (bar: median, whisker: the
+    seeds' range), the scratch arm, and the published models."""
+    tasks = list(report["tasks"])
+    groups = [*tasks, "average"]
+    series = []
+    for arm in report["average"]:
+        medians = [report["tasks"][t]["arms"][arm]["score"]["median"] for t in tasks] + [
+            report["average"][arm]["score"]
+        ]
+        lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [medians[-1]]
+        highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
+        series.append((f"this model, {arm}", medians, lows, highs))
+    for model, row in report["published"]["models"].items():
+        values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]
+        series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.5))
+    width = 0.8 / len(series)
+    x = np.arange(len(groups))
+    for i, (label, values, lows, highs) in enumerate(series):
+        positions = x - 0.4 + width * (i + 0.5)
+        errors = None
+        if lows is not None:
+            errors = [np.subtract(values, lows), np.subtract(highs, values)]
+        ax.bar(positions, values, width, label=label, yerr=errors, capsize=2)
+    ax.set_xticks(x, groups)
+    ax.set_ylabel("score (dev; published: test)")
+    ax.set_title(
+        f"GLUE: {Path(report['settings']['model']).name}, median of {len(report['settings']['seeds'])} seeds"
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    save_png(fig, Path(out_png))

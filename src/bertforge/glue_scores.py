@@ -1,0 +1,186 @@
+"""GLUE's scoring: each task's figures, its score, the average, a paired bootstrap of a task's score,
+and the published figures of Google's small BERTs.
+
+A task's figures, in percent as GLUE reports them (correlations x 100): accuracy for SST-2, QNLI,
+RTE and WNLI, and for MNLI on the matched and mismatched dev sets (`acc_m`, `acc_mm`); F1 of the
+positive class and accuracy for MRPC and QQP; Pearson and Spearman for STS-B; Matthews
+correlation for CoLA. A task's score is the mean of its figures; the GLUE average is the mean of
+the tasks' scores (so MNLI counts once, as the mean of matched and mismatched, as on GLUE's
+leaderboard: the model card's "Score" column is that mean over the nine tasks).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertforge import metrics
+
+# task -> (figure, which of the task's dev or test files: 0 the first, 1 MNLI's mismatched, metric)
+FIGURES: dict[str, tuple[tuple[str, int, str], ...]] = {
+    "CoLA": (("mcc", 0, "matthews"),),
+    "SST-2": (("acc", 0, "accuracy"),),
+    "MRPC": (("f1", 0, "f1"), ("acc", 0, "accuracy")),
+    "STS-B": (("pearson", 0, "pearson"), ("spearman", 0, "spearman")),
+    "QQP": (("f1", 0, "f1"), ("acc", 0, "accuracy")),
+    "MNLI": (("acc_m", 0, "accuracy"), ("acc_mm", 1, "accuracy")),
+    "QNLI": (("acc", 0, "accuracy"),),
+    "RTE": (("acc", 0, "accuracy"),),
+    "WNLI": (("acc", 0, "accuracy"),),
+}
+POSITIVE = "1"  # the class whose F1 MRPC and QQP report (paraphrase, duplicate)
+
+PUBLISHED_SOURCE = (
+    'Turc et al. 2019, "Well-Read Students Learn Better: On the Importance of Pre-training Compact '
+    "Models\" (arXiv:1908.08962), and the BERT miniatures' model card (github.com/google-research/bert): "
+    "GLUE test sets; 4 epochs, the best of batch sizes 8-128 and learning rates 3e-4, 1e-4, 5e-5, 3e-5"
+)
+PUBLISHED: dict[str, dict] = {
+    "BERT-Tiny (2/128)": {
+        "score": 64.2,
+        "tasks": {
+            "CoLA": {"mcc": 0.0},
+            "SST-2": {"acc": 83.2},
+            "MRPC": {"f1": 81.1, "acc": 71.1},
+            "STS-B": {"pearson": 74.3, "spearman": 73.6},
+            "QQP": {"f1": 62.2, "acc": 83.4},
+            "MNLI": {"acc_m": 70.2, "acc_mm": 70.3},
+            "QNLI": {"acc": 81.5},
+            "RTE": {"acc": 57.2},
+            "WNLI": {"acc": 62.3},
+        },
+    },
+    "BERT-Mini (4/256)": {
+        "score": 65.8,
+        "tasks": {
+            "CoLA": {"mcc": 0.0},
+            "SST-2": {"acc": 85.9},
+            "MRPC": {"f1": 81.1, "acc": 71.8},
+            "STS-B": {"pearson": 75.4, "spearman": 73.3},
+            "QQP": {"f1": 66.4, "acc": 86.2},
+            "MNLI": {"acc_m": 74.8, "acc_mm": 74.3},
+            "QNLI": {"acc": 84.1},
+            "RTE": {"acc": 57.9},
+            "WNLI": {"acc": 62.3},
+        },
+    },
+    "BERT-Small (4/512)": {
+        "score": 71.2,
+        "tasks": {
+            "CoLA": {"mcc": 27.8},
+            "SST-2": {"acc": 89.7},
+            "MRPC": {"f1": 83.4, "acc": 76.2},
+            "STS-B": {"pearson": 78.8, "spearman": 77.0},
+            "QQP": {"f1": 68.1, "acc": 87.0},
+            "MNLI": {"acc_m": 77.6, "acc_mm": 77.0},
+            "QNLI": {"acc": 86.4},
+            "RTE": {"acc": 61.8},
+            "WNLI": {"acc": 62.3},
+        },
+    },
+}
+
+
+def split_figures(task: str, which: int, true: Sequence, predicted: Sequence, labels: Sequence[str]) -> dict:
+    """The figures of `task` measured on its dev or test file number `which`, in percent: `true` and
+    `predicted` are label names (`labels`, the task's classes) or, for STS-B, scores."""
+    return figures_of(task, which, *as_arrays(true, predicted, labels), labels)
+
+
+def as_arrays(true: Sequence, predicted: Sequence, labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Label names as ids in `labels` (scores, for a regression's empty `labels`, as numbers)."""
+    if not labels:
+        return np.asarray(true, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    ids = {label: i for i, label in enumerate(labels)}
+    return np.array([ids[t] for t in true]), np.array([ids[p] for p in predicted])
+
+
+def figures_of(task: str, which: int, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> dict:
+    wanted = [(name, metric) for name, index, metric in FIGURES[task] if index == which]
+    if not labels:
+        values = {"pearson": metrics.pearson, "spearman": metrics.spearman}
+        return {name: 100 * values[metric](true, predicted) for name, metric in wanted}
+    confusion = metrics.confusion_matrix(true, predicted, len(labels))
+    return {name: 100 * confusion_metric(metric, confusion, labels) for name, metric in wanted}
+
+
+def confusion_metric(metric: str, confusion: np.ndarray, labels: Sequence[str]) -> float:
+    if metric == "accuracy":
+        return metrics.confusion_accuracy(confusion)
+    if metric == "matthews":
+        return metrics.confusion_matthews(confusion)
+    positive = list(labels).index(POSITIVE)
+    return metrics.confusion_binary_f1(confusion if positive == 1 else confusion[::-1, ::-1])
+
+
+def task_score(task: str, figures: dict[str, float]) -> float | None:
+    """The mean of the task's figures present in `figures` (MNLI without its mismatched file: matched
+    alone); None when none is."""
+    present = [figures[name] for name, _, _ in FIGURES[task] if name in figures]
+    return statistics.fmean(present) if present else None
+
+
+def glue_average(scores: dict[str, float]) -> float:
+    """The GLUE average: the mean of the tasks' scores."""
+    return statistics.fmean(scores.values())
+
+
+def published_scores(model: str, tasks: Sequence[str]) -> dict[str, float]:
+    """A published model's score on each of `tasks`."""
+    return {task: task_score(task, PUBLISHED[model]["tasks"][task]) for task in tasks}
+
+
+def paired_bootstrap_score(
+    task: str,
+    true: Sequence,
+    arm_a: Sequence[Sequence],
+    arm_b: Sequence[Sequence],
+    labels: Sequence[str],
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict:
+    """The gain of arm a over arm b in the task's score on its first dev file, resampling its examples.
+
+    `arm_a` and `arm_b` hold each seed's predictions (label names, or STS-B's scores), the same seeds
+    in the same order; an arm's score on a resample is the mean over its seeds. As
+    `bertforge.stats.paired_bootstrap` (which does this for accuracy alone): the p-value is twice
+    the share of resamples whose gain has the other sign, capped at 1, and the interval the central
+    `confidence` of the resampled gains.
+    """
+    truth = as_arrays(true, true, labels)[0]
+    runs = [[as_arrays(true, predicted, labels)[1] for predicted in arm] for arm in (arm_a, arm_b)]
+
+    def gain(indices: np.ndarray) -> float:
+        a, b = (
+            statistics.fmean(first_file_score(task, truth[indices], p[indices], labels) for p in arm)
+            for arm in runs
+        )
+        return a - b
+
+    rng = np.random.default_rng(seed)
+    observed = gain(np.arange(truth.size))
+    gains = np.array([gain(rng.integers(0, truth.size, size=truth.size)) for _ in range(resamples)])
+    if observed == 0:
+        p_value = 1.0
+    else:
+        flipped = np.count_nonzero(gains <= 0) if observed > 0 else np.count_nonzero(gains >= 0)
+        p_value = min(1.0, 2 * flipped / resamples)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(gains, [tail, 100 - tail])
+    return {
+        "gain": observed,
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "p_value": p_value,
+        "examples": int(truth.size),
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+
+def first_file_score(task: str, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> float:
+    return statistics.fmean(figures_of(task, 0, true, predicted, labels).values())

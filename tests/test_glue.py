@@ -1,0 +1,464 @@
+"""`bertforge glue`: GLUE's files read as distributed, damaged ones refused by file and line, GLUE's
+scoring rules, the recipes file, a short benchmark with both arms and its report, and a resume that
+runs no finished seed again."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA, assert_clean_failure
+
+from bertforge import glue_data
+from bertforge.comparison import few_seeds_note
+from bertforge.config import load_toml
+from bertforge.errors import BertforgeError
+from bertforge.glue import benchmark, run_glue
+from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
+from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
+from bertforge.glue_scores import (
+    PUBLISHED,
+    glue_average,
+    paired_bootstrap_score,
+    published_scores,
+    split_figures,
+    task_score,
+)
+from bertforge.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the film was good", "a bad plot", "the army fought", "music and song", "it rained in may")
+
+
+def tsv(path: Path, rows: list[list]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join("\t".join(map(str, row)) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
+
+
+def write_glue(root: Path, rows: int = 24, seed: int = 0) -> Path:
+    """All nine tasks in the layouts GLUE's download script writes (RTE in the `datasets` layout with
+    integer labels, MRPC's dev with a labelled test.tsv, CoLA's test.tsv unlabelled as GLUE's)."""
+    rng = random.Random(seed)
+
+    def pairs(header, make, count=rows):
+        return [header] + [make(i) for i in range(count)]
+
+    def two(i):
+        return sentence(rng), sentence(rng)
+
+    for split in ("train", "dev"):
+        tsv(root / "SST-2" / f"{split}.tsv", pairs(["sentence", "label"], lambda i: [sentence(rng), i % 2]))
+        tsv(
+            root / "CoLA" / f"{split}.tsv",
+            [["gj04", i % 2, "*" if i % 2 == 0 else "", sentence(rng)] for i in range(rows)],
+        )
+        tsv(
+            root / "MRPC" / f"{split}.tsv",
+            pairs(
+                ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                lambda i: [i % 2, 100 + i, 200 + i, *two(i)],
+            ),
+        )
+        sts_header = [
+            "index",
+            "genre",
+            "filename",
+            "year",
+            "old_index",
+            "source1",
+            "source2",
+            "sentence1",
+            "sentence2",
+            "score",
+        ]
+        tsv(
+            root / "STS-B" / f"{split}.tsv",
+            pairs(
+                sts_header,
+                lambda i: [i, "main-news", "f", "2012", i, "none", "none", *two(i), f"{(i * 0.37) % 5:.3f}"],
+            ),
+        )
+        tsv(
+            root / "RTE" / f"{split}.tsv",
+            pairs(["sentence1", "sentence2", "label", "idx"], lambda i: [*two(i), i % 2, i]),
+        )
+        tsv(
+            root / "QNLI" / f"{split}.tsv",
+            pairs(
+                ["index", "question", "sentence", "label"],
+                lambda i: [i, *two(i), ("entailment", "not_entailment")[i % 2]],
+            ),
+        )
+        tsv(
+            root / "QQP" / f"{split}.tsv",
+            pairs(
+                ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                lambda i: [i, i, i, *two(i), i % 2],
+            ),
+        )
+        tsv(
+            root / "WNLI" / f"{split}.tsv",
+            pairs(["index", "sentence1", "sentence2", "label"], lambda i: [i, *two(i), i % 2]),
+        )
+    mnli = ["index", "promptID", "pairID", "genre", "sentence1", "sentence2", "gold_label"]
+    labels = ("entailment", "neutral", "contradiction")
+    for split in ("train", "dev_matched", "dev_mismatched"):
+        tsv(
+            root / "MNLI" / f"{split}.tsv",
+            pairs(mnli, lambda i: [i, i, i, "fiction", *two(i), labels[i % 3]]),
+        )
+    tsv(
+        root / "MRPC" / "test.tsv",
+        pairs(["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"], lambda i: [i % 2, i, i, *two(i)], 10),
+    )
+    tsv(root / "CoLA" / "test.tsv", pairs(["index", "sentence"], lambda i: [i, sentence(rng)], 10))
+    return root
+
+
+@pytest.fixture
+def glue_dir(tmp_path) -> Path:
+    return write_glue(tmp_path / "glue_data")
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def test_each_task_is_read_in_the_layout_it_is_distributed_in(glue_dir):
+    found, skipped = find_tasks([glue_dir], list(TASKS))
+    assert skipped == [] and set(found) == set(TASKS)
+    data = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
+    assert all(len(d.train) == 24 for d in data.values())
+    assert data["SST-2"].train.pairs is None and data["CoLA"].train.pairs is None
+    assert (
+        data["CoLA"].train.texts[0]
+        == (glue_dir / "CoLA" / "train.tsv").read_text().split("\n")[0].split("\t")[3]
+    )
+    assert data["CoLA"].train.lines[0] == 1  # no header row
+    assert set(data["RTE"].train.labels) == {"entailment", "not_entailment"}  # datasets' 0 and 1
+    assert data["RTE"].train.labels[:2] == ["entailment", "not_entailment"]
+    assert set(data["MNLI"].train.labels) == {"entailment", "neutral", "contradiction"}
+    assert set(data["MNLI"].dev) == {"dev_matched", "dev_mismatched"}
+    assert data["STS-B"].train.labels[1] == "0.370" and data["STS-B"].train.pairs is not None
+    assert data["MRPC"].train.lines[0] == 2 and set(data["MRPC"].train.labels) == {"0", "1"}
+    assert len(data["MRPC"].test["test"]) == 10  # labelled: scored
+    assert data["CoLA"].test == {} and data["CoLA"].notes == ["CoLA: test.tsv has no labels, not scored"]
+
+
+def test_folder_names_in_any_case_and_a_folder_above_them(tmp_path):
+    write_glue(tmp_path / "a" / "glue")
+    (tmp_path / "a" / "glue" / "STS-B").rename(tmp_path / "a" / "glue" / "stsb")
+    (tmp_path / "a" / "glue" / "SST-2").rename(tmp_path / "a" / "sst2")
+    found, skipped = find_tasks([tmp_path / "a"], ["SST-2", "STS-B", "RTE"])
+    assert found == {
+        "SST-2": tmp_path / "a" / "sst2",
+        "STS-B": tmp_path / "a" / "glue" / "stsb",
+        "RTE": tmp_path / "a" / "glue" / "RTE",
+    }
+    assert skipped == []
+
+
+def test_the_shared_glue_files_read_as_they_are():
+    """The real files (their first rows): MRPC's Quality columns, STS-B's ten, RTE's integer labels, SST-2."""
+    found, skipped = find_tasks([SHARED_DATA], ["SST-2", "MRPC", "STS-B", "RTE", "CoLA"])
+    assert set(found) == {"SST-2", "MRPC", "STS-B", "RTE"}
+    assert skipped == [f"CoLA: skipped, no CoLA/ folder with a train.tsv in {SHARED_DATA}"]
+    for name, folder in found.items():
+        path = folder / "dev.tsv"
+        examples = read_split(TASKS[name], path)
+        with path.open(encoding="utf-8") as lines:
+            rows = [line.rstrip("\n").split("\t") for line in lines]
+        assert len(examples) == len(rows) - 1 and examples.lines[0] == 2
+    stsb = read_split(TASKS["STS-B"], found["STS-B"] / "dev.tsv")
+    assert all(0 <= float(score) <= 5 for score in stsb.labels) and len(set(stsb.labels)) > 20
+    rte = read_split(TASKS["RTE"], found["RTE"] / "dev.tsv")
+    assert set(rte.labels) == {"entailment", "not_entailment"}
+
+
+@pytest.mark.parametrize(
+    "task, row, message",
+    [
+        ("SST-2", ["a fine film", "2"], "line 3: the label '2' is not one of SST-2's: 0, 1"),
+        (
+            "RTE",
+            ["a", "b", "5", "9"],
+            "line 3: the label '5' is not one of RTE's: entailment, not_entailment, 0, 1",
+        ),
+        (
+            "STS-B",
+            [0, "g", "f", "y", 0, "s", "s", "a", "b", "5.2"],
+            "line 3: the score '5.2' is not a number from 0 to 5",
+        ),
+        (
+            "STS-B",
+            [0, "g", "f", "y", 0, "s", "s", "a", "b", "high"],
+            "line 3: the score 'high' is not a number",
+        ),
+        (
+            "MRPC",
+            ["1", "7", "8", "only one string"],
+            "line 3 has 4 tab-separated fields, not 5 (as the header has)",
+        ),
+        ("SST-2", ["  ", "1"], "line 3: a text is empty"),
+    ],
+)
+def test_a_damaged_row_is_one_error_naming_file_and_line(glue_dir, task, row, message):
+    path = glue_dir / task / "train.tsv"
+    lines = path.read_text(encoding="utf-8").split("\n")
+    lines.insert(2, "\t".join(map(str, row)))
+    path.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(BertforgeError) as error:
+        read_task(TASKS[task], glue_dir / task)
+    assert str(error.value) == f"{path} {message}" or str(error.value).startswith(f"{path} {message}")
+
+
+def test_a_file_of_another_layout_is_refused_with_the_columns_it_needs(glue_dir):
+    path = tsv(glue_dir / "MRPC" / "dev.tsv", [["text", "label"], ["a", "1"]])
+    with pytest.raises(
+        BertforgeError,
+        match=r"line 1 is not a MRPC header \(text, label\); MRPC files have the columns #1 String",
+    ):
+        read_split(TASKS["MRPC"], path)
+
+
+def test_a_missing_task_is_skipped_with_a_line(glue_dir, tmp_path):
+    shutil.rmtree(glue_dir / "RTE")
+    found, skipped = find_tasks([glue_dir], ["RTE", "WNLI"])
+    assert list(found) == ["WNLI"] and skipped == [
+        f"RTE: skipped, no RTE/ folder with a train.tsv in {glue_dir}"
+    ]
+
+
+def test_task_names_in_any_spelling():
+    assert [glue_data.task_spec(n).name for n in ("sst2", "STS-B", "sts_b", "mnli")] == [
+        "SST-2",
+        "STS-B",
+        "STS-B",
+        "MNLI",
+    ]
+    with pytest.raises(BertforgeError, match="'squad' is not a GLUE task"):
+        glue_data.task_spec("squad")
+
+
+# ------------------------------------------------------------------------------------------- scoring
+
+
+def test_figures_and_scores_follow_glues_rules():
+    true, predicted = ["1", "1", "1", "0", "0", "0"], ["1", "1", "0", "0", "0", "1"]
+    # MRPC: TP 2, FP 1, FN 1 -> F1 = 4 / 6; 4 of 6 right
+    mrpc = split_figures("MRPC", 0, true, predicted, ["0", "1"])
+    assert mrpc == pytest.approx({"f1": 100 * 4 / 6, "acc": 100 * 4 / 6})
+    # CoLA: Matthews (TP TN - FP FN) / sqrt(...) = (2*2 - 1*1) / sqrt(3*3*3*3) = 1/3
+    assert split_figures("CoLA", 0, true, predicted, ["0", "1"]) == pytest.approx({"mcc": 100 / 3})
+    # F1 of class "1" also when it is not the second name
+    assert split_figures("QQP", 0, ["1", "x"], ["1", "1"], ["1", "x"])["f1"] == pytest.approx(100 * 2 / 3)
+    stsb = split_figures("STS-B", 0, [0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 3.0, 2.0], [])
+    assert stsb == pytest.approx({"pearson": 80.0, "spearman": 80.0})
+    assert task_score("MRPC", {"f1": 80.0, "acc": 70.0}) == 75.0
+    assert task_score("STS-B", {"pearson": 74.3, "spearman": 73.6}) == pytest.approx(73.95)
+    assert task_score("MNLI", {"acc_m": 70.0, "acc_mm": 72.0}) == 71.0
+    assert task_score("MNLI", {"acc_m": 70.0}) == 70.0
+    assert task_score("SST-2", {}) is None
+    assert glue_average({"SST-2": 80.0, "MRPC": 75.0, "STS-B": 73.95, "RTE": 55.0}) == pytest.approx(70.9875)
+
+
+def test_the_published_rows_reproduce_the_model_cards_glue_score():
+    """The model card's "Score": the mean of nine task scores, MNLI as the mean of m and mm."""
+    for model, row in PUBLISHED.items():
+        assert glue_average(published_scores(model, list(TASKS))) == pytest.approx(row["score"], abs=0.06)
+    assert PUBLISHED["BERT-Mini (4/256)"]["tasks"]["MRPC"] == {"f1": 81.1, "acc": 71.8}
+
+
+def test_the_bootstrap_of_a_task_score_sees_a_real_gain_and_no_gain():
+    rng = random.Random(0)
+    true = [str(rng.randint(0, 1)) for _ in range(300)]
+    flip = {"0": "1", "1": "0"}
+
+    def noisy(rate):
+        return [t if rng.random() > rate else flip[t] for t in true]
+
+    better = paired_bootstrap_score(
+        "MRPC", true, [noisy(0.1), noisy(0.1)], [noisy(0.4), noisy(0.4)], ["0", "1"], 200
+    )
+    assert better["gain"] > 20 and better["p_value"] < 0.01 and better["low"] > 0
+    same = [noisy(0.2), noisy(0.2)]
+    assert paired_bootstrap_score("MRPC", true, same, same, ["0", "1"], 200)["p_value"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------- recipes
+
+
+def test_configs_glue_toml_holds_the_built_in_recipes():
+    path = ROOT / "configs" / "glue.toml"
+    assert read_recipes(load_toml(path), str(path)) == read_recipes(DEFAULT_RECIPES, "built in")
+    header = path.read_text(encoding="utf-8").split("\n[")[0].splitlines()
+    assert len(header) <= 6  # five lines and a blank one
+
+
+def test_recipes_refuse_unknown_tables_keys_and_values():
+    for table, message in (
+        ({"squad": {}}, r"\[squad\] is not a GLUE task"),
+        ({"RTE": {"lr": 1e-4}}, r"\[RTE\]: unknown setting 'lr'"),
+        ({"rte": {"epochs": 1.5}}, r"\[RTE\]: epochs must be an integer of at least 1, got 1.5"),
+        ({"default": {"warmup": 1.0}}, r"\[default\]: warmup must be a number in \[0, 1\)"),
+        ({"sweep": {"batch_size": 16}}, r"\[sweep\]: batch_size must be a list"),
+    ):
+        with pytest.raises(BertforgeError, match=message):
+            read_recipes(table, "f.toml")
+    recipes, _ = read_recipes({"default": {"epochs": 2}, "sts-b": {"learning_rate": 3e-4}}, "f.toml")
+    assert (
+        recipes["STS-B"].epochs == 2 and recipes["STS-B"].learning_rate == 3e-4 and recipes["RTE"].epochs == 2
+    )
+
+
+# ----------------------------------------------------------------------------------------- benchmark
+
+TINY_RECIPES = """
+[default]
+learning_rate = 3e-3
+epochs = 1
+batch_size = 8
+max_length = 32
+warmup = 0.0
+"""
+
+
+def tiny_bench(model: Path, data: Path, tmp_path: Path, **kwargs):
+    recipes = tmp_path / "recipes.toml"
+    recipes.write_text(TINY_RECIPES, encoding="utf-8")
+    settings = dict(tasks=["RTE", "STS-B"], seeds=[1, 2], compare_scratch=True, precision="fp32")
+    return benchmark(model, [data], recipes_file=recipes, **{**settings, **kwargs})
+
+
+def counting_training(monkeypatch) -> list[Path]:
+    trained = []
+
+    def counted(objective, config, run_dir, **kwargs):
+        trained.append(Path(run_dir))
+        return train(objective, config, run_dir, **kwargs)
+
+    monkeypatch.setattr("bertforge.finetune.train", counted)
+    return trained
+
+
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+def test_a_short_benchmark_with_both_arms_writes_its_report(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    trained = counting_training(monkeypatch)
+    out, said = tmp_path / "bench", []
+    report = run_glue(
+        tiny_bench(tiny_pretrained_run, glue_dir, tmp_path), out, show_progress=False, say=said.append
+    )
+    assert len(trained) == 8  # 2 tasks x 2 seeds x 2 arms
+    assert {p.name for p in out.iterdir()} >= {"glue.json", "glue.md", "glue.png", "RTE", "STS-B", "data"}
+    saved = json.loads((out / "glue.json").read_text(encoding="utf-8"))
+    assert saved == json.loads(json.dumps(report))
+    assert saved["tasks"].keys() == {"RTE", "STS-B"} and saved["machine"]["torch"]
+    for name, figures in (("RTE", {"acc"}), ("STS-B", {"pearson", "spearman"})):
+        task = saved["tasks"][name]
+        assert task["recipe"]["epochs"] == 1 and task["train_examples"] == 24
+        for arm in ("pretrained", "scratch"):
+            runs = task["arms"][arm]["runs"]
+            assert [r["seed"] for r in runs] == [1, 2] and all(set(r["dev"]) == figures for r in runs)
+            scores = [r["score"] for r in runs]
+            assert task["arms"][arm]["score"]["median"] == pytest.approx(sum(scores) / 2)
+            assert (out / name / arm / "seed_1" / "final").is_dir()
+        comparison = task["comparison"]
+        assert [p["seed"] for p in comparison["pairs"]] == [1, 2]
+        assert (
+            comparison["sign_test"]["wins"]
+            + comparison["sign_test"]["losses"]
+            + comparison["sign_test"]["ties"]
+            == 2
+        )
+    medians = [saved["tasks"][t]["arms"]["scratch"]["score"]["median"] for t in ("RTE", "STS-B")]
+    assert saved["average"]["scratch"]["score"] == pytest.approx(sum(medians) / 2)
+    assert saved["published"]["models"]["BERT-Mini (4/256)"]["average_of_these_tasks"] == pytest.approx(
+        (57.9 + 74.35) / 2
+    )
+    markdown = (out / "glue.md").read_text(encoding="utf-8")
+    assert (
+        "| RTE | acc |" in markdown and "| average | score |" in markdown and "--compare-scratch" in markdown
+    )
+    assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
+    assert said == [f"note: {few_seeds_note(2)}"]  # nothing skipped, no unlabelled test file
+
+
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    bench, out = (
+        tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1, 2, 3]),
+        tmp_path / "b",
+    )
+    started = []
+
+    def interrupting(objective, config, run_dir, **kwargs):
+        started.append(Path(run_dir))
+        if len(started) == 4:
+            raise KeyboardInterrupt
+        return train(objective, config, run_dir, **kwargs)
+
+    monkeypatch.setattr("bertforge.finetune.train", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        run_glue(bench, out, show_progress=False)
+    finished = {p: p.stat().st_mtime_ns for p in out.glob("RTE/*/seed_*/result.json")}
+    assert len(finished) == 3 and not (out / "glue.json").exists()
+
+    trained = counting_training(monkeypatch)
+    report = run_glue(bench, out, show_progress=False)  # the same settings: continues
+    assert trained == [
+        out / "RTE" / "scratch" / "seed_2",
+        out / "RTE" / "pretrained" / "seed_3",
+        out / "RTE" / "scratch" / "seed_3",
+    ]
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    assert [r["seed"] for r in report["tasks"]["RTE"]["arms"]["scratch"]["runs"]] == [1, 2, 3]
+
+    trained.clear()
+    run_glue(None, out, resume=True, show_progress=False)
+    assert trained == []
+    with pytest.raises(BertforgeError, match=r"other settings \(seeds\)"):
+        run_glue(
+            tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1, 2]),
+            out,
+            show_progress=False,
+        )
+
+
+def test_the_command_skips_a_missing_task_and_prints_the_table(
+    tmp_path, tiny_pretrained_run, glue_dir, capsys
+):
+    from bertforge.cli import main
+
+    recipes = tmp_path / "recipes.toml"
+    recipes.write_text(TINY_RECIPES, encoding="utf-8")
+    shutil.rmtree(glue_dir / "WNLI")
+    out = tmp_path / "cmd"
+    argv = ["glue", "--model", str(tiny_pretrained_run), "--data", str(glue_dir), "--out", str(out)]
+    argv += [
+        "--tasks",
+        "sst-2,wnli",
+        "--seeds",
+        "1",
+        "--recipes",
+        str(recipes),
+        "--precision",
+        "fp32",
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}\n")
+    assert "SST-2" in printed and "BERT-Mini" not in printed and "Mini*" in printed and "average" in printed
+    assert_clean_failure(capsys, ["glue", "--out", str(out), "--resume", "--seeds", "1,2"], "drop --seeds")
+    assert_clean_failure(capsys, ["glue", "--out", str(tmp_path / "x")], "glue needs --model and --data")
