@@ -435,7 +435,7 @@ def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
         )
 
 
-def test_the_command_skips_a_missing_task_and_prints_the_table(
+def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table(
     tmp_path, tiny_pretrained_run, glue_dir, capsys
 ):
     from bertforge.cli import main
@@ -445,20 +445,65 @@ def test_the_command_skips_a_missing_task_and_prints_the_table(
     shutil.rmtree(glue_dir / "WNLI")
     out = tmp_path / "cmd"
     argv = ["glue", "--model", str(tiny_pretrained_run), "--data", str(glue_dir), "--out", str(out)]
-    argv += [
-        "--tasks",
-        "sst-2,wnli",
-        "--seeds",
-        "1",
-        "--recipes",
-        str(recipes),
-        "--precision",
-        "fp32",
-        "--quiet",
-    ]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert printed.startswith(f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}\n")
-    assert "SST-2" in printed and "BERT-Mini" not in printed and "Mini*" in printed and "average" in printed
+    assert (
+        main(
+            [
+                *argv,
+                "--tasks",
+                "mrpc,mnli,wnli",
+                "--seeds",
+                "1",
+                "--recipes",
+                str(recipes),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}\n")
+    table = printed.out.split("\n\n")
+    assert table[2].split("\n")[0].split() == ["task", "figure", "pretrained", "Tiny*", "Mini*", "Small*"]
+    assert "labelled test files:" in printed.out and "average" in printed.out
+    progress = printed.err.strip().split("\n")  # not a terminal: a line per run
+    assert progress[0].startswith("glue: 1/2 runs: MRPC pretrained seed 1 done, dev score ")
+    assert progress[1].startswith("glue: 2/2 runs: MNLI pretrained seed 1 done")
+    saved = json.loads((out / "glue.json").read_text(encoding="utf-8"))
+    mnli, mrpc = saved["tasks"]["MNLI"]["arms"]["pretrained"], saved["tasks"]["MRPC"]["arms"]["pretrained"]
+    assert set(mnli["dev"]) == {"acc_m", "acc_mm"} and mnli["score"]["median"] == pytest.approx(
+        (mnli["dev"]["acc_m"]["median"] + mnli["dev"]["acc_mm"]["median"]) / 2
+    )
+    assert set(mrpc["test"]) == {"f1", "acc"} and saved["tasks"]["MRPC"]["test_examples"] == {"test": 10}
+    assert saved["skipped"] == [f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}"]
     assert_clean_failure(capsys, ["glue", "--out", str(out), "--resume", "--seeds", "1,2"], "drop --seeds")
     assert_clean_failure(capsys, ["glue", "--out", str(tmp_path / "x")], "glue needs --model and --data")
+    assert_clean_failure(
+        capsys, [*argv[:-1], str(tmp_path / "y"), "--tasks", "squad"], "'squad' is not a GLUE task"
+    )
+
+
+def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir):
+    recipes = tmp_path / "recipes.toml"
+    recipes.write_text(
+        TINY_RECIPES + "\n[sweep]\nlearning_rate = [3e-3, 1e-4]\nbatch_size = [8]\n", encoding="utf-8"
+    )
+    bench = benchmark(
+        tiny_pretrained_run, [glue_dir], ["RTE"], [1], sweep=True, recipes_file=recipes, precision="fp32"
+    )
+    out, said = tmp_path / "sweep", []
+    report = run_glue(bench, out, show_progress=False, say=said.append)
+    task = report["tasks"]["RTE"]
+    assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 8), (1e-4, 8)]
+    best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals
+    assert task["recipe"]["learning_rate"] == best["learning_rate"] and task["recipe_chosen_on_dev"]
+    assert said == [
+        f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size 8 on dev (seed 1); "
+        "its dev figures are optimistic"
+    ]
+    assert sorted(p.name for p in (out / "sweep" / "RTE").iterdir()) == ["lr0.0001-bs8", "lr0.003-bs8"]
+    markdown = (out / "glue.md").read_text(encoding="utf-8")
+    assert (
+        "| RTE† | acc |" in markdown
+        and "chosen on dev by --sweep: its dev figures are optimistic" in markdown
+    )

@@ -496,7 +496,10 @@ class Progress:
     def eta(self) -> str:
         rate = self.new_steps / max(time.time() - self.began, 1e-9)
         left = max(self.total - self.done_steps, 0)
-        return "" if not left or not rate else f"; about {left / rate / 60:.0f} min left"
+        if not left or not rate:
+            return ""
+        minutes = left / rate / 60
+        return f"; about {minutes:.0f} min left" if minutes >= 1 else "; under a minute left"
 
     def close(self) -> None:
         if self.bar is not None:

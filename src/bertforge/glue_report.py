@@ -181,7 +181,7 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
     """The table's rows (a header first): task, figure, each arm's median (range), the gain over
     scratch with its two p-values, and the published figures."""
     arms = list(report["average"])
-    compare = "scratch" in arms
+    compare = "scratch" in arms and split == "dev"  # the arms are compared on the dev file
     published = report["published"]["models"]
     header = ["task", "figure", *arms] + (["gain", "p sign", "p boot"] if compare else [])
     rows = [header + [f"{SHORT[m]}*" for m in published]]
@@ -197,7 +197,7 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
                 row.append(median_range(arm_figure(task["arms"][arm], split, figure, len(shown) == 1)))
             last = i == len(shown) - 1
             if compare:
-                row += comparison_cells(task["comparison"]) if last and split == "dev" else ["", "", ""]
+                row += comparison_cells(task["comparison"]) if last else ["", "", ""]
             for model in published.values():
                 values = model["tasks"].get(name, {})
                 value = values.get(figure) if figure != "score" else task_score(name, values)
@@ -215,7 +215,7 @@ def arm_figure(arm: dict, split: str, figure: str, single: bool) -> dict:
 
 
 def median_range(stats: dict) -> str:
-    return f"{stats['median']:.1f} ({stats['min']:.1f}-{stats['max']:.1f})"
+    return f"{stats['median']:.1f} [{stats['min']:.1f}, {stats['max']:.1f}]"
 
 
 def comparison_cells(comparison: dict) -> list[str]:
@@ -238,7 +238,7 @@ def notes(report: dict) -> list[str]:
     """The lines under the table: what the figures are, subsets, choices on dev, the time."""
     seeds = report["settings"]["seeds"]
     lines = [
-        f"median (min-max) over {len(seeds)} seeds ({', '.join(map(str, seeds))}) on the dev sets, in "
+        f"median [min, max] over {len(seeds)} seeds ({', '.join(map(str, seeds))}) on the dev sets, in "
         "percent; a task's score is the mean of its figures, the average the mean of the tasks' scores",
         "* published (GLUE test sets, not these dev sets): " + report["published"]["source"],
     ]
