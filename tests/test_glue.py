@@ -481,6 +481,10 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     assert_clean_failure(
         capsys, [*argv[:-1], str(tmp_path / "y"), "--tasks", "squad"], "'squad' is not a GLUE task"
     )
+    recipes.write_text("[default]\nmax_length = 100\n", encoding="utf-8")  # the tiny model has 64 positions
+    too_long = [*argv[:-1], str(tmp_path / "z"), "--tasks", "rte", "--recipes", str(recipes), "--quiet"]
+    assert_clean_failure(capsys, too_long, "RTE: the recipe's max_length must be between 4 and the model's")
+    assert not (tmp_path / "z").exists()  # nothing half-made is left
 
 
 def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir):

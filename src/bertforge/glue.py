@@ -29,6 +29,7 @@ import io
 import json
 import math
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -58,7 +59,7 @@ from bertforge.glue_scores import (
     split_figures,
     task_score,
 )
-from bertforge.io import RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
+from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
 from bertforge.labeled import LabeledExamples
 from bertforge.runtime import resolve_device
 
@@ -172,8 +173,23 @@ def run_glue(
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
         return report
+    except BaseException:
+        if lock.created and not any(out.rglob(RESULT)):
+            clear_folder(out)  # nothing finished: no half-made benchmark is left behind
+        raise
     finally:
         lock.release()
+
+
+def clear_folder(out: Path) -> None:
+    """Remove everything in `out` but its lock (which `RunFolderLock.release` removes, and the folder)."""
+    for entry in out.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchmark:
@@ -338,7 +354,10 @@ def run_seeds(
     task: FinetuneTask, config: RunConfig, folder: Path, runs: list, data: TaskData, progress: Progress
 ) -> list[dict]:
     """Fine-tune and score each (seed, arm, run folder) of one task's fine-tuning folder."""
-    job, created = start(task, config, folder, (folder / TASK).is_file(), show_progress=False)
+    try:
+        job, created = start(task, config, folder, (folder / TASK).is_file(), show_progress=False)
+    except BertforgeError as error:
+        raise BertforgeError(f"{data.spec.name}: {error}") from None
     scored = []
     with removed_unless_progress(folder, created, [run_dir for _, _, run_dir in runs]):
         for seed, arm, run_dir in runs:

@@ -13,7 +13,18 @@ from bertforge.commands import add_device_argument, add_precision_argument
 from bertforge.commands.finetuning import seed_list
 from bertforge.errors import BertforgeError
 
-SETTING_FLAGS = {"`resume=True`": "--resume"}
+# How library errors name what the flags and the recipes set (`bertforge.cli.in_flags`).
+SETTING_FLAGS = {
+    "`resume=True`": "--resume",
+    "task.seeds": "--seeds",
+    "task.compare_scratch": "--compare-scratch",
+    "data.max_seq_length": "the recipe's max_length",
+    "train.batch_size": "the recipe's batch_size",
+    "train.learning_rate": "the recipe's learning_rate",
+    "train.warmup_ratio": "the recipe's warmup",
+    "task.epochs": "the recipe's epochs",
+    "task.dropout": "the recipe's dropout",
+}
 RESUME_IGNORES = (
     "model",
     "data",
