@@ -321,11 +321,11 @@ def plot_report(report: dict, out_png: Path) -> None:
         ]
         lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [medians[-1]]
         highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
-        series.append((f"this model, {arm}", medians, lows, highs))
+        series.append((f"{arm} (dev)" if arm == "pretrained" else "from scratch (dev)", medians, lows, highs))
     for model, row in report["published"]["models"].items():
         values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]
         series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)) + 3, 4.5))
     width = 0.8 / len(series)
     x = np.arange(len(groups))
     for i, (label, values, lows, highs) in enumerate(series):
@@ -339,7 +339,7 @@ def plot_report(report: dict, out_png: Path) -> None:
     ax.set_title(
         f"GLUE: {Path(report['settings']['model']).name}, median of {len(report['settings']['seeds'])} seeds"
     )
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     save_png(fig, Path(out_png))
