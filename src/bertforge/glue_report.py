@@ -240,7 +240,8 @@ def notes(report: dict) -> list[str]:
     lines = [
         f"median [min, max] over {len(seeds)} seeds ({', '.join(map(str, seeds))}) on the dev sets, in "
         "percent; a task's score is the mean of its figures, the average the mean of the tasks' scores",
-        "* published (GLUE test sets, not these dev sets): " + report["published"]["source"],
+        "Tiny*, Mini*, Small*: published (GLUE test sets, not these dev sets): "
+        + report["published"]["source"],
     ]
     if "scratch" in report["average"]:
         lines.append(
