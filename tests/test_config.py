@@ -10,6 +10,7 @@ from bertforge.config import (
     PRESETS,
     RunConfig,
     apply_mapping,
+    apply_objective,
     apply_overrides,
     apply_preset,
     load_json,
@@ -106,6 +107,27 @@ def test_impossible_values_are_named(overrides, message):
     config = RunConfig()
     apply_overrides(config, overrides)
     with pytest.raises(BertforgeError, match=message):
+        validate(config)
+
+
+def test_the_first_of_several_wrong_choices_is_named():
+    config = RunConfig()
+    apply_overrides(config, ["model.hidden_act=swish", "model.objective=gpt"])
+    with pytest.raises(BertforgeError, match=r"^model.hidden_act = 'swish' is not one of: gelu, relu"):
+        validate(config)
+
+
+def test_what_openai_gpt_cannot_hold_is_refused_for_a_gpt_only():
+    config = RunConfig()
+    apply_overrides(config, ["model.intermediate_size=300", "model.hidden_act=gelu"])
+    validate(config)  # BERT has any feed-forward width and the exact GELU
+    apply_objective(config, "clm")
+    assert config.model.hidden_act == "gelu_new"  # GPT-1's
+    with pytest.raises(BertforgeError, match=r"model.intermediate_size \(300\) must be 4 x hidden_size"):
+        validate(config)
+    config.model.intermediate_size = 4 * config.model.hidden_size
+    config.model.hidden_act = "tanh"
+    with pytest.raises(BertforgeError, match="'tanh' has no OpenAIGPT equivalent"):
         validate(config)
 
 

@@ -13,11 +13,11 @@ from bertforge import shards as shards_module
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import read_documents
 from bertforge.errors import BertforgeError
+from bertforge.io import file_sha256
 from bertforge.shards import (
     ShardSet,
     TokenShards,
     concat_shards,
-    file_sha256,
     prepare_shards,
     token_counts,
     token_dtype,

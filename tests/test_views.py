@@ -24,8 +24,9 @@ from bertforge.attention_view import attention_maps, attention_weights
 from bertforge.checkpoint import save_model_folder
 from bertforge.cli import main
 from bertforge.config import ModelConfig
+from bertforge.config_rules import GPT_HIDDEN_ACT
 from bertforge.errors import BertforgeError
-from bertforge.gpt import GPT_HIDDEN_ACT, GPTLMHeadModel
+from bertforge.gpt import GPTLMHeadModel
 from bertforge.model import BertForPreTraining, BertSelfAttention
 from bertforge.plots import attention_figure, comparison_figure, plot_runs, run_curves
 from bertforge.tokenizer import load_tokenizer

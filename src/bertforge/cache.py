@@ -24,8 +24,8 @@ from pathlib import Path
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import entry_lock, remove_orphaned_entries
-from bertforge.shards import TokenShards, file_sha256, prepare_shards
+from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
+from bertforge.shards import TokenShards, prepare_shards
 from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
 
 

@@ -32,9 +32,8 @@ from safetensors.torch import load_file, save_file
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
-from bertforge.io import atomic_directory, read_json, remove_folder, write_json
+from bertforge.io import atomic_directory, file_sha256, read_json, remove_folder, write_json
 from bertforge.model import TIED_KEYS, BertForPreTraining
-from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 
 WEIGHTS = "model.safetensors"

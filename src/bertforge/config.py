@@ -1,10 +1,11 @@
 """Typed run configuration: model, tokenizer, data, training and runtime sections.
 
 Owns the dataclasses, the list of values each choice setting accepts (its `Literal` type), the size
-presets (Turc et al. 2019, "Well-Read Students Learn Better"), reading TOML files, `--set
-section.key=value` overrides, the validation of every setting (tables of rules with messages that
-name the setting), and (de)serialisation to the JSON written beside every run, checkpoint and export.
-Model fields use Hugging Face `BertConfig` names so export is a rename-free copy.
+presets (Turc et al. 2019, "Well-Read Students Learn Better"), what each objective sets, reading TOML
+files, `--set section.key=value` overrides, `validate` (it checks the tables of rules of
+`bertforge.config_rules`, whose messages name the setting), and (de)serialisation to the JSON written
+beside every run, checkpoint and export. Model fields use Hugging Face `BertConfig` names so export is
+a rename-free copy.
 """
 
 from __future__ import annotations
@@ -13,11 +14,21 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
+from bertforge.config_rules import (
+    DATA_RULES,
+    GPT_HIDDEN_ACT,
+    GPT_RULES,
+    MODEL_RULES,
+    OPENAI_GPT_RULES,
+    RUNTIME_RULES,
+    TOKENIZER_RULES,
+    TRAIN_RULES,
+    check_rules,
+)
 from bertforge.corpus import CorpusFormat
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json, write_json
@@ -242,8 +253,6 @@ def apply_objective(config: RunConfig, objective: str) -> None:
     """Set the model's objective; "clm" (GPT-1) also takes GPT-1's activation and no sentence pairs."""
     config.model.objective = objective
     if objective == "clm":
-        from bertforge.gpt import GPT_HIDDEN_ACT  # here: bertforge.gpt imports this module
-
         config.model.hidden_act = GPT_HIDDEN_ACT
         config.data.nsp = False
 
@@ -326,301 +335,6 @@ def _coerce(value, expected, name: str, origin: str):
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 
-# ---------------------------------------------------------------------------------------- validation
-# Every check of the user's settings lives here, as a table of rules per section; code inside the
-# library trusts a validated config and states what it relies on with `assert` (`bertforge.errors`).
-
-MAX_POSITIONS = 1 << 16  # BERT uses 512; attention's cost grows with the square of the length
-MAX_PARAMETERS = 10**10  # BERT-large has 3.4e8; beyond this a typo is likelier than a plan
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A requirement on the settings: when `holds(config)` is false, `problem(config)` tells the user."""
-
-    holds: Callable[[RunConfig], bool]
-    problem: Callable[[RunConfig], str]
-
-
-def setting_value(config: RunConfig, name: str):
-    """The value of the setting `section.key`."""
-    section, key = name.split(".")
-    return getattr(getattr(config, section), key)
-
-
-def each(test: Callable[[Any], bool], requirement: str, *names: str) -> list[Rule]:
-    """A rule per setting: its value passes `test`, else "{name} {requirement}, got {value}"."""
-    return [
-        Rule(
-            lambda c, name=name: test(setting_value(c, name)),
-            lambda c, name=name: f"{name} {requirement}, got {setting_value(c, name)}",
-        )
-        for name in names
-    ]
-
-
-def positive(*names: str) -> list[Rule]:
-    return each(lambda value: value > 0, "must be positive", *names)
-
-
-def fraction(*names: str) -> list[Rule]:
-    return each(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)", *names)
-
-
-def positive_number(*names: str) -> list[Rule]:
-    """Positive and finite: NaN and infinity refused."""
-    return each(lambda value: value > 0.0 and math.isfinite(value), "must be a positive number", *names)
-
-
-def not_negative(*names: str) -> list[Rule]:
-    return each(lambda value: value >= 0, "must not be negative", *names)
-
-
-def choices(section: str) -> dict[str, tuple[str, ...]]:
-    """The settings of a config section that take one of a list of values (a `Literal` type), each with
-    its list."""
-    hints = typing.get_type_hints(typing.get_type_hints(RunConfig)[section])
-    return {key: get_args(hint) for key, hint in hints.items() if typing.get_origin(hint) is Literal}
-
-
-def one_of_choices(section: str) -> list[Rule]:
-    """A rule per setting of `section` with a list of values: its value is one of them."""
-    return [
-        Rule(
-            lambda c, name=f"{section}.{key}", allowed=allowed: setting_value(c, name) in allowed,
-            lambda c, name=f"{section}.{key}", allowed=allowed: (
-                f"{name} = {setting_value(c, name)!r} is not one of: {', '.join(allowed)}"
-            ),
-        )
-        for key, allowed in choices(section).items()
-    ]
-
-
-def parameter_count(m: ModelConfig) -> int:
-    """Weights of the encoder and heads, roughly: embeddings, then per layer attention and feed-forward."""
-    hidden, inner = m.hidden_size, m.intermediate_size
-    embeddings = (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * hidden
-    return embeddings + m.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
-
-
-def trains_nsp(config: RunConfig) -> bool:
-    """Whether the run trains on sentence pairs with NSP (all along, or in its sequence-length warmup):
-    a GPT trains on packed text, never on pairs."""
-    return (config.data.nsp or config.data.warmup_nsp) and config.model.objective == "mlm"
-
-
-def shortest_sequence(config: RunConfig) -> int:
-    """[CLS] a [SEP] b [SEP] (with NSP) or [CLS] a [SEP], with room for one token in each part."""
-    return 5 if trains_nsp(config) else 3
-
-
-MODEL_RULES: list[Rule] = [
-    *positive(
-        "model.vocab_size",
-        "model.hidden_size",
-        "model.num_hidden_layers",
-        "model.num_attention_heads",
-        "model.intermediate_size",
-        "model.max_position_embeddings",
-        "model.type_vocab_size",
-    ),
-    Rule(
-        lambda c: c.model.max_position_embeddings <= MAX_POSITIONS,
-        lambda c: (
-            f"model.max_position_embeddings = {c.model.max_position_embeddings} is above "
-            f"{MAX_POSITIONS:,}; BERT uses 512 (attention's cost grows with the square of the length)"
-        ),
-    ),
-    Rule(
-        lambda c: parameter_count(c.model) <= MAX_PARAMETERS,
-        lambda c: (
-            f"the model sizes give about {parameter_count(c.model):.2g} parameters "
-            f"({parameter_count(c.model) * 4 / 2**30:,.0f} GiB in fp32), above bertforge's limit of "
-            f"{MAX_PARAMETERS / 1e9:.0f} billion; check the model.* settings"
-        ),
-    ),
-    Rule(
-        lambda c: c.model.hidden_size % c.model.num_attention_heads == 0,
-        lambda c: (
-            f"model.hidden_size ({c.model.hidden_size}) must be divisible by "
-            f"model.num_attention_heads ({c.model.num_attention_heads})"
-        ),
-    ),
-    *fraction("model.hidden_dropout_prob", "model.attention_probs_dropout_prob"),
-    *positive_number("model.layer_norm_eps", "model.initializer_range"),
-    Rule(
-        lambda c: 0 <= c.model.pad_token_id < c.model.vocab_size,
-        lambda c: f"model.pad_token_id ({c.model.pad_token_id}) must be a token id below vocab_size",
-    ),
-    *one_of_choices("model"),
-]
-
-TOKENIZER_RULES: list[Rule] = [
-    *one_of_choices("tokenizer"),
-    *positive("tokenizer.vocab_size", "tokenizer.min_frequency"),
-    Rule(
-        lambda c: c.tokenizer.vocab_size > 5,
-        lambda c: f"tokenizer.vocab_size ({c.tokenizer.vocab_size}) must exceed the 5 special tokens",
-    ),
-]
-
-DATA_RULES: list[Rule] = [
-    *one_of_choices("data"),
-    Rule(
-        lambda c: c.data.max_seq_length <= c.model.max_position_embeddings,
-        lambda c: (
-            f"data.max_seq_length ({c.data.max_seq_length}) is above model.max_position_embeddings "
-            f"({c.model.max_position_embeddings}); lower the sequence length or raise the positions"
-        ),
-    ),
-    Rule(
-        lambda c: c.data.max_seq_length >= shortest_sequence(c),
-        lambda c: (
-            f"data.max_seq_length must be at least {shortest_sequence(c)} "
-            f"({'[CLS] A [SEP] B [SEP]' if trains_nsp(c) else '[CLS] A [SEP]'}), got {c.data.max_seq_length}"
-        ),
-    ),
-    Rule(
-        lambda c: (
-            not c.data.warmup_seq_length
-            or shortest_sequence(c) <= c.data.warmup_seq_length < c.data.max_seq_length
-        ),
-        lambda c: (
-            f"data.warmup_seq_length must be 0 (off) or from {shortest_sequence(c)} to below "
-            f"data.max_seq_length ({c.data.max_seq_length}), got {c.data.warmup_seq_length}"
-        ),
-    ),
-    Rule(
-        lambda c: (
-            not c.data.warmup_nsp
-            or (c.model.objective == "mlm" and not c.data.nsp and c.data.warmup_seq_length > 0)
-        ),
-        lambda c: (
-            "data.warmup_nsp = true is for a BERT run without NSP (data.nsp = false) with a sequence-length "
-            "warmup (data.warmup_seq_length); set those, or drop data.warmup_nsp"
-        ),
-    ),
-    Rule(
-        lambda c: not trains_nsp(c) or c.model.type_vocab_size >= 2,
-        lambda c: "NSP (data.nsp or data.warmup_nsp) needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
-    ),
-    *each(
-        lambda value: 0.0 < value < 1.0,
-        "must be in (0, 1)",
-        "data.mlm_probability",
-        "data.warmup_seq_fraction",
-    ),
-    *each(
-        lambda value: 0.0 <= value < 1.0,
-        "must be 0 (the rate stays data.mlm_probability) or in (0, 1)",
-        "data.final_mlm_probability",
-    ),
-    *each(
-        lambda value: 0.0 <= value < 1.0,
-        "must be 0 (every token equally likely to be masked) or in (0, 1), a token frequency such as 1e-4",
-        "data.mask_subsampling",
-    ),
-    Rule(
-        lambda c: not c.data.mask_subsampling or c.model.objective == "mlm",
-        lambda c: (
-            'data.mask_subsampling weighs what BERT masks; GPT-1 (model.objective = "clm") masks nothing: '
-            "set it to 0"
-        ),
-    ),
-    *fraction("data.short_seq_prob"),
-    *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),
-]
-
-
-def window_model_rules() -> list[Rule]:
-    """What `train.embedding_init = "window_model"` needs of the model (`bertforge.window_init`)."""
-
-    def applies(c: RunConfig) -> bool:
-        return c.train.embedding_init == "window_model" and c.model.objective == "mlm"
-
-    def head_dim(c: RunConfig) -> int:
-        return c.model.hidden_size // c.model.num_attention_heads
-
-    why = 'train.embedding_init = "window_model"'
-    return [
-        Rule(
-            lambda c: not applies(c) or (c.model.num_attention_heads >= 2 and head_dim(c) % 2 == 0),
-            lambda c: (
-                f"{why} gives layer 1's heads one neighbour each and keeps the positions in one head's "
-                f"dims: it needs at least 2 heads of an even size (model.num_attention_heads = "
-                f'{c.model.num_attention_heads}, head size {head_dim(c)}); or set it to "cooccurrence"'
-            ),
-        ),
-        Rule(
-            lambda c: not applies(c) or c.data.max_seq_length <= head_dim(c),
-            lambda c: (
-                f"{why} starts the positions as sinusoids that repeat every head size ({head_dim(c)}) "
-                f"positions: data.max_seq_length ({c.data.max_seq_length}) must be at most that; or "
-                'set it to "cooccurrence"'
-            ),
-        ),
-        Rule(
-            lambda c: not applies(c) or c.model.hidden_act != "tanh",
-            lambda _c: (
-                f"{why} runs the MLM transform in its activation's linear range, which tanh has not: "
-                'set model.hidden_act to "gelu", or embedding_init to "cooccurrence"'
-            ),
-        ),
-    ]
-
-
-TRAIN_RULES: list[Rule] = [
-    *one_of_choices("train"),
-    *positive(
-        "train.batch_size",
-        "train.gradient_accumulation_steps",
-        "train.max_steps",
-        "train.log_every",
-        "train.eval_every",
-        "train.keep_checkpoints",
-    ),
-    *fraction("train.warmup_ratio"),
-    *each(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]", "train.decay_ratio"),
-    *positive_number("train.learning_rate", "train.adam_epsilon"),
-    *not_negative(
-        "train.weight_decay",
-        "train.max_grad_norm",
-        "train.max_minutes",
-        "train.warmup_steps",
-        "train.checkpoint_every",
-    ),
-    Rule(
-        lambda c: c.train.batch_size % c.train.gradient_accumulation_steps == 0,
-        lambda c: (
-            f"train.batch_size ({c.train.batch_size}) must be divisible by "
-            f"train.gradient_accumulation_steps ({c.train.gradient_accumulation_steps})"
-        ),
-    ),
-    Rule(
-        lambda c: c.train.embedding_init == "normal" or c.model.objective == "mlm",
-        lambda c: (
-            f'train.embedding_init = "{c.train.embedding_init}" starts BERT\'s tied MLM decoder; with '
-            'model.objective = "clm" set it to "normal"'
-        ),
-    ),
-    *window_model_rules(),
-]
-
-RUNTIME_RULES: list[Rule] = [
-    *one_of_choices("runtime"),
-    *not_negative("runtime.threads"),
-    *each(lambda value: value >= -1, "must be -1 (auto) or more", "runtime.num_workers"),
-    *positive_number("runtime.dist_timeout_minutes"),
-]
-
-
-def check_rules(config: RunConfig, rules: list[Rule]) -> None:
-    """Raise `BertforgeError` with the problem of the first rule that does not hold."""
-    for rule in rules:
-        if not rule.holds(config):
-            raise BertforgeError(rule.problem(config))
-
-
 def validate_model(m: ModelConfig, source: str | Path | None = None, advice: str = "") -> None:
     """Raise `BertforgeError` naming the first impossible model setting (also for a loaded folder);
     for a model config read from the file `source`, the message names the file, then `advice`."""
@@ -635,11 +349,13 @@ def validate_model(m: ModelConfig, source: str | Path | None = None, advice: str
 def validate(config: RunConfig) -> None:
     """Raise `BertforgeError` naming the first impossible setting."""
     validate_model(config.model)
-    if config.model.objective == "clm":
-        from bertforge.gpt_convert import check_openai_gpt  # here: it imports this module
+    check_rules(config, GPT_RULES + TOKENIZER_RULES + DATA_RULES + TRAIN_RULES + RUNTIME_RULES)
 
-        check_openai_gpt(config.model)  # GPT-1's shapes, so that the model exports to OpenAIGPT
-    check_rules(config, TOKENIZER_RULES + DATA_RULES + TRAIN_RULES + RUNTIME_RULES)
+
+def check_openai_gpt(model: ModelConfig) -> None:
+    """Refuse a GPT that Hugging Face's OpenAIGPT cannot hold: its activations and a 4 x hidden
+    feed-forward only."""
+    check_rules(RunConfig(model=model), OPENAI_GPT_RULES)
 
 
 def max_predictions(data: DataConfig) -> int:

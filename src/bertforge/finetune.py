@@ -50,13 +50,12 @@ from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
-from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
+from bertforge.io import RunFolderLock, check_run_folder, file_sha256, read_json, write_json
 from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
 from bertforge.losses import Summary
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
-from bertforge.shards import file_sha256
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
 

@@ -14,8 +14,8 @@ attention itself differs: `CausalSelfAttention` runs `scaled_dot_product_attenti
 `is_causal=True` when there is no padding mask, and can extend a `KVCache` for generation.
 
 GPT-1's activation is the tanh approximation of GELU, bertforge's `hidden_act = "gelu_new"`
-(`GPT_HIDDEN_ACT`; Hugging Face's OpenAIGPT calls it "gelu"); `hidden_act = "gelu"` here means the
-exact erf form, as everywhere in bertforge, which OpenAIGPT cannot express.
+(`bertforge.config_rules.GPT_HIDDEN_ACT`; Hugging Face's OpenAIGPT calls it "gelu"); `hidden_act =
+"gelu"` here means the exact erf form, as everywhere in bertforge, which OpenAIGPT cannot express.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from bertforge.model import (
     check_positions,
     init_weights,
 )
-
-GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (tanh approximation)
 
 # Alias -> owner for the tied LM head, as `model.TIED_KEYS` for BERT: savers drop the alias.
 GPT_TIED_KEYS: dict[str, str] = {"lm_head.weight": "gpt.embeddings.word_embeddings.weight"}

@@ -12,13 +12,15 @@ Owns:
   `pipeline("text-generation")` needs), and our language model from such a folder's weights
   (`language_model_from_hf`; `bertforge.folders` reads the folder); a classifier
   (`bertforge.gpt.GPTForSequenceClassification`, whose `score` keeps its name) is written as an
-  `OpenAIGPTForSequenceClassification` with its labels;
+  `OpenAIGPTForSequenceClassification` with its labels (one label: a regression, whose config says
+  `problem_type = "regression"`, as transformers' own);
 - the tokenizer's two forms: the generation form written for `transformers`
   (`write_gpt_tokenizer`) and bertforge's own, restored on import (`bert_tokenizer`).
 
-OpenAIGPT fixes two things that `ModelConfig` leaves free, so a model that differs is refused on
-export rather than exported wrong: the feed-forward width is 4 x hidden, and its activations are
-"gelu" (the tanh approximation: bertforge's "gelu_new"), "relu" and "silu" (no exact-erf GELU).
+OpenAIGPT fixes two things that `ModelConfig` leaves free, so a model that differs is refused, before
+training and on export, rather than exported wrong (`bertforge.config_rules.OPENAI_GPT_RULES`): the
+feed-forward width is 4 x hidden, and its activations are "gelu" (the tanh approximation: bertforge's
+"gelu_new"), "relu" and "silu" (no exact-erf GELU).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from tokenizers import Regex, Tokenizer, decoders, processors
 from torch import nn
 
 from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields
-from bertforge.config import ModelConfig, validate_model
+from bertforge.config import ModelConfig, check_openai_gpt, validate_model
+from bertforge.config_rules import GPT_HIDDEN_ACT, OPENAI_GPT_ACTS
 from bertforge.errors import BertforgeError
-from bertforge.gpt import GPT_HIDDEN_ACT, GPT_TIED_KEYS, GPTLMHeadModel
+from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
 from bertforge.io import atomic_directory, atomic_write_bytes, check_new_folder, write_json
 from bertforge.tokenizer import TOKENIZER_FILE, BertTokenizer
 
@@ -45,7 +48,7 @@ MODEL_TYPE = "openai-gpt"
 WORD_EMBEDDINGS = GPT_TIED_KEYS["lm_head.weight"]
 
 # bertforge `hidden_act` -> OpenAIGPT `afn` (Hugging Face's OpenAIGPT "gelu" is the tanh form).
-AFN = {GPT_HIDDEN_ACT: "gelu", "relu": "relu", "silu": "silu"}
+AFN = dict(zip(OPENAI_GPT_ACTS, ("gelu", "relu", "silu"), strict=True))
 HIDDEN_ACT = {"gelu": GPT_HIDDEN_ACT, "relu": "relu", "silu": "silu", "swish": "silu"}
 
 # `OpenAIGPTConfig`'s defaults, for fields a config.json leaves out.
@@ -179,20 +182,6 @@ def _split(tensor: torch.Tensor, kind: str, prefix: str) -> dict[str, torch.Tens
 
 
 # ---------------------------------------------------------------------------------------- configs
-
-
-def check_openai_gpt(model: ModelConfig) -> None:
-    """Refuse a GPT that OpenAIGPT cannot hold: its activations and a 4 x hidden feed-forward only."""
-    if model.hidden_act not in AFN:
-        raise BertforgeError(
-            f"model.hidden_act = {model.hidden_act!r} has no OpenAIGPT equivalent; GPT-1 uses "
-            f"{GPT_HIDDEN_ACT!r} (the tanh GELU), and OpenAIGPT also takes: {', '.join(AFN)}"
-        )
-    if model.intermediate_size != 4 * model.hidden_size:
-        raise BertforgeError(
-            f"model.intermediate_size ({model.intermediate_size}) must be 4 x hidden_size "
-            f"({4 * model.hidden_size}) for OpenAIGPT, whose feed-forward width is fixed"
-        )
 
 
 def hf_config(

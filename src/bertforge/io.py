@@ -10,9 +10,10 @@ lock (or, in the shared cache, the entry's lock); a folder moved aside for a rep
 arrived is put back. A write the disk refuses (full, read-only, no permission)
 raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
 `write_json`'s (indented, newline-terminated, atomic); every JSON object it reads is `read_json`'s,
-which names the file and what is wrong with it in one line. Locks are OS file locks (`flock`) on
-a file that holds the owner's PID: the kernel frees them when their owner dies, so a killed run
-never leaves a stale lock.
+which names the file and what is wrong with it in one line. Every file content hash (of a corpus,
+a checkpoint's files, a data file) is `file_sha256`'s. Locks are OS file locks (`flock`) on a file
+that holds the owner's PID: the kernel frees them when their owner dies, so a killed run never
+leaves a stale lock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -160,6 +162,15 @@ def read_json(
     if not isinstance(value, dict):
         raise error(f"{path} does not hold a JSON object; {damaged}")
     return value
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's content, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_occupied(path: Path) -> bool:

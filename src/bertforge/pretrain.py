@@ -51,7 +51,8 @@ from bertforge.cache import (
     remove_orphans,
 )
 from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
-from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, trains_nsp, validate
+from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
+from bertforge.config_rules import trains_nsp
 from bertforge.corpus import resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted

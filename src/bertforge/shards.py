@@ -14,7 +14,6 @@ Also owns `ShardSet`, several shard folders (one per corpus file) seen as one co
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import sys
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, read_documents, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, read_json, write_json
+from bertforge.io import atomic_directory, file_sha256, read_json, write_json
 from bertforge.tokenizer import BertTokenizer
 
 FORMAT_VERSION = 1
@@ -42,15 +41,6 @@ _COUNT_BLOCK = 1 << 24  # tokens read at once by max_token_id and token_counts
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's content, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def prepare_shards(

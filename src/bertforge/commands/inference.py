@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 
 from bertforge.commands import add_device_argument
-from bertforge.config import trains_nsp
+from bertforge.config_rules import trains_nsp
 from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
