@@ -3,7 +3,8 @@
 Our state dicts already carry Hugging Face's key names, so most of the conversion is of configs.
 Owns:
 - `hf_config`: a `BertConfig` dict (config.json) naming `BertForPreTraining`, or with labels
-  `BertForSequenceClassification`; `tokenizer_config` and `SPECIAL_TOKENS_MAP` beside it;
+  `BertForSequenceClassification` (one label: a regression, `problem_type = "regression"`);
+  `tokenizer_config` and `SPECIAL_TOKENS_MAP` beside it;
 - `model_config_from_hf`: the inverse, refusing what our BERT cannot hold (relative positions, a
   decoder); fields a config.json leaves out take `BertConfig`'s defaults (`HF_DEFAULTS`);
 - `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare

@@ -316,17 +316,19 @@ def save_model_folder(
 
 
 def hf_label_fields(labels: list[str]) -> dict:
-    """The label fields of a Hugging Face classifier's config.json."""
+    """The label fields of a Hugging Face classifier's config.json (one label: a regression, whose
+    label names the score)."""
     return {
         "num_labels": len(labels),
         "id2label": {str(i): label for i, label in enumerate(labels)},
         "label2id": {label: i for i, label in enumerate(labels)},
-        "problem_type": "single_label_classification",
+        "problem_type": "regression" if len(labels) == 1 else "single_label_classification",
     }
 
 
 def read_labels(folder: Path) -> list[str]:
-    """A classifier's label names in id order, from `labels.json` or an exported config's `id2label`."""
+    """A classifier's label names in id order, from `labels.json` or an exported config's `id2label`;
+    a regression model's one name (of its score)."""
     if (folder / LABELS).is_file():
         labels = read_json(folder / LABELS).get("labels")
     else:
@@ -334,12 +336,12 @@ def read_labels(folder: Path) -> list[str]:
         labels = [id2label.get(str(i)) for i in range(len(id2label))]
     if (
         not isinstance(labels, list)
-        or len(labels) < 2
+        or not labels
         or not all(isinstance(x, str) and x for x in labels)
         or len(set(labels)) != len(labels)
     ):
         raise BertforgeError(
-            f"{folder} must name two or more distinct labels in {LABELS} "
+            f"{folder} must name one label (a regression's score) or two or more distinct labels in {LABELS} "
             '({"labels": [...]}) or in id2label, in id order'
         )
     return labels

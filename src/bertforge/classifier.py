@@ -9,6 +9,9 @@ holds exactly:
     labels.json         {"labels": [label names in id order]}
     tokenizer.json, vocab.txt, bertforge_tokenizer.json
 
+A regression model (fine-tuned on real-valued labels) is the same with a head of one output and one
+label, the name of its score (Hugging Face's `num_labels = 1`, `problem_type = "regression"`).
+
 A classifier fine-tuned from a GPT (`model.objective = "clm"`) is a
 `bertforge.gpt.GPTForSequenceClassification`: `gpt.*` and `score.weight` (no bias), read at the last
 real token, as GPT-1 and Hugging Face's `OpenAIGPTForSequenceClassification` do.
@@ -37,7 +40,8 @@ ENCODER = {"mlm": "bert", "clm": "gpt"}  # objective -> the encoder's attribute 
 
 
 def sequence_classifier(model: ModelConfig, num_labels: int) -> Classifier:
-    """The classifier for a pretrained architecture: on BERT's pooled [CLS], or on GPT's last real token."""
+    """The classifier for a pretrained architecture: on BERT's pooled [CLS], or on GPT's last real token
+    (`num_labels = 1`: a regression's one output)."""
     if model.objective == "clm":
         return GPTForSequenceClassification(model, num_labels)
     return BertForSequenceClassification(model, num_labels)
@@ -67,8 +71,9 @@ def classify(
 ) -> list[dict]:
     """Label and class probabilities of each text (or text pair), in input order.
 
-    Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label).
-    Texts longer than `max_length` tokens (default: the model's positions) are truncated.
+    Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label);
+    for a regression model (one label) `{"score": its output}`. Texts longer than `max_length` tokens
+    (default: the model's positions) are truncated.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -88,6 +93,9 @@ def classify(
             token_type_ids=batch["token_type_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device),
         )  # (B, K)
+        if len(labels) == 1:
+            results += [{"score": score} for score in logits.float()[:, 0].cpu().tolist()]
+            continue
         for row in torch.softmax(logits.float(), dim=-1).cpu().tolist():
             best = max(range(len(row)), key=row.__getitem__)
             results.append(

@@ -3,9 +3,10 @@
 For every seed, two fine-tuning runs with the same data, recipe and seed: the pretrained arm (the
 encoder of `task.model`) and the from-scratch arm (the same architecture and tokenizer from random
 weights; the same head, example order and dropout, see `finetune.build_classifier`). Then paired
-statistics from `bertforge.stats` on the best epoch's validation accuracy: the per-seed
-differences and their median, an exact sign test over seeds (training randomness) and a paired
-bootstrap over validation examples (the evaluation set's sampling noise).
+statistics from `bertforge.stats` on the best epoch's validation accuracy (a regression's: Pearson's
+r): the per-seed differences and their median, an exact sign test over seeds (training randomness)
+and a paired bootstrap over validation examples (the evaluation set's sampling noise; for Pearson's
+r, which is no mean over examples, `paired_bootstrap_pearson` recomputes it on every resample).
 
 Each run's best epoch is chosen on the validation set that also scores it, alike in both arms: the
 accuracies are optimistic, the comparison of the two procedures is even-handed.
@@ -31,15 +32,18 @@ import numpy as np
 from bertforge.config import RunConfig
 from bertforge.errors import BertforgeError
 from bertforge.finetune import (
+    METRICS,
     PREDICTIONS,
     RESULT,
     SUMMARY,
     FinetuneTask,
     removed_unless_progress,
+    result_kind,
     start,
     summarize_seeds,
 )
 from bertforge.io import read_json, write_json
+from bertforge.metrics import pearson_rows
 from bertforge.stats import paired_bootstrap, sign_test, summary
 
 ARMS = ("pretrained", "scratch")
@@ -47,6 +51,7 @@ COMPARISON = "comparison.json"
 SEEDS_FOR_A_CLAIM = 5
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
+PEARSON_CHUNK = 200  # resamples at once in `paired_bootstrap_pearson` (bounds its arrays' memory)
 
 
 def compare_with_scratch(
@@ -86,26 +91,36 @@ def compare_runs(
 ) -> dict:
     """The paired statistics of the finished runs of both arms in `out`."""
     results = {arm: [read_json(run_folder(out, arm, seed) / RESULT) for seed in seeds] for arm in ARMS}
-    pretrained, scratch = ([r["best"]["accuracy"] for r in results[arm]] for arm in ARMS)
+    kind = result_kind(results["pretrained"][0])
+    metric = METRICS[kind][0]
+    pretrained, scratch = ([r["best"][metric] for r in results[arm]] for arm in ARMS)
     differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
     pairs = zip(seeds, pretrained, scratch, differences, strict=True)
-    correct = correctness(out, seeds)
+    true, predicted = best_predictions(out, seeds)
+    if kind == "regression":
+        bootstrap = paired_bootstrap_pearson(
+            true, predicted["pretrained"], predicted["scratch"], resamples, bootstrap_seed
+        )
+    else:
+        correct = {arm: predicted[arm] == true for arm in ARMS}
+        bootstrap = paired_bootstrap(correct["pretrained"], correct["scratch"], resamples, bootstrap_seed)
     return {
-        "metric": "accuracy",  # of each run's best epoch on the validation set
+        "metric": metric,  # of each run's best epoch on the validation set
         "seeds": list(seeds),
         "pairs": [{"seed": s, "pretrained": a, "scratch": b, "difference": d} for s, a, b, d in pairs],
         "pretrained": summary(pretrained),
         "scratch": summary(scratch),
         "difference": summary(differences),
         "sign_test": sign_test(differences),
-        "bootstrap": paired_bootstrap(correct["pretrained"], correct["scratch"], resamples, bootstrap_seed),
+        "bootstrap": bootstrap,
         "elapsed_s": sum(r["elapsed_s"] for arm in ARMS for r in results[arm]),
     }
 
 
-def correctness(out: Path, seeds: list[int]) -> dict[str, np.ndarray]:
-    """arm -> (seeds, examples) booleans: whether the best epoch of each run got each example right."""
-    truth, correct = None, {}
+def best_predictions(out: Path, seeds: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The validation set's true labels (examples,) and arm -> (seeds, examples): the best epoch's
+    prediction of every example in every run (label ids, or a regression's scores)."""
+    truth, predicted = None, {}
     for arm in ARMS:
         rows = []
         for seed in seeds:
@@ -116,6 +131,52 @@ def correctness(out: Path, seeds: list[int]) -> dict[str, np.ndarray]:
             truth = record["true"] if truth is None else truth
             if record["true"] != truth:
                 raise BertforgeError(f"{path} was made on other validation data than the other runs")
-            rows.append(np.asarray(record["predicted"]) == np.asarray(record["true"]))
-        correct[arm] = np.stack(rows)
-    return correct
+            rows.append(np.asarray(record["predicted"]))
+        predicted[arm] = np.stack(rows)
+    return np.asarray(truth), predicted
+
+
+def paired_bootstrap_pearson(
+    true: np.ndarray,
+    predicted_a: np.ndarray,
+    predicted_b: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = 0.95,
+) -> dict[str, float]:
+    """`stats.paired_bootstrap` for the gain in Pearson's r of arm a over arm b.
+
+    `predicted_a` and `predicted_b` are (seeds, examples) scores of the same seeds, `true` the
+    (examples,) targets; r is averaged over seeds. The examples are resampled with replacement (each
+    resample the same for both arms and every seed) and r recomputed on each; the p-value and the
+    percentile interval are read as `stats.paired_bootstrap` reads them.
+    """
+    true = np.asarray(true, dtype=np.float64)
+    a, b = np.atleast_2d(predicted_a).astype(np.float64), np.atleast_2d(predicted_b).astype(np.float64)
+    if a.shape != b.shape or a.shape[1] != true.size or true.size == 0:
+        raise ValueError(f"both arms need scores of the same examples: {a.shape}, {b.shape}, {true.shape}")
+    observed = float(pearson_rows(a, true).mean() - pearson_rows(b, true).mean())
+    rng = np.random.default_rng(seed)
+    gains = []
+    for first in range(0, resamples, PEARSON_CHUNK):
+        index = rng.integers(0, true.size, size=(min(PEARSON_CHUNK, resamples - first), true.size))
+        target = true[index]  # (R, N)
+        gains.append(pearson_rows(a[:, index], target).mean(0) - pearson_rows(b[:, index], target).mean(0))
+    gains = np.concatenate(gains)
+    if observed == 0:
+        p_value = 1.0
+    else:
+        flipped = np.count_nonzero(gains <= 0) if observed > 0 else np.count_nonzero(gains >= 0)
+        p_value = min(1.0, 2 * flipped / resamples)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(gains, [tail, 100 - tail])
+    return {
+        "gain": observed,
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "p_value": p_value,
+        "examples": int(true.size),
+        "resamples": resamples,
+        "seed": seed,
+    }

@@ -8,7 +8,9 @@ Owns:
   `special_tokens_map.json`, plus `bertforge_config.json` (our full run config, so that an import
   restores it). A GPT (`model.objective = "clm"`) becomes an `OpenAIGPTLMHeadModel` folder that
   `pipeline("text-generation")` loads, or for a classifier an `OpenAIGPTForSequenceClassification`
-  (`export_gpt`, through `bertforge.gpt_convert`);
+  (`export_gpt`, through `bertforge.gpt_convert`). A regression model (one label) is written as
+  Hugging Face writes one: `num_labels = 1`, `problem_type = "regression"`, its label naming the
+  score;
 - `import_hf`: a local Hugging Face BERT or OpenAIGPT folder -> a bertforge model folder (the layout
   of a run's `final/`), so pretraining can continue from it (`bertforge pretrain --init`).
 

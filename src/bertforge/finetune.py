@@ -1,27 +1,31 @@
-"""Fine-tuning for text classification: from a pretrained model folder and labelled files to a classifier.
+"""Fine-tuning for text classification and regression: from a pretrained model folder and labelled
+files to a classifier (or a regressor: a head of one output).
 
 Owns the fine-tuning objective (cross-entropy on the pooled [CLS] output, Devlin et al. 2019,
-section 4.1; for a GPT on the last real token's state, Radford et al. 2018, section 3.2), its data
-(tokenized once, shuffled per epoch from (seed, epoch)), the per-epoch evaluation (accuracy, macro
-F1, confusion matrix), keeping the best epoch, several seeds with their median and spread, and the
-run folder. The optimisation itself is `bertforge.train`'s loop, the
-same as pretraining's: one evaluation and one checkpoint at the end of every epoch, and one more
-when SIGINT or SIGTERM stops the run (it then names the `--resume` command). The comparison
-of a pretrained and a from-scratch arm (`--compare-scratch`) is `bertforge.comparison`'s; it runs
-its seeds through the `Job` set up here.
+section 4.1; for a GPT on the last real token's state, Radford et al. 2018, section 3.2; for
+real-valued labels, such as STS-B's similarity scores, the mean squared error of one output, as
+Hugging Face's `problem_type = "regression"`), its data (tokenized once, shuffled per epoch from
+(seed, epoch)), the per-epoch evaluation (accuracy, macro F1 and the confusion matrix; for a
+regression Pearson's and Spearman's correlations and the MSE), keeping the best epoch (by accuracy,
+for a regression by Pearson's r), several seeds with their median and spread, and the run folder.
+The optimisation itself is `bertforge.train`'s loop, the same as pretraining's: one evaluation and
+one checkpoint at the end of every epoch, and one more when SIGINT or SIGTERM stops the run (it then
+names the `--resume` command). The comparison of a pretrained and a from-scratch arm
+(`--compare-scratch`) is `bertforge.comparison`'s; it runs its seeds through the `Job` set up here.
 
 Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/summary.json`):
 
     finetune.json   the task, the base config and the data's hashes (what `--resume` reads; in DIR)
     config.json     the run's effective config
-    metrics.jsonl   "train" lines; per epoch a "valid" line and a "confusion" line (epoch 0: before
-                    fine-tuning)
+    metrics.jsonl   "train" lines; per epoch a "valid" line and (classification) a "confusion" line
+                    (epoch 0: before fine-tuning)
     checkpoints/    the end of the last epoch, for `--resume` (removed when the run completes)
     best/, best.json  the best epoch so far (while training)
     final/          the classifier of the best epoch (see `bertforge.classifier`)
     result.json     best and last epoch's metrics, the time it took; its presence marks a finished run
     valid_predictions.json  the best epoch's prediction for every validation example, in file order
-    curves.png      loss, accuracy and macro F1 per epoch
+                    (label ids, or a regression's scores)
+    curves.png      loss, accuracy and macro F1 per epoch (classification)
 
 Nothing is written until the model folder and both data files have been read and checked.
 """
@@ -51,8 +55,21 @@ from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
 from bertforge.io import RunFolderLock, check_run_folder, file_sha256, read_json, write_json
-from bertforge.labeled import FORMATS, LabeledExamples, LabeledFormat, label_ids, label_names, read_labeled
+from bertforge.labeled import (
+    FORMATS,
+    TASK_TYPES,
+    LabeledExamples,
+    LabeledFormat,
+    TaskType,
+    check_regression_targets,
+    label_ids,
+    label_names,
+    label_values,
+    read_labeled,
+    task_type,
+)
 from bertforge.losses import Summary
+from bertforge.metrics import confusion_accuracy, confusion_macro_f1, pearson, spearman
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
@@ -69,6 +86,11 @@ PREDICTIONS = "valid_predictions.json"
 RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, PREDICTIONS, "curves.png")
 # Run folders this process holds, from `start` to the end of `removed_unless_progress`.
 _owned: dict[Path, RunFolderLock] = {}
+# The metrics a result reports, by task type: the first chooses the best epoch (ties: the lower loss, last).
+METRICS = {
+    "classification": ("accuracy", "macro_f1", "classification_loss"),
+    "regression": ("pearson", "spearman", "mse"),
+}
 
 
 @dataclass
@@ -92,6 +114,9 @@ class FinetuneTask:
     # hidden and attention dropout while fine-tuning; None: the pretrained model's. A model pretrained
     # without dropout (Cramming) is fine-tuned with it, as BERT's 0.1.
     dropout: float | None = None
+    # "regression": one output and the squared error on real-valued labels; "auto": a regression when
+    # the training labels are numbers and some is not an integer (see `labeled.task_type`)
+    task_type: TaskType = "auto"
 
 
 def finetuning_config() -> RunConfig:
@@ -165,13 +190,14 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
         raise BertforgeError(f"{task.model} is a GPT, which has no pooler; drop task.reinit_pooler")
     check_max_length(config, task)
     validate(config)  # before set_epochs divides by the batch size
-    train_data, valid_data, labels = read_task_data(task)
+    train_data, valid_data, labels, regression = read_task_data(task)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
     if saved is not None:
         check_same_data(out, saved, hashes)
-    train_set = encode(tokenizer, train_data, label_ids(train_data, labels), config.data.max_seq_length)
-    valid_set = encode(tokenizer, valid_data, label_ids(valid_data, labels), config.data.max_seq_length)
+    length = config.data.max_seq_length
+    train_set = encode(tokenizer, train_data, targets(train_data, labels, regression), length)
+    valid_set = encode(tokenizer, valid_data, targets(valid_data, labels, regression), length)
     set_epochs(config, task.epochs, len(train_set))
     apply_threads(config.runtime)
     choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
@@ -240,6 +266,8 @@ def check_task(task: FinetuneTask) -> None:
         raise BertforgeError(f"task.epochs must be at least 1, got {task.epochs}")
     if task.format not in FORMATS:
         raise BertforgeError(f"task.format {task.format!r} is not one of: {', '.join(FORMATS)}")
+    if task.task_type not in TASK_TYPES:
+        raise BertforgeError(f"task.task_type {task.task_type!r} is not one of: {', '.join(TASK_TYPES)}")
     if task.seeds is not None and (not task.seeds or len(set(task.seeds)) < len(task.seeds)):
         raise BertforgeError(f"task.seeds must list distinct seeds, e.g. [1, 2, 3]; got {task.seeds}")
     if task.compare_scratch and task.from_scratch:
@@ -276,8 +304,10 @@ def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
     )
 
 
-def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str]]:
-    """Both files, read and checked, and the label mapping learned from the training file."""
+def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str], bool]:
+    """Both files, read and checked, the label mapping learned from the training file (for a
+    regression the one name of its score: the label column's, or "score" for a column given by
+    number) and whether it is a regression."""
     columns = dict(
         text_column=task.text_column,
         label_column=task.label_column,
@@ -286,12 +316,23 @@ def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples
     )
     train_data = read_labeled(task.train, **columns)
     valid_data = read_labeled(task.valid, **columns)
-    labels = label_names(train_data)
-    return train_data, valid_data, labels
+    if task_type(train_data, task.task_type) == "regression":
+        check_regression_targets(train_data, label_values(train_data))
+        name = "score" if task.label_column.isdigit() else task.label_column
+        return train_data, valid_data, [name], True
+    return train_data, valid_data, label_names(train_data), False
 
 
-def encode(tokenizer: BertTokenizer, data: LabeledExamples, ids: list[int], max_length: int) -> list[dict]:
-    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` (segment ids 0, then 1), at most `max_length`."""
+def targets(data: LabeledExamples, labels: list[str], regression: bool) -> list[int] | list[float]:
+    """Each example's label id under `labels`, or for a regression its score."""
+    return label_values(data) if regression else label_ids(data, labels)
+
+
+def encode(
+    tokenizer: BertTokenizer, data: LabeledExamples, ids: list[int] | list[float], max_length: int
+) -> list[dict]:
+    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` (segment ids 0, then 1), at most `max_length`,
+    with its label id (a regression: its score)."""
     pairs = data.pairs or [None] * len(data)
     examples = []
     for text, pair, label in zip(data.texts, pairs, ids, strict=True):
@@ -325,8 +366,8 @@ def steps_per_epoch(num_examples: int, train_cfg: TrainConfig) -> int:
 
 
 class ClassificationCollator:
-    """Pads examples into a batch with their `labels` (B,), shaped by `shape_batch` (to `width` tokens
-    when compiling)."""
+    """Pads examples into a batch with their `labels` (B,) (label ids, or a regression's float scores),
+    shaped by `shape_batch` (to `width` tokens when compiling)."""
 
     def __init__(self, pad_id: int, width: int | None = None) -> None:
         self.pad_id = pad_id
@@ -401,6 +442,23 @@ def classification_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tens
     return loss_sum / labels.numel(), sums
 
 
+def regression_loss(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean squared error of the one output (Hugging Face's `problem_type = "regression"`)."""
+    scores = model(
+        batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch.get("attention_mask")
+    ).float()[:, 0]  # (B,)
+    labels = batch["labels"].float()  # (B,)
+    loss_sum = F.mse_loss(scores, labels, reduction="sum")
+    sums = {"loss_sum": loss_sum.detach(), "count": torch.full((), labels.numel(), device=labels.device)}
+    return loss_sum / labels.numel(), sums
+
+
+def summarize_regression(totals: dict[str, float]) -> Summary:
+    """Accumulated `regression_loss` sums -> the mean squared error."""
+    loss = totals["loss_sum"] / max(totals["count"], 1.0)
+    return Summary(loss, {"mse": loss})
+
+
 def summarize_classification(totals: dict[str, float]) -> Summary:
     """Accumulated `classification_loss` sums -> the mean cross-entropy, and it with the accuracy."""
     count = max(totals["count"], 1.0)
@@ -439,17 +497,39 @@ def evaluate_classifier(
 
 
 def scores(confusion: torch.Tensor) -> dict[str, float]:
-    """Accuracy and macro F1 from a confusion matrix; F1 averages the classes that occur in the truth
-    or the predictions (scikit-learn's default)."""
-    confusion = confusion.double()
-    true_positives = confusion.diagonal()
-    actual, predicted = confusion.sum(1), confusion.sum(0)
-    present = (actual + predicted) > 0
-    f1 = 2 * true_positives[present] / (actual + predicted)[present]
-    return {
-        "accuracy": float(true_positives.sum() / confusion.sum().clamp(min=1)),
-        "macro_f1": float(f1.mean()) if present.any() else 0.0,
+    """Accuracy and macro F1 from a confusion matrix (see `bertforge.metrics`)."""
+    matrix = confusion.cpu().numpy()
+    return {"accuracy": confusion_accuracy(matrix), "macro_f1": confusion_macro_f1(matrix)}
+
+
+@torch.inference_mode()
+def evaluate_regressor(
+    model: torch.nn.Module, batches: list[dict], precision: str = "fp32"
+) -> tuple[dict[str, float], list[float]]:
+    """Mean squared error, Pearson's and Spearman's correlation over all batches, and the predicted
+    score of every example, in order."""
+    device = next(model.parameters()).device
+    predicted, true = [], []
+    with eval_mode(model):
+        for batch in batches:
+            batch = to_device(batch, device)
+            with autocast(device, precision):
+                output = model(
+                    batch["input_ids"],
+                    token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                )
+            predicted.append(output.float()[:, 0])  # (B,)
+            true.append(batch["labels"].float())
+    if not predicted:
+        return {"mse": 0.0, "pearson": 0.0, "spearman": 0.0}, []
+    outputs, labels = torch.cat(predicted).cpu().double(), torch.cat(true).cpu().double()
+    metrics = {
+        "mse": float(((outputs - labels) ** 2).mean()),
+        "pearson": pearson(outputs.numpy(), labels.numpy()),
+        "spearman": spearman(outputs.numpy(), labels.numpy()),
     }
+    return metrics, outputs.tolist()
 
 
 def seed_runs(task: FinetuneTask, config: RunConfig, out: Path) -> list[tuple[int, Path]]:
@@ -459,7 +539,8 @@ def seed_runs(task: FinetuneTask, config: RunConfig, out: Path) -> list[tuple[in
 
 
 class Job:
-    """Everything the runs of one fine-tuning share; `run` trains one seed in its folder."""
+    """Everything the runs of one fine-tuning share; `run` trains one seed in its folder. A regression
+    is a job with one label (the name of its score)."""
 
     def __init__(
         self,
@@ -474,6 +555,7 @@ class Job:
     ) -> None:
         self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
         self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
+        self.kind = "regression" if len(labels) == 1 else "classification"
         self.steps_per_epoch = steps_per_epoch(len(train_set), config.train)
         self.valid_labels = [example["label"] for example in valid_set]
         collate = ClassificationCollator(tokenizer.pad_id)
@@ -499,43 +581,51 @@ class Job:
             reinit_pooler=self.task.reinit_pooler,
         )
         evaluator = EpochEvaluator(self, config, run_dir)
+        regression = self.kind == "regression"
         objective = Objective(
             model=model,
             batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
-            loss=classification_loss,
+            loss=regression_loss if regression else classification_loss,
             evaluate=evaluator,
-            summarize=summarize_classification,
+            summarize=summarize_regression if regression else summarize_classification,
         )
         last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
         return self.finish(seed, run_dir, last)
 
     def finish(self, seed: int, run_dir: Path, last: dict) -> dict:
-        """Make the best epoch the run's model, plot, record the result, drop the checkpoints."""
+        """Make the best epoch the run's model, plot (a classification), record the result, drop the
+        checkpoints."""
         if (run_dir / "best").is_dir():
             if (run_dir / "final").exists():
                 shutil.rmtree(run_dir / "final")
             os.replace(run_dir / "best", run_dir / "final")
-        plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
+        if self.kind == "classification":
+            plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
+        keys = METRICS[self.kind]
         result = {
             "seed": seed,
             "epochs": self.task.epochs,
             "steps": last["step"],
             "elapsed_s": last["elapsed_s"],
             "best_epoch": best.pop("epoch"),
-            "best": {key: best[key] for key in ("accuracy", "macro_f1", "classification_loss")},
-            "last": {key: last[key] for key in ("accuracy", "macro_f1", "classification_loss")},
+            "best": {key: best[key] for key in keys},
+            "last": {key: last[key] for key in keys},
             "labels": self.labels,
-            "confusion": best["confusion"],
         }
+        if self.kind == "classification":
+            result["confusion"] = best["confusion"]
+        else:
+            result["task_type"] = "regression"
         write_json(run_dir / RESULT, result)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return result
 
     def save_predictions(self, run_dir: Path, best: dict) -> None:
-        """The best epoch's predicted and true label ids for the validation set, as label-id lists in
-        file order, with the label names (absent for a run begun before predictions were kept)."""
+        """The best epoch's predicted and true label ids (a regression: scores) for the validation set,
+        as lists in file order, with the label names (absent for a run begun before predictions were
+        kept)."""
         if "predictions" not in best:
             return
         record = {
@@ -585,9 +675,10 @@ def clear_run(run_dir: Path) -> None:
 
 class EpochEvaluator:
     """The objective's `evaluate`: validation metrics at the end of each epoch (epoch 0: before any
-    step), the confusion matrix as a "confusion" line of metrics.jsonl, and the best epoch so far
-    saved to `best/` (highest accuracy, then lowest loss), so that it survives an interruption; its
-    metrics, confusion matrix and per-example predictions go to `best.json` in one write."""
+    step), a classification's confusion matrix as a "confusion" line of metrics.jsonl, and the best
+    epoch so far saved to `best/` (highest accuracy, for a regression highest Pearson's r, then lowest
+    loss), so that it survives an interruption; its metrics, confusion matrix and per-example
+    predictions go to `best.json` in one write."""
 
     def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
         self.job, self.config, self.run_dir = job, config, run_dir
@@ -596,36 +687,46 @@ class EpochEvaluator:
         self.best = read_json(run_dir / BEST) if (run_dir / BEST).is_file() else None
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        labels = self.job.labels
-        metrics, confusion, predictions = evaluate_classifier(
-            model, self.job.valid_batches, len(labels), self.config.runtime.precision
-        )
+        labels, precision = self.job.labels, self.config.runtime.precision
         epoch, self.epoch = self.epoch, self.epoch + 1
-        MetricsLog(self.run_dir / "metrics.jsonl").append(
-            {
-                "step": epoch * self.job.steps_per_epoch,
-                "split": "confusion",
-                "epoch": epoch,
-                "labels": labels,
-                "matrix": confusion,
-            }
-        )
+        if self.job.kind == "regression":
+            metrics, predictions = evaluate_regressor(model, self.job.valid_batches, precision)
+            extra = {}
+        else:
+            metrics, confusion, predictions = evaluate_classifier(
+                model, self.job.valid_batches, len(labels), precision
+            )
+            extra = {"confusion": confusion}
+            MetricsLog(self.run_dir / "metrics.jsonl").append(
+                {
+                    "step": epoch * self.job.steps_per_epoch,
+                    "split": "confusion",
+                    "epoch": epoch,
+                    "labels": labels,
+                    "matrix": confusion,
+                }
+            )
         if epoch >= 1 and self.improves(metrics):
             save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
-            self.best = {"epoch": epoch, **metrics, "confusion": confusion, "predictions": predictions}
+            self.best = {"epoch": epoch, **metrics, **extra, "predictions": predictions}
             write_json(self.run_dir / BEST, self.best, indent=None)
         return {"epoch": epoch, **metrics}
 
     def improves(self, metrics: dict[str, float]) -> bool:
         if self.best is None:
             return True
-        key = (metrics["accuracy"], -metrics["classification_loss"])
-        return key > (self.best["accuracy"], -self.best["classification_loss"])
+        primary, _, loss = METRICS[self.job.kind]
+        return (metrics[primary], -metrics[loss]) > (self.best[primary], -self.best[loss])
+
+
+def result_kind(result: dict) -> str:
+    """"classification" or "regression": what a run's result.json measured."""
+    return result.get("task_type", "classification")
 
 
 def summarize_seeds(results: list[dict]) -> dict:
-    """Median, range and spread (max - min) over seeds of the best epoch's accuracy and macro F1, and of
-    the last epoch's accuracy."""
+    """Median, range and spread (max - min) over seeds of the best epoch's accuracy and macro F1 (a
+    regression: Pearson's and Spearman's correlation), and of the last epoch's accuracy (Pearson's)."""
 
     def spread(values: list[float]) -> dict[str, float]:
         return {
@@ -635,11 +736,12 @@ def summarize_seeds(results: list[dict]) -> dict:
             "spread": max(values) - min(values),
         }
 
+    primary, secondary, _ = METRICS[result_kind(results[0])]
     return {
         "seeds": [r["seed"] for r in results],
-        "accuracy": spread([r["best"]["accuracy"] for r in results]),
-        "macro_f1": spread([r["best"]["macro_f1"] for r in results]),
-        "last_epoch_accuracy": spread([r["last"]["accuracy"] for r in results]),
+        primary: spread([r["best"][primary] for r in results]),
+        secondary: spread([r["best"][secondary] for r in results]),
+        f"last_epoch_{primary}": spread([r["last"][primary] for r in results]),
         "elapsed_s": sum(r["elapsed_s"] for r in results),
         "runs": results,
     }

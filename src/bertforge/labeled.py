@@ -1,9 +1,12 @@
-"""Labelled data for classification: CSV, TSV (with or without a header row) and JSON lines.
+"""Labelled data for classification and regression: CSV, TSV (with or without a header row) and JSON lines.
 
-Owns reading a file of texts, or text pairs, with one label each; detecting its format; the label
-mapping (names in id order: integer labels numerically, string labels alphabetically); and one
-clear message for every bad input: a missing file, undecodable bytes, missing columns (naming the
-columns that exist), empty rows, a single class, and validation labels never seen in training.
+Owns reading a file of texts, or text pairs, with one label each; detecting its format; telling a
+classification from a regression (`task_type`: real-valued labels such as STS-B's "3.800" make a
+regression); the label mapping of a classification (names in id order: integer labels numerically,
+string labels alphabetically) and the scores of a regression (`label_values`); and one clear
+message for every bad input: a missing file, undecodable bytes, missing columns (naming the
+columns that exist), empty rows, a single class or a constant score, validation labels never seen
+in training, and labels that are neither (real numbers mixed with text).
 A class with very few rows (a stray "maybe" among 0 and 1 would become a class of its own) is
 named in a warning that lists every class found.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import warnings
 from collections import Counter
@@ -32,6 +36,9 @@ FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # finite: no nan, no inf
+TaskType = Literal["auto", "classification", "regression"]  # auto: regression for real-valued labels
+TASK_TYPES: tuple[TaskType, ...] = get_args(TaskType)
 RARE_SHARE = 0.01  # a class under 1% of the rows (and a tenth of an even share) is worth a warning
 
 
@@ -42,7 +49,7 @@ class LabeledExamples:
     path: Path
     texts: list[str]
     pairs: list[str] | None  # second texts, when a pair column was given
-    labels: list[str]  # label names as read (integers in canonical form: "01" -> "1")
+    labels: list[str]  # labels as read (integers in canonical form: "01" -> "1"; numbers as written)
     lines: list[int]
 
     def __len__(self) -> int:
@@ -142,8 +149,8 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
 def _refuse_header_read_as_data(path: Path, rows: list, label_position: int, first: list[str]) -> None:
     """Columns given by number on a file whose first row names them: a header would become an example."""
     labels = [row[label_position].strip() for _, row in rows if len(row) > label_position]
-    integers = [bool(_INTEGER.fullmatch(label)) for label in labels]
-    if len(labels) > 1 and not integers[0] and all(integers[1:]):
+    numbers = [bool(_NUMBER.fullmatch(label)) for label in labels]
+    if len(labels) > 1 and not numbers[0] and all(numbers[1:]):
         raise BertforgeError(
             f"{path} starts with a header row ({', '.join(first)}); give the columns by name, not by number"
         )
@@ -190,19 +197,23 @@ def _text(value, column: str, where: str) -> str:
 
 
 def label_name(value, column: str = "label", where: str = "") -> str:
-    """A label as a name: strings stripped, integers (and "007", 7.0) in canonical decimal form."""
+    """A label as a name: strings stripped, integers (and "007", 7.0) in canonical decimal form, other
+    finite numbers (a JSON 3.8) as Python writes them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
     if isinstance(value, str) and value.strip():
         value = value.strip()
         return str(int(value)) if _INTEGER.fullmatch(value) else value
     shown = json.dumps(value) if not isinstance(value, str) else "empty"
     raise BertforgeError(
-        f"{where}: the label in column {column!r} is {shown}; give a class name or an integer class id"
+        f"{where}: the label in column {column!r} is {shown}; give a class name, an integer class id "
+        "or a number (a regression's score)"
     )
 
 
@@ -253,3 +264,48 @@ def label_ids(data: LabeledExamples, names: list[str]) -> list[int]:
             f"(first on line {first_line}); the training labels are: {', '.join(map(repr, names))}"
         )
     return [index[label] for label in data.labels]
+
+
+def task_type(data: LabeledExamples, requested: str = "auto") -> Literal["classification", "regression"]:
+    """Whether the training file `data` is a classification or a regression: `requested`, or for
+    "auto" a regression when every label is a number and some label is not an integer ("3.800",
+    0.5). Refuses, naming a row of each, labels that are neither: real numbers mixed with text."""
+    if requested not in TASK_TYPES:
+        raise BertforgeError(f"task type {requested!r} is not one of: {', '.join(TASK_TYPES)}")
+    if requested == "regression":
+        label_values(data)  # every label a number
+        return "regression"
+    numbers = [bool(_NUMBER.fullmatch(label)) for label in data.labels]
+    real = [i for i, label in enumerate(data.labels) if numbers[i] and not _INTEGER.fullmatch(label)]
+    if requested == "classification" or not real:
+        return "classification"
+    text = [i for i, number in enumerate(numbers) if not number]
+    if text:
+        first_real, first_text = real[0], text[0]
+        raise BertforgeError(
+            f"{data.path} mixes real-valued labels ({data.labels[first_real]!r} on line "
+            f"{data.lines[first_real]}) with labels that are not numbers ({data.labels[first_text]!r} on "
+            f"line {data.lines[first_text]}); a regression needs a number in every row, a classification "
+            "class names or integer ids: fix those rows"
+        )
+    return "regression"
+
+
+def label_values(data: LabeledExamples) -> list[float]:
+    """Each example's label as a number (a regression's target), refusing a label that is not one."""
+    for label, line in zip(data.labels, data.lines, strict=True):
+        if not _NUMBER.fullmatch(label):
+            raise BertforgeError(
+                f"{data.path} line {line}: the label {label!r} is not a number; a regression needs a "
+                "real-valued label in every row (or use --task classification)"
+            )
+    return [float(label) for label in data.labels]
+
+
+def check_regression_targets(data: LabeledExamples, values: list[float]) -> None:
+    """Refuse a training set whose scores are all equal: there is nothing to regress on."""
+    if min(values) == max(values):
+        raise BertforgeError(
+            f"every example in {data.path} has the score {data.labels[0]!r}; a regression needs "
+            "examples with different scores"
+        )

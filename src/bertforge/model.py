@@ -66,8 +66,11 @@ def check_positions(end: int, position_embeddings: nn.Embedding) -> None:
 
 
 def check_num_labels(num_labels: int) -> None:
-    if num_labels < 2:
-        raise BertforgeError(f"a classifier needs at least two labels, got {num_labels}")
+    """One output is a regression head (Hugging Face's `num_labels = 1`); more, one per class."""
+    if num_labels < 1:
+        raise BertforgeError(
+            f"a sequence head needs one output (regression) or two or more labels, got {num_labels}"
+        )
 
 
 class BertEmbeddings(nn.Module):

@@ -1,4 +1,4 @@
-"""Commands for classification: `finetune` (train a classifier) and `classify` (use one).
+"""Commands for classification and regression: `finetune` (train a classifier) and `classify` (use one).
 
 Each handler builds its inputs from the arguments and calls one library function
 (`bertforge.finetune.finetune`, with `--compare-scratch` `bertforge.comparison.compare_with_scratch`,
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bertforge.commands import add_device_argument, add_precision_argument
 from bertforge.errors import BertforgeError
-from bertforge.labeled import FORMATS
+from bertforge.labeled import FORMATS, TASK_TYPES
 from bertforge.reporting import add_report_to_argument, reporting_to
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
@@ -21,6 +21,7 @@ TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
 SETTING_FLAGS = {
     "task.epochs": "--epochs",
     "task.format": "--format",
+    "task.task_type": "--task",
     "task.seeds": "--seeds",
     "task.from_scratch": "--from-scratch",
     "task.compare_scratch": "--compare-scratch",
@@ -34,6 +35,7 @@ RESUME_IGNORES = (
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "from_scratch"),
     "compare_scratch",
     "reinit_pooler",
+    "task",
     "dropout",
     *("precision", "device", "set"),
 )
@@ -57,13 +59,15 @@ def seed_list(text: str) -> list[int]:
 def add_finetune_command(commands) -> None:
     p = commands.add_parser(
         "finetune",
-        help="fine-tune a pretrained model to classify texts or text pairs",
+        help="fine-tune a pretrained model to classify or score texts or text pairs",
         description="Fine-tune a classification head on the pooled [CLS] output (a GPT's: on the last "
         "token's state), and the encoder under it, "
         "with the pretraining loop (AdamW, warmup and linear decay, clipping, precision, checkpoints). "
         "Evaluates after every epoch (accuracy, macro F1, confusion matrix) and keeps the best epoch as "
         "OUT/final/. Files are CSV, TSV (with or without a header row: columns by name or by number "
-        "from 0) or JSON lines; labels are strings or integers.",
+        "from 0) or JSON lines; labels are strings or integers, or real numbers for a regression (one "
+        "output, mean squared error; Pearson and Spearman correlation per epoch, the best epoch by "
+        "Pearson).",
     )
     p.add_argument(
         "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
@@ -74,6 +78,12 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
     p.add_argument("--label-column", help="the column holding the label")
     p.add_argument("--format", choices=FORMATS, help="default: from the file name")
+    p.add_argument(
+        "--task",
+        choices=TASK_TYPES,
+        help="regression: real-valued labels, one output and the squared error (default auto: a "
+        "regression when every label is a number and some are not integers, such as 3.8)",
+    )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
@@ -121,9 +131,10 @@ def add_finetune_command(commands) -> None:
 def add_classify_command(commands) -> None:
     p = commands.add_parser(
         "classify",
-        help="label texts with a fine-tuned classifier",
-        description="Print each text's label and its probability (--json: every label's). For a model "
-        "fine-tuned on text pairs, separate the two texts with a tab.",
+        help="label texts with a fine-tuned classifier (or score them with a regression model)",
+        description="Print each text's label and its probability (--json: every label's); for a "
+        "regression model, each text's score. For a model fine-tuned on text pairs, separate the two "
+        "texts with a tab.",
     )
     p.add_argument("text", nargs="*", help="texts to classify")
     p.add_argument(
@@ -168,6 +179,7 @@ def finetune_inputs(args):
         compare_scratch=args.compare_scratch,
         reinit_pooler=args.reinit_pooler,
         dropout=args.dropout,
+        task_type=args.task or "auto",
     )
     config = finetuning_config()
     flags = {
@@ -185,7 +197,7 @@ def finetune_inputs(args):
 
 
 def run_finetune(args) -> int:
-    from bertforge.finetune import finetune
+    from bertforge.finetune import METRICS, finetune, result_kind
 
     task, config = finetune_inputs(args)
     with reporting_to(args.out, args.report_to):
@@ -198,9 +210,10 @@ def run_finetune(args) -> int:
             f"\nseed {run['seed']}: {run['epochs']} epochs ({run['steps']:,} steps) in {minutes:.1f} min; "
             f"best epoch {run['best_epoch']}: " + format_scores(run["best"])
         )
+    kind = result_kind(summary["runs"][0])
     if task.seeds:
         print()
-        for name in ("accuracy", "macro_f1"):
+        for name in METRICS[kind][:2]:
             stats = summary[name]
             print(
                 f"{name}: median {stats['median']:.4f}, range {stats['min']:.4f}-{stats['max']:.4f} "
@@ -210,9 +223,11 @@ def run_finetune(args) -> int:
         print(f"summary:  {args.out / 'summary.json'}")
     else:
         run = summary["runs"][0]
-        print(confusion_text(run["labels"], run["confusion"]))
+        if kind == "classification":
+            print(confusion_text(run["labels"], run["confusion"]))
         print(f"model:    {args.out / 'final'}")
-        print(f"plots:    {args.out / 'curves.png'}")
+        if kind == "classification":
+            print(f"plots:    {args.out / 'curves.png'}")
         print(f"metrics:  {args.out / 'metrics.jsonl'}")
     return 0
 
@@ -232,8 +247,8 @@ def run_comparison(args, task, config) -> int:
 
 
 def comparison_table(comparison: dict) -> str:
-    """Per-seed accuracies of both arms and their difference, each column's median and range, and the
-    two paired tests."""
+    """Per-seed accuracies (a regression: Pearson's r) of both arms and their difference, each column's
+    median and range, and the two paired tests."""
     from bertforge.comparison import SEEDS_FOR_A_CLAIM, few_seeds_note
 
     columns = ("pretrained", "scratch", "difference")
@@ -244,7 +259,8 @@ def comparison_table(comparison: dict) -> str:
             f"{format(value, spec):>20}" for value, spec in zip(values, formats, strict=True)
         )
 
-    lines = [f"{'seed':<8}" + "".join(f"{name:>20}" for name in columns)]
+    lines = [f"the best epoch's validation {comparison['metric']}, per seed:"]
+    lines.append(f"{'seed':<8}" + "".join(f"{name:>20}" for name in columns))
     lines += [row(str(pair["seed"]), [pair[name] for name in columns]) for pair in comparison["pairs"]]
     lines.append(row("median", [comparison[name]["median"] for name in columns]))
     ranges = [
@@ -316,6 +332,8 @@ def run_classify(args) -> int:
     for text, result in zip(texts, results, strict=True):
         if args.json:
             print(json.dumps({"text": text, **result}))
-        else:
+        elif "label" in result:
             print(f"{result['label']}\t{result['score']:.4f}\t{text}")
+        else:  # a regression model's score
+            print(f"{result['score']:.4f}\t{text}")
     return 0

@@ -146,7 +146,8 @@ def add_export_command(commands) -> None:
         description="Write a folder that transformers loads with no custom code: config.json, "
         "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json. "
         'A GPT (--objective clm) becomes an OpenAIGPTLMHeadModel for pipeline("text-generation"), a '
-        "classifier fine-tuned from one an OpenAIGPTForSequenceClassification.",
+        "classifier fine-tuned from one an OpenAIGPTForSequenceClassification. A regression model "
+        '(fine-tuned on real-valued labels) has num_labels = 1 and problem_type = "regression".',
     )
     p.add_argument(
         "--model", type=Path, required=True, help="a run folder, its final/, a checkpoint or a classifier"
