@@ -44,7 +44,7 @@ from bertforge.finetune import (
 )
 from bertforge.io import read_json, write_json
 from bertforge.metrics import pearson_rows
-from bertforge.stats import paired_bootstrap, sign_test, summary
+from bertforge.stats import bootstrap_verdict, paired_bootstrap, sign_test, summary
 
 ARMS = ("pretrained", "scratch")
 COMPARISON = "comparison.json"
@@ -163,20 +163,4 @@ def paired_bootstrap_pearson(
         target = true[index]  # (R, N)
         gains.append(pearson_rows(a[:, index], target).mean(0) - pearson_rows(b[:, index], target).mean(0))
     gains = np.concatenate(gains)
-    if observed == 0:
-        p_value = 1.0
-    else:
-        flipped = np.count_nonzero(gains <= 0) if observed > 0 else np.count_nonzero(gains >= 0)
-        p_value = min(1.0, 2 * flipped / resamples)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(gains, [tail, 100 - tail])
-    return {
-        "gain": observed,
-        "low": float(low),
-        "high": float(high),
-        "confidence": confidence,
-        "p_value": p_value,
-        "examples": int(true.size),
-        "resamples": resamples,
-        "seed": seed,
-    }
+    return bootstrap_verdict(observed, gains, int(true.size), seed, confidence)

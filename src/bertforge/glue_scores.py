@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertforge import metrics
+from bertforge.stats import bootstrap_verdict
 
 # task -> (figure, which of the task's dev or test files: 0 the first, 1 MNLI's mismatched, metric)
 FIGURES: dict[str, tuple[tuple[str, int, str], ...]] = {
@@ -163,23 +164,7 @@ def paired_bootstrap_score(
     rng = np.random.default_rng(seed)
     observed = gain(np.arange(truth.size))
     gains = np.array([gain(rng.integers(0, truth.size, size=truth.size)) for _ in range(resamples)])
-    if observed == 0:
-        p_value = 1.0
-    else:
-        flipped = np.count_nonzero(gains <= 0) if observed > 0 else np.count_nonzero(gains >= 0)
-        p_value = min(1.0, 2 * flipped / resamples)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(gains, [tail, 100 - tail])
-    return {
-        "gain": observed,
-        "low": float(low),
-        "high": float(high),
-        "confidence": confidence,
-        "p_value": p_value,
-        "examples": int(truth.size),
-        "resamples": resamples,
-        "seed": seed,
-    }
+    return bootstrap_verdict(observed, gains, int(truth.size), seed, confidence)
 
 
 def first_file_score(task: str, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> float:

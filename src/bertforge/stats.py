@@ -82,6 +82,19 @@ def paired_bootstrap(
     per_example = (a - b).mean(axis=0)  # (examples,): the gain on each example, averaged over seeds
     observed = float(per_example.mean())
     gains = resampled_means(per_example, resamples, seed)
+    return bootstrap_verdict(observed, gains, int(per_example.size), seed, confidence)
+
+
+def bootstrap_verdict(
+    observed: float, gains: np.ndarray, examples: int, seed: int, confidence: float = 0.95
+) -> dict[str, float]:
+    """A paired bootstrap's result from the observed gain and the gains of its resamples.
+
+    The p-value is twice the fraction of resamples whose gain has the opposite sign to the observed
+    one (zero counting as opposite), capped at 1; 1 when the observed gain is 0. The interval holds
+    the central `confidence` of the resampled gains (percentile method).
+    """
+    resamples = int(gains.size)
     if observed == 0:
         p_value = 1.0
     else:
@@ -95,7 +108,7 @@ def paired_bootstrap(
         "high": float(high),
         "confidence": confidence,
         "p_value": p_value,
-        "examples": int(per_example.size),
+        "examples": examples,
         "resamples": resamples,
         "seed": seed,
     }
