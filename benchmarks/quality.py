@@ -20,9 +20,9 @@ from benchmarks.data import prepared
 from bertforge.config import DataConfig, RunConfig, TrainConfig
 from bertforge.evaluate import evaluation_batches, pretraining_metrics
 from bertforge.model import BertForPreTraining
+from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.pretrain import epoch_batches, masked_lm_and_nsp_loss
 from bertforge.runtime import autocast, to_device
-from bertforge.train import Schedule, build_optimizer
 
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-3  # the demo recipe's

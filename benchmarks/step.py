@@ -29,9 +29,9 @@ from benchmarks.common import (
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.masking import MaskingCollator
 from bertforge.model import BertForPreTraining
+from bertforge.optimizer import build_optimizer
 from bertforge.pretrain import masked_lm_and_nsp_loss
 from bertforge.runtime import autocast
-from bertforge.train import build_optimizer
 
 SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK], as bertforge's tokenizers
 CLS, SEP, MASK = 2, 3, 4

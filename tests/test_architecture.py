@@ -1,6 +1,6 @@
 """docs/ARCHITECTURE.md stays true: it names every module of src/bertforge once, and every import
 goes to the importer's own layer or a lower one, with no exception (lazy imports inside functions
-included)."""
+included), and without cycles inside a layer."""
 
 from __future__ import annotations
 
@@ -63,3 +63,21 @@ def test_imports_go_down_the_layers():
         if layers[target] > layers[module_name(path)]
     )
     assert not upward, "imports up the layers of docs/ARCHITECTURE.md: " + ", ".join(upward)
+
+
+def test_no_imports_go_round_in_a_layer():
+    layers = drawn_layers()
+    graph = {module_name(p): imported_modules(p) - {module_name(p)} for p in PACKAGE.rglob("*.py")}
+
+    def comes_back(start: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph[todo.pop()]:
+                if target == start:
+                    return True
+                if target not in seen and layers[target] == layers[start]:
+                    seen.add(target)
+                    todo.append(target)
+        return False
+
+    assert not sorted(name for name in graph if comes_back(name))

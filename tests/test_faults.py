@@ -136,7 +136,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, wiki_slice, small_t
 
 
 def test_metrics_log_writes_non_finite_numbers_as_null(tmp_path):
-    from bertforge.train import MetricsLog
+    from bertforge.metrics_log import MetricsLog
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     log.append({"step": 1, "split": "valid", "loss": float("nan"), "accuracy": 0.5})

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from conftest import metrics_lines, tiny_config
 
-from bertforge import distributed, precision, pretrain, runtime, train
+from bertforge import compiling, distributed, precision, pretrain, runtime, train
 from bertforge.batches import real_tokens, shape_batch
 from bertforge.checkpoint import encode_rng, restore_rng_states, rng_states
 from bertforge.config import DataConfig, ModelConfig, RunConfig, RuntimeConfig, apply_overrides, validate
@@ -530,10 +530,10 @@ def test_only_compile_errors_fall_back(tmp_path, wiki_slice, small_tokenizer_dir
 
 
 def test_is_compile_error():
-    assert train.is_compile_error(
+    assert compiling.is_compile_error(
         torch._dynamo.exc.BackendCompilerFailed(lambda: None, RuntimeError("x"), None)
     )
-    assert not train.is_compile_error(RuntimeError("backend compiler failed"))  # not torch.compile's own
+    assert not compiling.is_compile_error(RuntimeError("backend compiler failed"))  # not torch.compile's own
 
 
 def test_all_ranks_fall_back_when_one_does(monkeypatch):

@@ -26,7 +26,7 @@ from test_finetune_cli import finetune_argv, pair_rows, write_csv
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.cli import main
 from bertforge.errors import Interrupted
-from bertforge.train import StopSignals
+from bertforge.signals import StopSignals
 
 BERTFORGE = [sys.executable, "-m", "bertforge"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

@@ -22,10 +22,10 @@ from bertforge.checkpoint import list_checkpoints, read_config
 from bertforge.errors import BertforgeError
 from bertforge.export import export_model
 from bertforge.io import WriteError, write_error
+from bertforge.metrics_log import MetricsLog
 from bertforge.pretrain import pretrain
 from bertforge.shards import TOKENS_FILE
 from bertforge.tokenizer import load_tokenizer
-from bertforge.train import MetricsLog
 
 REFUSALS = [(errno.ENOSPC, "no space left on device"), (errno.EROFS, "the file system is read-only")]
 

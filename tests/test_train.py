@@ -11,8 +11,8 @@ from conftest import metrics_lines, tiny_config
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.config import TrainConfig
 from bertforge.folders import open_pretrained
+from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.pretrain import pretrain
-from bertforge.train import Schedule, build_optimizer
 
 
 def test_schedule_warms_up_then_decays_linearly():

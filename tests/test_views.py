@@ -27,10 +27,10 @@ from bertforge.config import ModelConfig
 from bertforge.config_rules import GPT_HIDDEN_ACT
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
+from bertforge.metrics_log import MetricsLog
 from bertforge.model import BertForPreTraining, BertSelfAttention
 from bertforge.plots import attention_figure, comparison_figure, plot_runs, run_curves
 from bertforge.tokenizer import load_tokenizer
-from bertforge.train import MetricsLog
 
 transformers = pytest.importorskip("transformers")
 

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from bertforge.errors import BertforgeError  # noqa: E402
 from bertforge.io import atomic_write_bytes, read_json  # noqa: E402
-from bertforge.train import MetricsLog  # noqa: E402
+from bertforge.metrics_log import MetricsLog  # noqa: E402
 
 # The held-out metrics a pretraining run logs: (objective, loss key, accuracy key).
 HELD_OUT = (("MLM", "mlm_loss", "mlm_accuracy"), ("next-token", "clm_loss", "clm_accuracy"))

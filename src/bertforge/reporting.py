@@ -1,7 +1,7 @@
 """Metrics for other viewers than `metrics.jsonl`: `--report-to tensorboard`.
 
 `pretrain` and `finetune` run inside `reporting_to(out, target)`. Within it, every record a run
-appends to its `metrics.jsonl` (`train.MetricsLog.append` calls `report`; only rank 0 appends) is
+appends to its `metrics.jsonl` (`metrics_log.MetricsLog.append` calls `report`; only rank 0 appends) is
 also written as TensorBoard scalars, tagged `split/key` (`valid/mlm_loss`) at the record's step,
 under OUT/tensorboard/. A run in a subfolder of OUT (a fine-tuning seed's OUT/seed_1) writes to the
 same subfolder of OUT/tensorboard/, so TensorBoard shows each seed as a run of its own. A resumed

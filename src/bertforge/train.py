@@ -1,15 +1,14 @@
 """The one training loop, shared by pretraining and fine-tuning.
 
 An `Objective` says what is trained (model, batches per epoch, loss, evaluation); this module owns
-how: AdamW without decay on biases and LayerNorm, linear warmup then the schedule (linear decay,
-flat, or warmup-stable-decay) over steps or a time budget, the end of a sequence-length warmup
-(`Objective.warmup_batches` until its share of the run, then full-length batches from the next
-epoch, recorded for resume), a masking rate set per epoch from the run's progress (also recorded),
-gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a scaler),
-optional `torch.compile` (falling back to eager mode when compiling fails), periodic evaluation,
-`metrics.jsonl`, atomic checkpoints and exact resume. A checkpoint the disk refuses stops the run
-with one line, the previous checkpoint intact; a last line of `metrics.jsonl` torn by a crash is
-dropped on resume.
+how: the optimizer and its schedule over steps or a time budget (`bertforge.optimizer`), the end of
+a sequence-length warmup (`Objective.warmup_batches` until its share of the run, then full-length
+batches from the next epoch, recorded for resume), a masking rate set per epoch from the run's
+progress (also recorded), gradient accumulation and clipping, autocast (fp32 / bf16 / fp16 with a
+scaler), optional `torch.compile` (`bertforge.compiling`; a step that fails to compile is redone in
+eager mode), periodic evaluation, `metrics.jsonl` (`bertforge.metrics_log`), atomic checkpoints and
+exact resume. A checkpoint the disk refuses stops the run with one line, the previous checkpoint
+intact; a last line of `metrics.jsonl` torn by a crash is dropped on resume.
 
 A run that diverges stops with one line naming the step: a non-finite training loss, gradient norm
 (checked on the clipping norm already computed, without a host sync per step), weights or validation
@@ -28,18 +27,16 @@ rank 0's clock is shared at those lines only, so a run may overshoot its budget 
 `log_every` steps.
 
 SIGINT (Ctrl-C) and SIGTERM (what schedulers and torchrun send) do not kill the loop: the handler only
-records the signal, and the loop writes a checkpoint at the end of the step and raises `Interrupted`,
-which says how to resume (the CLI exits with 128 + the signal's number). A second signal acts at once.
+records the signal (`bertforge.signals`), and the loop writes a checkpoint at the end of the step and
+raises `Interrupted`, which says how to resume (the CLI exits with 128 + the signal's number). A
+second signal acts at once.
 Under DDP the ranks agree on stopping every `log_every` steps (one all-reduce), so that all of them
 stop after the same step.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -50,7 +47,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from bertforge import distributed, reporting
+from bertforge import distributed
 from bertforge.batches import batch_seed, real_tokens
 from bertforge.cache import default_cache_dir
 from bertforge.checkpoint import (
@@ -63,12 +60,16 @@ from bertforge.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from bertforge.config import RunConfig, TrainConfig
+from bertforge.compiling import compile_model, is_compile_error, is_compiled, warn_eager
+from bertforge.config import RunConfig
 from bertforge.errors import BertforgeError, Interrupted
-from bertforge.io import WriteError, append_text, atomic_write_text
+from bertforge.io import WriteError
 from bertforge.losses import Summary
+from bertforge.metrics_log import MetricsLog, nonfinite
+from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
+from bertforge.signals import StopSignals, ignore_stop_signals
 
 
 @dataclass
@@ -122,52 +123,6 @@ class TrainState:
                 setattr(self, name, saved[name])
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer)."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(
-        groups,
-        lr=train.learning_rate,
-        betas=(train.adam_beta1, train.adam_beta2),
-        eps=train.adam_epsilon,
-        fused=device.type in ("cuda", "cpu"),
-    )
-
-
-class Schedule:
-    """Progress in [0, 1] from steps or the time budget, whichever is further; LR follows progress."""
-
-    def __init__(self, train: TrainConfig) -> None:
-        self.train = train
-        self.budget_s = train.max_minutes * 60.0
-        if train.warmup_steps:
-            self.warmup = min(train.warmup_steps / train.max_steps, 0.999)
-        else:
-            self.warmup = train.warmup_ratio
-
-    def progress(self, step: int, elapsed_s: float) -> float:
-        by_steps = step / self.train.max_steps
-        by_time = elapsed_s / self.budget_s if self.budget_s else 0.0
-        return min(max(by_steps, by_time), 1.0)
-
-    def learning_rate(self, progress: float) -> float:
-        peak = self.train.learning_rate
-        if self.warmup and progress < self.warmup:
-            return peak * progress / self.warmup
-        if self.train.schedule == "constant":
-            return peak
-        if self.train.schedule == "wsd":
-            return peak * min(1.0, (1.0 - progress) / self.train.decay_ratio)
-        return peak * max(0.0, 1.0 - progress) / (1.0 - self.warmup)
-
-
 def micro_batches(
     batches: Callable[[int], Dataset],
     epoch: int,
@@ -204,129 +159,6 @@ def micro_batches(
                 index += world_size
                 yield epoch, index, batch
         epoch, index = epoch + 1, 0
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def ignore_stop_signals(_worker_id: int) -> None:
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
-class StopSignals:
-    """While in the block, SIGINT and SIGTERM only set `received` (the signal's number; 0 while none).
-
-    The handler also puts the previous handlers back, so a second signal acts at once (Ctrl-C raises
-    KeyboardInterrupt). A signal the process ignored stays ignored (a job started with nohup), and
-    outside the main thread, where Python cannot handle signals, nothing changes.
-    """
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.previous: dict[int, object] = {}
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    self.previous[signum] = signal.signal(signum, self.record)
-        return self
-
-    def record(self, signum: int, _frame) -> None:
-        self.received = signum
-        self.restore()
-
-    def restore(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        self.previous = {}
-
-    def __exit__(self, *_exc) -> None:
-        self.restore()
-
-
-class MetricsLog:
-    """`metrics.jsonl`: one JSON object per line, each with `step` and `split`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def truncate_after(self, step: int) -> None:
-        """On resume, drop lines the interrupted run wrote after its last checkpoint, and a last line
-        torn by a crash in the middle of writing it."""
-        if self.path.exists():
-            kept = [line for line in self.read(repair=True) if line["step"] <= step]
-            atomic_write_text(self.path, "".join(json.dumps(line) + "\n" for line in kept))
-
-    def append(self, record: dict) -> None:
-        """Strict JSON: a non-finite number is written as null (bare NaN is not JSON)."""
-        finite = {key: None if _nonfinite(value) else value for key, value in record.items()}
-        append_text(self.path, json.dumps(finite, allow_nan=False) + "\n")
-        reporting.report(self.path.parent, finite)  # --report-to (only rank 0 appends)
-
-    def read(self, repair: bool = False) -> list[dict]:
-        """The records; with `repair`, an unreadable last line (torn by a crash) is left out."""
-        if not self.path.exists():
-            return []
-        lines = [
-            line for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if line
-        ]
-        records = []
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-            elif not (repair and number == len(lines)):
-                raise BertforgeError(
-                    f"{self.path} line {number} is not a metrics record; the file is damaged "
-                    "(repair or delete that line)"
-                )
-        return records
-
-
-def _nonfinite(value) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
-
-
-def compile_model(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """`torch.compile(model)`, or the model itself when compiling is off or unavailable.
-
-    Compilation itself happens at the first call; `Trainer.forward_backward` falls back to eager
-    mode when that fails.
-    """
-    if not enabled:
-        return model
-    try:
-        return torch.compile(model)
-    except Exception as error:  # torch.compile is optional; eager mode is always correct
-        warn_eager(error)
-        return model
-
-
-def warn_eager(error: Exception) -> None:
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    warnings.warn(f"torch.compile failed ({first_line}); training in eager mode", stacklevel=3)
-
-
-def is_compiled(model: torch.nn.Module) -> bool:
-    return hasattr(model, "_orig_mod")  # set only on a torch.compile wrapper
-
-
-def is_compile_error(error: BaseException) -> bool:
-    """Whether `error` is torch.compile's own failure (tracing, a backend, no C++ compiler or Triton),
-    not an out-of-memory or communication error that surfaced in compiled code: those are re-raised."""
-    chain, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        chain.append(error)
-        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
-    if any(isinstance(e, (torch.OutOfMemoryError, torch.distributed.DistError)) for e in chain):
-        return False
-    return isinstance(chain[0], torch._dynamo.exc.TorchDynamoException)
 
 
 def train(
@@ -651,7 +483,7 @@ class Trainer:
                 )
         if evaluate and self.world.is_main:
             self.state.last_valid = self.objective.evaluate(self.model)
-            if any(_nonfinite(value) for value in self.state.last_valid.values()):
+            if any(nonfinite(value) for value in self.state.last_valid.values()):
                 raise self.diverged("the validation metrics")
             self.log.append(
                 {"step": step, "split": "valid", "tokens": self.state.tokens, **self.state.last_valid}

@@ -1,0 +1,56 @@
+"""The optimizer and its schedule: AdamW without weight decay on biases and LayerNorm weights, and
+the learning rate over the run's progress (linear warmup, then linear decay, flat, or
+warmup-stable-decay), where progress counts steps or the time budget, whichever is further.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bertforge.config import TrainConfig
+
+
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups,
+        lr=train.learning_rate,
+        betas=(train.adam_beta1, train.adam_beta2),
+        eps=train.adam_epsilon,
+        fused=device.type in ("cuda", "cpu"),
+    )
+
+
+class Schedule:
+    """Progress in [0, 1] from steps or the time budget, whichever is further; LR follows progress."""
+
+    def __init__(self, train: TrainConfig) -> None:
+        self.train = train
+        self.budget_s = train.max_minutes * 60.0
+        if train.warmup_steps:
+            self.warmup = min(train.warmup_steps / train.max_steps, 0.999)
+        else:
+            self.warmup = train.warmup_ratio
+
+    def progress(self, step: int, elapsed_s: float) -> float:
+        by_steps = step / self.train.max_steps
+        by_time = elapsed_s / self.budget_s if self.budget_s else 0.0
+        return min(max(by_steps, by_time), 1.0)
+
+    def learning_rate(self, progress: float) -> float:
+        peak = self.train.learning_rate
+        if self.warmup and progress < self.warmup:
+            return peak * progress / self.warmup
+        if self.train.schedule == "constant":
+            return peak
+        if self.train.schedule == "wsd":
+            return peak * min(1.0, (1.0 - progress) / self.train.decay_ratio)
+        return peak * max(0.0, 1.0 - progress) / (1.0 - self.warmup)

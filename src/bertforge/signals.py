@@ -1,0 +1,50 @@
+"""SIGINT and SIGTERM during training: recorded, not acted on, so that the loop stops between steps
+with a checkpoint (`StopSignals`); data workers ignore them (`ignore_stop_signals`), the loop
+stops them.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """A data worker's start (`DataLoader(worker_init_fn=...)`): the signal reaches the whole process
+    group, and the loop, not the signal, ends the workers."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+class StopSignals:
+    """While in the block, SIGINT and SIGTERM only set `received` (the signal's number; 0 while none).
+
+    The handler also puts the previous handlers back, so a second signal acts at once (Ctrl-C raises
+    KeyboardInterrupt). A signal the process ignored stays ignored (a job started with nohup), and
+    outside the main thread, where Python cannot handle signals, nothing changes.
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self.previous[signum] = signal.signal(signum, self.record)
+        return self
+
+    def record(self, signum: int, _frame) -> None:
+        self.received = signum
+        self.restore()
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        self.previous = {}
+
+    def __exit__(self, *_exc) -> None:
+        self.restore()
