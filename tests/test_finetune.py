@@ -156,6 +156,8 @@ def test_scores_from_a_confusion_matrix():
     assert result["accuracy"] == pytest.approx(7 / 10)
     f1_a, f1_b = 2 * 5 / (6 + 7), 2 * 2 / (4 + 3)
     assert result["macro_f1"] == pytest.approx((f1_a + f1_b) / 2)
+    # Gorodkin's multi-class MCC: (c s - sum p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2))
+    assert result["matthews"] == pytest.approx((7 * 10 - (7 * 6 + 3 * 4)) / ((100 - 58) * (100 - 52)) ** 0.5)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -254,6 +256,23 @@ def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
     predictions = classify(model, tokenizer, labels, ["the army fought a battle", "a song of the album"])
     assert [p["label"] for p in predictions] == ["war", "music"]
     assert sum(predictions[0]["probabilities"].values()) == pytest.approx(1.0)
+
+
+def test_the_best_epoch_is_chosen_by_the_metric_the_task_names(tmp_path, tiny_pretrained_run, toy):
+    task = toy_task(tiny_pretrained_run, toy, epochs=3, best_by="matthews")
+    run = finetune(task, toy_config(), tmp_path / "run", show_progress=False)["runs"][0]
+    valid = metrics_lines(tmp_path / "run", "valid")
+    best = max(valid[1:], key=lambda line: (line["matthews"], -line["classification_loss"]))
+    assert run["best_by"] == "matthews" and run["best_epoch"] == best["epoch"]
+    assert run["best"]["matthews"] == best["matthews"]
+    with pytest.raises(BertforgeError, match="best_by 'pearson' does not score a classification"):
+        finetune(
+            toy_task(tiny_pretrained_run, toy, epochs=1, best_by="pearson"),
+            toy_config(),
+            tmp_path / "wrong",
+            show_progress=False,
+        )
+    assert not (tmp_path / "wrong").exists()  # nothing half-written
 
 
 def test_seeds_are_reproducible_and_differ(tmp_path, tiny_pretrained_run, toy):

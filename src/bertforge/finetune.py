@@ -69,7 +69,7 @@ from bertforge.labeled import (
     task_type,
 )
 from bertforge.losses import Summary
-from bertforge.metrics import confusion_accuracy, confusion_macro_f1, pearson, spearman
+from bertforge.metrics import confusion_accuracy, confusion_macro_f1, confusion_matthews, pearson, spearman
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
@@ -91,6 +91,8 @@ METRICS = {
     "classification": ("accuracy", "macro_f1", "classification_loss"),
     "regression": ("pearson", "spearman", "mse"),
 }
+# What `FinetuneTask.best_by` may name, by task type.
+BEST_BY = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
 
 
 @dataclass
@@ -117,6 +119,8 @@ class FinetuneTask:
     # "regression": one output and the squared error on real-valued labels; "auto": a regression when
     # the training labels are numbers and some is not an integer (see `labeled.task_type`)
     task_type: TaskType = "auto"
+    # the dev metric that chooses the best epoch; None: the task type's first in METRICS (CoLA: matthews)
+    best_by: str | None = None
 
 
 def finetuning_config() -> RunConfig:
@@ -191,6 +195,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     check_max_length(config, task)
     validate(config)  # before set_epochs divides by the batch size
     train_data, valid_data, labels, regression = read_task_data(task)
+    check_best_by(task, "regression" if regression else "classification")
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
     if saved is not None:
@@ -284,6 +289,13 @@ def check_task(task: FinetuneTask) -> None:
         raise BertforgeError(
             "task.compare_scratch pairs the arms seed by seed and needs task.seeds with at least 2 seeds "
             "(5 or more for any claim)"
+        )
+
+
+def check_best_by(task: FinetuneTask, kind: str) -> None:
+    if task.best_by is not None and task.best_by not in BEST_BY[kind]:
+        raise BertforgeError(
+            f"task.best_by {task.best_by!r} does not score a {kind}; use one of: " + ", ".join(BEST_BY[kind])
         )
 
 
@@ -497,9 +509,13 @@ def evaluate_classifier(
 
 
 def scores(confusion: torch.Tensor) -> dict[str, float]:
-    """Accuracy and macro F1 from a confusion matrix (see `bertforge.metrics`)."""
+    """Accuracy, macro F1 and Matthews correlation from a confusion matrix (see `bertforge.metrics`)."""
     matrix = confusion.cpu().numpy()
-    return {"accuracy": confusion_accuracy(matrix), "macro_f1": confusion_macro_f1(matrix)}
+    return {
+        "accuracy": confusion_accuracy(matrix),
+        "macro_f1": confusion_macro_f1(matrix),
+        "matthews": confusion_matthews(matrix),
+    }
 
 
 @torch.inference_mode()
@@ -556,6 +572,7 @@ class Job:
         self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
         self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
         self.kind = "regression" if len(labels) == 1 else "classification"
+        self.best_by = task.best_by or METRICS[self.kind][0]
         self.steps_per_epoch = steps_per_epoch(len(train_set), config.train)
         self.valid_labels = [example["label"] for example in valid_set]
         collate = ClassificationCollator(tokenizer.pad_id)
@@ -603,13 +620,14 @@ class Job:
             plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
-        keys = METRICS[self.kind]
+        keys = list(dict.fromkeys((*METRICS[self.kind], self.best_by)))
         result = {
             "seed": seed,
             "epochs": self.task.epochs,
             "steps": last["step"],
             "elapsed_s": last["elapsed_s"],
             "best_epoch": best.pop("epoch"),
+            "best_by": self.best_by,
             "best": {key: best[key] for key in keys},
             "last": {key: last[key] for key in keys},
             "labels": self.labels,
@@ -715,7 +733,8 @@ class EpochEvaluator:
     def improves(self, metrics: dict[str, float]) -> bool:
         if self.best is None:
             return True
-        primary, _, loss = METRICS[self.job.kind]
+        _, _, loss = METRICS[self.job.kind]
+        primary = self.job.best_by
         return (metrics[primary], -metrics[loss]) > (self.best[primary], -self.best[loss])
 
 

@@ -55,10 +55,7 @@ from bertforge.folders import find_model_folder, open_classifier
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, load_recipes
 from bertforge.glue_report import build_report, markdown_report, plot_report
-from bertforge.glue_scores import (
-    split_figures,
-    task_score,
-)
+from bertforge.glue_scores import BEST_EPOCH_BY, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
 from bertforge.labeled import LabeledExamples
 from bertforge.runtime import resolve_device
@@ -294,6 +291,7 @@ def finetune_task(
         compare_scratch=compare,
         dropout=recipe.dropout,
         task_type=data.spec.kind,
+        best_by=BEST_EPOCH_BY.get(data.spec.name),
     )
 
 

@@ -31,6 +31,9 @@ FIGURES: dict[str, tuple[tuple[str, int, str], ...]] = {
     "RTE": (("acc", 0, "accuracy"),),
     "WNLI": (("acc", 0, "accuracy"),),
 }
+# The dev metric that picks a run's best epoch where finetune's default (accuracy; Pearson for a
+# regression) is not the task's: a majority-class epoch has CoLA's best accuracy and a Matthews of 0.
+BEST_EPOCH_BY = {"CoLA": "matthews"}
 POSITIVE = "1"  # the class whose F1 MRPC and QQP report (paraphrase, duplicate)
 
 PUBLISHED_SOURCE = (
