@@ -169,6 +169,43 @@ def test_sequence_length_warmup_uses_short_pairs_for_its_share_of_the_run(
     assert state["warmup_end_epoch"] == 1
 
 
+def test_a_sequence_length_warmup_is_also_evaluated_at_its_length_and_its_end_is_marked(
+    tmp_path, monkeypatch, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    import bertforge.pretrain
+    from bertforge.metrics_log import MetricsLog
+    from bertforge.plots import pretraining_figure, warmup_end
+
+    widths = []  # per evaluation: its widest batch
+    real_metrics = bertforge.pretrain.pretraining_metrics
+
+    def recording_metrics(model, batches, *args):
+        widths.append(max(batch["input_ids"].shape[1] for batch in batches))
+        return real_metrics(model, batches, *args)
+
+    monkeypatch.setattr(bertforge.pretrain, "pretraining_metrics", recording_metrics)
+    config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=8, eval_every=2)
+    config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5
+    run = tmp_path / "run"
+    pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    short, valid = metrics_lines(run, "valid_short"), metrics_lines(run, "valid")
+    assert [line["step"] for line in valid] == [0, 2, 4, 6, 8]
+    assert [line["step"] for line in short] == [0, 2, 4]  # the steps trained on 16-token pairs
+    assert all(line["seq_len"] == 16 and line["mlm_loss"] > 0 and "nsp_accuracy" in line for line in short)
+    # full length, then the warmup's, at each evaluation within the warmup
+    assert [width <= 16 for width in widths] == [False, True, False, True, False, True, False, False]
+    assert metrics_lines(run, "warmup_end") == [{"step": 5, "split": "warmup_end", "seq_len": 64}]
+
+    records = MetricsLog(run / "metrics.jsonl").read()
+    end = warmup_end(records)
+    assert (end.step, end.short, end.full) == (5, 16, 64)
+    figure = pretraining_figure(records)
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    assert list(lines["valid at the warmup's 16 tokens"].get_xdata()) == [0, 2, 4]
+    assert list(lines["sequence length 16 to 64 from step 5"].get_xdata()) == [5, 5]  # a vertical line
+    assert warmup_end([r for r in records if r["split"] != "warmup_end"]) is None
+
+
 def test_warmup_nsp_trains_on_pairs_with_nsp_then_on_windows_alone(
     tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
 ):
@@ -275,6 +312,10 @@ def test_a_run_with_a_sequence_length_warmup_resumes_exactly(tmp_path, short_cor
     assert read_json(full / "checkpoints" / "step_000005" / "state.json")["warmup_end_epoch"] is None
     assert read_json(full / "checkpoints" / "step_000010" / "state.json")["warmup_end_epoch"] == 2
     assert_resumes_exactly(tmp_path, full, (5, 10, 12))  # within the warmup, and after it ended
+    ends = metrics_lines(full, "warmup_end")
+    assert [end["step"] for end in ends] == [10]  # the warmup ended after step 9
+    for resumed in ("cut5", "cut10"):  # logged again after the switch, or kept from before the checkpoint
+        assert metrics_lines(tmp_path / resumed, "warmup_end") == ends
 
 
 def test_the_masking_rate_moves_epoch_by_epoch_to_its_final_value(

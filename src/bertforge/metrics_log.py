@@ -1,7 +1,8 @@
 """`metrics.jsonl`, a run's log of metrics: one strict-JSON record per line, each with `step` and
-`split` ("train" or "valid"), appended as the run goes, truncated to the last checkpoint on resume,
-and read back (a last line torn by a crash is dropped on repair). Each appended record also goes to
-`--report-to` (`bertforge.reporting`).
+`split` ("train", "valid"; during a sequence-length warmup "valid_short", the held-out metrics at its
+`seq_len`, and at its end "warmup_end", the first step at the full `seq_len`), appended as the run
+goes, truncated to the last checkpoint on resume, and read back (a last line torn by a crash is
+dropped on repair). Each appended record also goes to `--report-to` (`bertforge.reporting`).
 """
 
 from __future__ import annotations

@@ -40,32 +40,85 @@ def save_png(fig: Figure, out_png: Path, dpi: int = 110) -> None:
 
 
 def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
+    """Write `pretraining_figure` of a run's `metrics.jsonl` as a PNG."""
+    save_png(pretraining_figure(MetricsLog(Path(metrics_path)).read()), out_png)
+
+
+@dataclass
+class WarmupEnd:
+    """Where a sequence-length warmup ended: the first full-length step, the lengths before and after."""
+
+    step: int
+    short: int
+    full: int
+
+
+def warmup_end(records: list[dict]) -> WarmupEnd | None:
+    """The end of the run's sequence-length warmup (its "warmup_end" line); None if it had none or
+    the warmup still lasts."""
+    ends = [r for r in records if r["split"] == "warmup_end"]
+    if not ends:
+        return None
+    return WarmupEnd(ends[-1]["step"], warmup_length(records) or 0, ends[-1]["seq_len"])
+
+
+def pretraining_figure(records: list[dict]) -> Figure:
     """Three panels: MLM (or, for a GPT run, next-token) loss, NSP loss (train and validation), and
-    validation accuracies."""
-    records = MetricsLog(Path(metrics_path)).read()
+    validation accuracies. With a sequence-length warmup, the held-out curves at the warmup's length
+    are drawn too (dashed), and its end is a vertical line: the full-length held-out loss often
+    rises while the run trains on short sequences, and drops once it trains at full length."""
     gpt = any("clm_loss" in record for record in records)
     lm_key, lm_title = ("clm_loss", "next-token loss") if gpt else ("mlm_loss", "MLM loss")
+    held_out = [("valid", "o-", "")]  # (split, style, what the label adds)
+    if short := warmup_length(records):
+        held_out.append(("valid_short", "s--", f" at the warmup's {short} tokens"))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in ((axes[0], lm_key, lm_title), (axes[1], "nsp_loss", "NSP loss")):
-        for split, style in (("train", "-"), ("valid", "o-")):
-            steps, values = series(records, split, key)
-            if steps:
-                ax.plot(steps, values, style, label=split, markersize=3)
+        steps, values = series(records, "train", key)
+        if steps:
+            ax.plot(steps, values, "-", label="train")
+        held_out_lines(ax, records, key, "valid", held_out)
         ax.set(title=title, xlabel="step", ylabel="loss")
-        if ax.has_data():
-            ax.legend()
-        else:
+        if not ax.has_data():
             ax.text(0.5, 0.5, "not trained in this run", ha="center", transform=ax.transAxes)
     accuracies = (("mlm_accuracy", "MLM"), ("nsp_accuracy", "NSP"), ("clm_accuracy", "next-token"))
-    for key, label in accuracies:
-        steps, values = series(records, "valid", key)
-        if steps:
-            axes[2].plot(steps, values, "o-", label=f"{label} accuracy", markersize=3)
+    for key, name in accuracies:
+        held_out_lines(axes[2], records, key, f"{name} accuracy", held_out)
     axes[2].set(title="validation accuracy", xlabel="step", ylabel="accuracy", ylim=(0, 1))
-    if axes[2].has_data():
-        axes[2].legend()
+    mark_warmup_end(axes, warmup_end(records))
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
-    save_png(fig, out_png)
+    return fig
+
+
+def held_out_lines(ax, records: list[dict], key: str, name: str, held_out: list[tuple]) -> None:
+    """The held-out curves of `key`, one per (split, style, label's end) of `held_out`, in one colour."""
+    color = None
+    for split, style, where in held_out:
+        steps, values = series(records, split, key)
+        if steps:
+            (line,) = ax.plot(steps, values, style, label=name + where, markersize=3, color=color)
+            color = line.get_color()
+
+
+def warmup_length(records: list[dict]) -> int | None:
+    """The sequence length of the warmup's held-out lines ("valid_short"); None if the run has none."""
+    lengths = [r["seq_len"] for r in records if r["split"] == "valid_short"]
+    return lengths[-1] if lengths else None
+
+
+def mark_warmup_end(axes, end: WarmupEnd | None) -> None:
+    """A vertical line at the first full-length step on each panel that has curves, labelled on the
+    first."""
+    if end is None:
+        return
+    lengths = f"sequence length {end.short} to {end.full}" if end.short else f"full length ({end.full})"
+    for index, ax in enumerate(axes):
+        if index == 0 or ax.has_data():
+            label = f"{lengths} from step {end.step}" if index == 0 else None
+            ax.axvline(end.step, color="grey", linestyle=":", label=label)
 
 
 def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> None:

@@ -10,10 +10,12 @@ Run folder layout (`--out DIR`):
     data.json           the sha256 of every corpus and validation file (of a shard folder: its
                         meta.json): `--resume` refuses changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
-    metrics.jsonl       one line per log window ("train") and per evaluation ("valid")
+    metrics.jsonl       one line per log window ("train") and per evaluation ("valid"); with a
+                        sequence-length warmup, also the evaluation at its length while it lasts
+                        ("valid_short") and the first full-length step ("warmup_end")
     checkpoints/        step_NNNNNN/ folders, the newest `train.keep_checkpoints` kept
     final/              model.safetensors, config.json and the tokenizer: the trained model
-    loss.png            train and validation curves
+    loss.png            train and validation curves (the warmup's end marked)
 
 Nothing is written into the run folder until the corpus has been read, tokenized and checked,
 except `.lock`: the running process's PID, held with an OS lock for the whole run (removed at the end).
@@ -34,7 +36,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +174,7 @@ def run_pretraining(
         validate(config)
         train_shards = training_shards(corpus_files, prepared, tokenizer, config, cache_dir, show_progress)
         check_training_data(train_shards, config)
-        valid_batches, reference = validation_data(config, tokenizer, cache_dir, show_progress)
+        held_out = validation_data(config, tokenizer, cache_dir, show_progress)
 
     choose_run_precision(config, world, cache_dir, show_progress)
     agree_on_precision(config)  # outside the block above: every rank must reach this collective
@@ -184,13 +186,13 @@ def run_pretraining(
         write_json(out / DATA, {"sha256": hashes})
     try:
         result = train_and_save(
-            config, out, tokenizer, train_shards, valid_batches, resume, show_progress, init_state=init_state
+            config, out, tokenizer, train_shards, held_out, resume, show_progress, init_state=init_state
         )
     except BaseException:
         if created and world.is_main and not list_checkpoints(out):
             shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
         raise
-    return {**result, **reference}
+    return {**result, **held_out.reference}
 
 
 def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], BertTokenizer]:
@@ -240,18 +242,35 @@ def training_shards(
     )
 
 
+@dataclass
+class HeldOut:
+    """The fixed evaluation batches of `data.valid` at the run's sequence length, and at its warmup's
+    (`warmup_batches`, empty without a sequence-length warmup), and the text's unigram entropy."""
+
+    batches: list[dict] = field(default_factory=list)
+    warmup_batches: list[dict] = field(default_factory=list)
+    reference: dict[str, float] = field(default_factory=dict)
+
+
 def validation_data(
     config: RunConfig, tokenizer: BertTokenizer, cache_dir: Path, show_progress: bool
-) -> tuple[list[dict], dict[str, float]]:
-    """The fixed evaluation batches of `data.valid` and its unigram entropy; none without it."""
+) -> HeldOut:
+    """The held-out batches of `data.valid`, at the full length and the warmup's; none without it."""
     data = config.data
     if not data.valid:
-        return [], {}
+        return HeldOut()
     valid_shards = cached_shards(
         corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress, data.text_column
     )
-    valid_batches = evaluation_batches(valid_shards, tokenizer, data, config.model.objective)
-    return valid_batches, {"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)}
+    objective = config.model.objective
+    warmup = replace(data, max_seq_length=data.warmup_seq_length, nsp=data.nsp or data.warmup_nsp)
+    return HeldOut(
+        batches=evaluation_batches(valid_shards, tokenizer, data, objective),
+        warmup_batches=evaluation_batches(valid_shards, tokenizer, warmup, objective)
+        if data.warmup_seq_length
+        else [],
+        reference={"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)},
+    )
 
 
 def train_and_save(
@@ -259,7 +278,7 @@ def train_and_save(
     out: Path,
     tokenizer: BertTokenizer,
     train_shards: TokenShards | ShardSet,
-    valid_batches: list[dict],
+    held_out: HeldOut,
     resume: bool,
     show_progress: bool,
     init_state: dict | None = None,
@@ -281,17 +300,16 @@ def train_and_save(
         model=model,
         batches=batches(train_shards, tokenizer, config, config.data.max_seq_length),
         loss=functools.partial(loss, vocab_size=tokenizer.vocab_size),  # a padded vocabulary's extra rows out
-        evaluate=lambda m: (
-            pretraining_metrics(m, valid_batches, tokenizer.vocab_size, config.runtime.precision)
-            if valid_batches
-            else {}
-        ),
+        evaluate=held_out_metrics(held_out.batches, tokenizer, config),
         summarize=summarize_sums,
         # Short sequences first: Google BERT's 128 then 512 in small (Devlin et al. 2019, appendix A.2).
         warmup_batches=batches(train_shards, tokenizer, config, warmup_length, **warmup_pairs(config.data))
         if warmup_length
         else None,
         warmup_fraction=config.data.warmup_seq_fraction,
+        warmup_evaluate=held_out_metrics(held_out.warmup_batches, tokenizer, config),
+        warmup_seq_len=warmup_length,
+        seq_len=config.data.max_seq_length,
         masking_rate=masking_rate_schedule(config.data) if mlm else None,
     )
     result = train(objective, config, out, resume=resume, show_progress=show_progress)
@@ -300,6 +318,13 @@ def train_and_save(
         plot_pretraining(out / "metrics.jsonl", out / "loss.png")
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
+
+
+def held_out_metrics(batches: list[dict], tokenizer: BertTokenizer, config: RunConfig) -> Callable:
+    """model -> its held-out metrics on `batches` (none without validation text)."""
+    return lambda model: (
+        pretraining_metrics(model, batches, tokenizer.vocab_size, config.runtime.precision) if batches else {}
+    )
 
 
 def warmup_pairs(data: DataConfig) -> dict:

@@ -21,7 +21,7 @@ TARGETS = ("none", "tensorboard")
 FOLDER = "tensorboard"
 INSTALL = "pip install 'bertforge[tensorboard]'"
 # Fields that place a record rather than measure the model.
-BOOKKEEPING = frozenset({"step", "split", "epoch", "tokens", "elapsed_s"})
+BOOKKEEPING = frozenset({"step", "split", "epoch", "tokens", "elapsed_s", "seq_len"})
 
 
 def add_report_to_argument(parser) -> None:

@@ -91,6 +91,12 @@ class Objective:
     # `Schedule.progress`), after which the epoch under way is cut short and `batches` take over.
     warmup_batches: Callable[..., Dataset] | None = None
     warmup_fraction: float = 0.0
+    # `evaluate` measures at the full length, which the warmup does not train on: this measures at the
+    # warmup's length too while it lasts (split "valid_short" of `metrics.jsonl`). The two lengths
+    # name the warmup's records and its end (split "warmup_end", at the first full-length step).
+    warmup_evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None
+    warmup_seq_len: int = 0
+    seq_len: int = 0
     # A masking rate that changes over the run: progress -> rate. Each epoch takes the rate of the
     # progress where it starts, and its batches are then `batches(epoch, rate)` (and the warmup's).
     masking_rate: Callable[[float], float] | None = None
@@ -275,6 +281,7 @@ class Trainer:
     def run(self, show_progress: bool) -> dict:
         if self.state.step == 0 and self.world.is_main:  # a new run: the model before training
             self.log.append({"step": 0, "split": "valid", **self.objective.evaluate(self.model)})
+            self.evaluate_at_warmup_length(0)
         stream = self.start()
         bar = self.progress_bar(show_progress)
         while True:
@@ -352,7 +359,25 @@ class Trainer:
         if self.state.batch:
             self.state.epoch, self.state.batch = self.state.epoch + 1, 0
         self.state.warmup_end_epoch = self.state.epoch
+        if self.world.is_main:  # at the step it applies to, so a resume from before the switch drops it
+            step, seq_len = self.state.step + 1, self.objective.seq_len
+            self.log.append({"step": step, "split": "warmup_end", "seq_len": seq_len})
         return self.stream()
+
+    def evaluate_at_warmup_length(self, step: int) -> dict[str, float]:
+        """During a sequence-length warmup, rank 0 logs the held-out metrics at its length too, and
+        returns them (none otherwise)."""
+        if self.objective.warmup_evaluate is None or not self.warming_up():
+            return {}
+        metrics = self.objective.warmup_evaluate(self.model)
+        if any(nonfinite(value) for value in metrics.values()):
+            raise self.diverged("the validation metrics")
+        if metrics:  # empty without validation text
+            seq_len, tokens = self.objective.warmup_seq_len, self.state.tokens
+            self.log.append(
+                {"step": step, "split": "valid_short", "seq_len": seq_len, "tokens": tokens, **metrics}
+            )
+        return metrics
 
     def progress_bar(self, show_progress: bool) -> tqdm:
         """A bar in steps, or in seconds when a time budget is set, so its ETA is the run's own."""
@@ -482,20 +507,24 @@ class Trainer:
                     step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
                 )
         if evaluate and self.world.is_main:
-            self.state.last_valid = self.objective.evaluate(self.model)
-            if any(nonfinite(value) for value in self.state.last_valid.values()):
-                raise self.diverged("the validation metrics")
-            self.log.append(
-                {"step": step, "split": "valid", "tokens": self.state.tokens, **self.state.last_valid}
-            )
-            if self.state.last_valid:  # empty without validation text
-                bar.write(
-                    f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in self.state.last_valid.items())
-                )
+            self.evaluate(step, bar)
         if checkpoint:
             self.save_checkpoint(step)
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
+
+    def evaluate(self, step: int, bar: tqdm) -> None:
+        """Rank 0 logs and shows the held-out metrics, and during a sequence-length warmup those at its
+        length too."""
+        valid = self.state.last_valid = self.objective.evaluate(self.model)
+        if any(nonfinite(value) for value in valid.values()):
+            raise self.diverged("the validation metrics")
+        self.log.append({"step": step, "split": "valid", "tokens": self.state.tokens, **valid})
+        if valid:  # empty without validation text
+            bar.write(f"step {step}: {metrics_text(valid)}")
+        if short := self.evaluate_at_warmup_length(step):
+            length = self.objective.warmup_seq_len
+            bar.write(f"step {step}, at the warmup's {length} tokens: {metrics_text(short)}")
 
     def check_finite(self) -> None:
         """Raise when a gradient norm since the last check, or a weight now, is non-finite."""
@@ -574,3 +603,7 @@ class Window:
         self.new_tokens = 0
         self.restart()
         return record, int(new_tokens)
+
+
+def metrics_text(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:.4g}" for key, value in metrics.items())
