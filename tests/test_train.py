@@ -130,18 +130,32 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
-def test_time_budget_progress_bar_counts_the_budget_not_the_step_limit(
+def test_time_budget_progress_counts_the_budget_not_the_step_limit_in_a_few_plain_lines(
     tmp_path, wiki_slice, small_tokenizer_dir, capsys
 ):
     config = tiny_config(
         wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.15
     )  # several steps even on a loaded machine
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=True)
-    err = capsys.readouterr().err
-    last = err.rstrip().split("\r")[-1]
-    assert "of the time budget" in last and last.startswith("100%")  # the budget, not 1e6 steps, is done
-    assert "step=" in last
+    err = capsys.readouterr().err  # not a terminal, as under nohup or CI: lines, not a redrawn bar
+    assert "\r" not in err
+    shown = [line for line in err.splitlines() if "of the time budget" in line]
+    assert 1 <= len(shown) <= 10  # at most one per tenth of the 9 s budget
+    assert shown[-1].startswith("100% (9/9 s of the time budget)")  # the budget, not 1e6 steps, is done
+    assert "; step=" in shown[-1] and "loss=" in shown[-1] and "tok_s=" in shown[-1]
     assert "1000000" not in err
+
+
+def test_a_run_logged_to_a_file_shows_a_line_per_tenth_of_its_steps(
+    tmp_path, wiki_slice, small_tokenizer_dir, capsys
+):
+    config = tiny_config(wiki_slice, max_steps=20, eval_every=1_000)
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=True)
+    err = capsys.readouterr().err
+    shown = [line for line in err.splitlines() if " step), " in line]
+    assert "\r" not in err
+    assert [line.split(" (")[0] for line in shown] == [f"{p}%" for p in range(10, 101, 10)]
+    assert shown[4].startswith("50% (10/20 step)") and "about" in shown[4] and "; step=10, loss=" in shown[4]
 
 
 def test_sequence_length_warmup_uses_short_pairs_for_its_share_of_the_run(

@@ -20,10 +20,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from bertforge.batches import pad_batch
 from bertforge.errors import BertforgeError
+from bertforge.progress import progress_bar
 from bertforge.runtime import eval_mode, to_device
 from bertforge.tokenizer import BertTokenizer
 
@@ -141,7 +141,8 @@ def embed(
     with _inference(model) as device:
         batches = _batches([{"input_ids": ids} for ids in encoded], batch_size, tokenizer.pad_id, device)
         total = -(-len(encoded) // batch_size)
-        for rows, batch in tqdm(batches, total=total, unit="batch", desc="embed", disable=not show_progress):
+        shown = progress_bar(batches, total=total, unit="batch", desc="embed", disable=not show_progress)
+        for rows, batch in shown:
             attention_mask = batch["attention_mask"]  # (B, T)
             hidden, _ = encoder(batch["input_ids"], attention_mask=attention_mask)  # (B, T, H)
             if pooling == "cls":

@@ -15,17 +15,16 @@ Also owns `ShardSet`, several shard folders (one per corpus file) seen as one co
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from tqdm import tqdm
 
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, read_documents, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, file_sha256, read_json, write_json
+from bertforge.progress import progress_bar
 from bertforge.tokenizer import BertTokenizer
 
 FORMAT_VERSION = 1
@@ -60,13 +59,12 @@ def prepare_shards(
     corpus = Path(corpus)
     corpus_format = resolve_format(corpus, format)  # checks the file and the format name first
     dtype = token_dtype(tokenizer.vocab_size)
-    progress = tqdm(
+    progress = progress_bar(
         total=corpus.stat().st_size,
         unit="B",
         unit_scale=True,
         unit_divisor=1024,
         desc=f"tokenizing {corpus.name}",
-        file=sys.stderr,
         disable=not show_progress,
     )
     with progress, atomic_directory(Path(out_dir)) as tmp, _ShardWriter(tmp, dtype) as writer:

@@ -45,7 +45,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from bertforge import distributed
 from bertforge.batches import batch_seed, real_tokens
@@ -68,6 +67,7 @@ from bertforge.losses import Summary
 from bertforge.metrics_log import MetricsLog, nonfinite
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
+from bertforge.progress import Progress, progress_bar
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
 from bertforge.signals import StopSignals, ignore_stop_signals
 
@@ -288,14 +288,15 @@ class Trainer:
             now = self.elapsed()
             progress = self.progress = self.schedule.progress(self.state.step, now)
             if progress >= 1.0:
+                self.advance(bar, now)  # a time budget's bar ends full
                 break
             if self.warming_up() and progress >= self.objective.warmup_fraction:
                 stream = self.end_warmup(stream)
             lr = self.schedule.learning_rate(self.schedule.progress(self.state.step + 1, now))
             self.optimizer_step(stream, lr)
-            self.advance(bar, now)
             stop = self.agreed_stop()
             self.after_step(lr, bar, checkpoint_now=bool(stop))
+            self.advance(bar, now)  # after the step's log line: a plain progress line shows its loss
             if stop:
                 bar.close()
                 step = self.state.step
@@ -379,32 +380,29 @@ class Trainer:
             )
         return metrics
 
-    def progress_bar(self, show_progress: bool) -> tqdm:
-        """A bar in steps, or in seconds when a time budget is set, so its ETA is the run's own."""
+    def progress_bar(self, show_progress: bool) -> Progress:
+        """A bar (or on a log, lines) in steps, or in seconds when a time budget is set, so its ETA is
+        the run's own."""
         disable = not show_progress or not self.world.is_main
         if not self.schedule.budget_s:
-            return tqdm(
-                total=self.train_cfg.max_steps,
-                initial=self.state.step,
-                unit="step",
-                disable=disable,
-                dynamic_ncols=True,
-            )
-        return tqdm(
+            total, done = self.train_cfg.max_steps, self.state.step
+            return progress_bar(total=total, initial=done, unit="step", disable=disable)
+        return progress_bar(
             total=round(self.schedule.budget_s),
             unit="s",
             disable=disable,
-            dynamic_ncols=True,
             bar_format="{l_bar}{bar}| {elapsed}<{remaining} of the time budget{postfix}",
+            of_what="of the time budget",
         )
 
-    def advance(self, bar: tqdm, elapsed_s: float) -> None:
-        """Move the bar to the run's progress (steps or budget, whichever is further)."""
+    def advance(self, bar: Progress, elapsed_s: float) -> None:
+        """Move the bar to the run's progress: its steps, or with a time budget its share of the budget
+        (or of the steps, whichever is further)."""
         if self.schedule.budget_s:
             seconds = round(self.schedule.progress(self.state.step, elapsed_s) * bar.total)
-            bar.update(seconds - bar.n)  # tqdm redraws at most every mininterval
+            bar.update(seconds - bar.n)  # a bar redraws at most every mininterval
         else:
-            bar.update(1)
+            bar.update(self.state.step - bar.n)
 
     def optimizer_step(self, stream: Iterator, lr: float) -> None:
         """Accumulate gradients over this rank's micro-batches of one step, then clip and update."""
@@ -482,7 +480,7 @@ class Trainer:
             return 0
         return distributed.all_reduce_max(self.signals.received)
 
-    def after_step(self, lr: float, bar: tqdm, checkpoint_now: bool = False) -> None:
+    def after_step(self, lr: float, bar: Progress, checkpoint_now: bool = False) -> None:
         """Log, evaluate and checkpoint on their cadences, and always after the last step; checkpoint
         (and log) also when `checkpoint_now`."""
         step = self.state.step
@@ -513,7 +511,7 @@ class Trainer:
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
 
-    def evaluate(self, step: int, bar: tqdm) -> None:
+    def evaluate(self, step: int, bar: Progress) -> None:
         """Rank 0 logs and shows the held-out metrics, and during a sequence-length warmup those at its
         length too."""
         valid = self.state.last_valid = self.objective.evaluate(self.model)

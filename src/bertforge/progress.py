@@ -1,0 +1,155 @@
+"""Progress of a long loop: a tqdm bar when stderr is a terminal (in Jupyter, tqdm's widget);
+elsewhere (nohup, CI, a pipe, a captured stream) a plain line every tenth of the way and at least
+once a minute, so that a log gains a few readable lines instead of a megabyte of redrawn bars.
+
+`progress_bar` takes the tqdm arguments bertforge uses and returns either a tqdm bar or a
+`PlainProgress`, which offers the part of tqdm's interface its callers use: `update`, `n`, `total`,
+`set_postfix`, `write`, `close`, iteration over a wrapped iterable, and the `with` block.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as notebook_or_console_tqdm
+from tqdm.std import tqdm as console_tqdm
+
+IN_NOTEBOOK = notebook_or_console_tqdm is not console_tqdm  # tqdm.auto chose Jupyter's widget
+LINE_EVERY_S = 60.0  # a plain line at least this often while the loop advances
+LINES_PER_TOTAL = 10  # and one each time it passes another tenth of the total
+
+
+def is_terminal(stream: IO) -> bool:
+    """Whether `stream` shows a redrawn bar (a terminal), rather than keeping every redraw (a file)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def progress_bar(
+    iterable: Iterable | None = None,
+    *,
+    total: float | None = None,
+    initial: float = 0,
+    unit: str = "it",
+    desc: str = "",
+    unit_scale: bool = False,
+    unit_divisor: int = 1000,
+    bar_format: str | None = None,
+    of_what: str = "",
+    disable: bool = False,
+    file: IO | None = None,
+) -> Progress:
+    """A tqdm bar on a terminal (`bar_format` its layout), plain lines elsewhere (`of_what` says what
+    the total is, e.g. "of the time budget"); nothing with `disable`."""
+    stream = file if file is not None else sys.stderr
+    if disable or is_terminal(stream) or IN_NOTEBOOK:
+        return tqdm(
+            iterable,
+            total=total,
+            initial=initial,
+            unit=unit,
+            desc=desc or None,
+            unit_scale=unit_scale,
+            unit_divisor=unit_divisor,
+            bar_format=bar_format,
+            dynamic_ncols=True,
+            disable=disable,
+            file=stream,
+        )
+    return PlainProgress(iterable, total, initial, unit, desc, unit_scale, unit_divisor, of_what, stream)
+
+
+class PlainProgress:
+    """Progress as lines for a log: `40% (400/1,000 step), 2:00 so far, about 3:00 left; loss=3.456`,
+    one each tenth of the total and at least every `LINE_EVERY_S` seconds, and a last one at
+    `close`."""
+
+    def __init__(
+        self,
+        iterable: Iterable | None,
+        total: float | None,
+        initial: float,
+        unit: str,
+        desc: str,
+        unit_scale: bool,
+        unit_divisor: int,
+        of_what: str,
+        stream: IO,
+    ) -> None:
+        self.iterable, self.total, self.n, self.start_n = iterable, total, initial, initial
+        self.unit, self.desc, self.unit_scale, self.unit_divisor = unit, desc, unit_scale, unit_divisor
+        self.of_what, self.stream = of_what, stream
+        self.postfix = ""
+        self.started = self.last_line_at = time.monotonic()
+        self.last_tenth = self.tenth()
+        self.printed: tuple | None = None  # (count, postfix) of the last line
+        self.closed = False
+
+    def __iter__(self) -> Iterator:
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def update(self, count: float = 1) -> None:
+        self.n += count
+        now = time.monotonic()
+        if self.tenth() > self.last_tenth or now - self.last_line_at >= LINE_EVERY_S:
+            self.print_line(now)
+
+    def set_postfix(self, **values) -> None:
+        self.postfix = ", ".join(f"{key}={value}" for key, value in values.items())
+
+    def write(self, text: str) -> None:
+        """A line of its own, on standard output (as `tqdm.write`)."""
+        print(text, flush=True)
+
+    def close(self) -> None:
+        """The last line, unless the last one printed says the same."""
+        if not self.closed and self.printed != (self.n, self.postfix):
+            self.print_line(time.monotonic())
+        self.closed = True
+
+    def tenth(self) -> int:
+        return int(self.n * LINES_PER_TOTAL // self.total) if self.total else 0
+
+    def print_line(self, now: float) -> None:
+        self.last_line_at, self.last_tenth, self.printed = now, self.tenth(), (self.n, self.postfix)
+        print(self.line(now - self.started), file=self.stream, flush=True)
+
+    def line(self, elapsed_s: float) -> str:
+        where = self.amounts()
+        if self.total:
+            where = f"{self.n / self.total:.0%} ({where}{' ' + self.of_what if self.of_what else ''})"
+        text = f"{self.desc + ': ' if self.desc else ''}{where}, {clock(elapsed_s)} so far"
+        done = self.n - self.start_n
+        if self.total and done > 0 and self.n < self.total:
+            text += f", about {clock(elapsed_s * (self.total - self.n) / done)} left"
+        return text + (f"; {self.postfix}" if self.postfix else "")
+
+    def amounts(self) -> str:
+        """`400/1,000 step`, or scaled `4.00MB/10.0MB`; without a total, the count alone."""
+        values = [self.n] + ([self.total] if self.total else [])
+        if self.unit_scale:
+            return "/".join(tqdm.format_sizeof(value, self.unit, self.unit_divisor) for value in values)
+        return "/".join(f"{value:,.0f}" for value in values) + f" {self.unit}"
+
+
+def clock(seconds: float) -> str:
+    """`1:02:03` or `2:03`."""
+    minutes, second = divmod(int(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
+
+
+Progress = tqdm | PlainProgress  # what `progress_bar` returns
