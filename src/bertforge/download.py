@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock, remove_leftovers, writing
+from bertforge.progress import progress_bar
 
 TIMEOUT_S = 60.0  # for the connection and for each read
 CHUNK = 1 << 16
@@ -41,7 +40,6 @@ NETWORK_ERRORS = (
     TimeoutError,
     ssl.SSLError,
 )
-PLAIN_STEPS = 4  # lines a download prints off a terminal: at 25%, 50%, 75% and 100%
 PYTORCH_EXAMPLES = (  # the commit that put WikiText-2 into pytorch/examples
     "https://raw.githubusercontent.com/pytorch/examples/d5678bc8ac0cdd79dbd5e44d4130271018bcec4e/"
     "word_language_model/data/wikitext-2"
@@ -198,33 +196,9 @@ def check_digests(path: Path, remote: RemoteFile) -> None:
 
 @contextlib.contextmanager
 def progress(url: str, name: str, size: int | None, show_progress: bool) -> Iterator[Callable[[int], None]]:
-    """Yield the function to call with each chunk's length: it moves a bar on a terminal, and prints
-    a line at each quarter of a download of known size elsewhere."""
-    if not show_progress:
-        yield lambda count: None
-    elif sys.stderr.isatty():
-        with tqdm(total=size, unit="B", unit_scale=True, desc=name) as bar:
-            yield bar.update
-    else:
+    """Yield the function to call with each chunk's length (`bertforge.progress`: a bar on a terminal,
+    plain lines in a log)."""
+    if show_progress:
         print(f"bertforge: downloading {url}", file=sys.stderr, flush=True)
-        yield PlainProgress(name, size).advance
-
-
-class PlainProgress:
-    """Progress as lines, for a log: `bertforge: NAME 25% (2.73MB of 10.9MB)`."""
-
-    def __init__(self, name: str, size: int | None) -> None:
-        self.name, self.size, self.done, self.shown = name, size, 0, 0
-
-    def advance(self, count: int) -> None:
-        self.done += count
-        step = PLAIN_STEPS * self.done // self.size if self.size else 0
-        if step > self.shown:
-            self.shown = step
-            percent = 100 * step // PLAIN_STEPS
-            line = f"{self.name} {percent}% ({sizeof(self.done)} of {sizeof(self.size)})"
-            print(f"bertforge: {line}", file=sys.stderr, flush=True)
-
-
-def sizeof(count: int) -> str:
-    return tqdm.format_sizeof(count, "B")
+    with progress_bar(total=size, unit="B", unit_scale=True, desc=name, disable=not show_progress) as bar:
+        yield bar.update
