@@ -4,6 +4,7 @@
     python -m benchmarks.run --quick          # CI-sized: seconds per measurement, tiny model
     python -m benchmarks.run --only step --only e2e
     python -m benchmarks.run --only quality --minutes 10
+    python -m benchmarks.run --only glue --glue-model runs/mini-30min   # target: at most 60 min on 2 cores
 
 Every ratio is measured in this one run, on this machine, with one thread count.
 """
@@ -19,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import e2e, prep, quality, step
+from benchmarks import e2e, glue, prep, quality, step
 from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
 from bertforge.cache import default_cache_dir
 from bertforge.runtime import resolve_device
 
-MEASUREMENTS = ("prep", "step", "e2e", "quality")
+MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue")
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -43,6 +44,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 5)")
     parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
     parser.add_argument("--workers", type=int, default=0, help="e2e DataLoader workers (runtime.num_workers)")
+    parser.add_argument(
+        "--glue-model",
+        type=Path,
+        help="glue: the pretrained model to fine-tune (its target is about configs/mini-30min.toml's); "
+        "giving it adds glue to the default measurements",
+    )
+    parser.add_argument(
+        "--glue-data",
+        type=Path,
+        default=Path(glue.GLUE_DATA),
+        help="glue: the folder above GLUE's task folders (default $BERTFORGE_GLUE or ../shared/data)",
+    )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument(
         "--keep-freed-memory",
@@ -65,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
-    only = args.only or list(MEASUREMENTS)
+    only = args.only or [name for name in MEASUREMENTS if name != "glue" or args.glue_model]
+    if "glue" in only and (why := glue.refusal(args.glue_model, args.glue_data, args.quick)):
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     device = resolve_device(args.device)
     precisions = [p for p in args.precisions if p != "fp16" or device.type == "cuda"]
     with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
@@ -102,6 +118,8 @@ def run_all(args, only: list[str], precisions: list[str], bench: Bench, results:
     if "quality" in only:
         minutes = args.minutes or (0.05 if quick else 5.0)
         results["quality"] = quality.run(minutes, bench, results.get("step", []))
+    if "glue" in only:
+        results["glue"] = glue.run(args.glue_model, args.glue_data, bench)
 
 
 def dtype(precision: str) -> torch.dtype:
@@ -195,6 +213,34 @@ def quality_table(result: dict) -> str:
     )
 
 
+def glue_table(rows: list[dict]) -> str:
+    return table(
+        {
+            "task": lambda r: r["task"],
+            "arm": lambda r: r["arm"],
+            "runs": lambda r: r["runs"],
+            "train examples": lambda r: f"{r['train_examples']:,}",
+            "fine-tuning min": lambda r: f"{r['minutes']:.2f}",
+            "median dev score": lambda r: f"{r['score']:.1f}",
+        },
+        rows,
+    )
+
+
+def glue_lines(g: dict) -> list[str]:
+    verdict = {True: "met", False: "NOT met", None: "not judged (--quick is not its workload)"}
+    average = ", ".join(f"{arm} {score:.1f}" for arm, score in g["average"].items())
+    return [
+        "",
+        f"(5) glue: {', '.join(g['tasks'])}, seeds {','.join(map(str, g['seeds']))}, both arms; "
+        f"model {g['model']}, recipes {g['recipes']}",
+        glue_table(g["per_task"]),
+        f"wall: {g['wall_minutes']:.1f} min (fine-tuning {g['fine_tuning_minutes']:.1f}, the rest reading, "
+        f"scoring, report); target <= {g['target_minutes']:g} min on 2 CPU cores: {verdict[g['target_met']]}",
+        f"GLUE average (dev, median over seeds): {average}",
+    ]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     rates = ", ".join(f"{p} {r / 1e9:,.0f} GFLOP/s" for p, r in results["matmul_flops"].items())
@@ -221,6 +267,8 @@ def report(results: dict) -> str:
         q = results["quality"]
         out += ["", f"(4) quality at equal time: {q['preset']}, {q['minutes']:g} min each, WikiText-2 valid"]
         out.append(quality_table(q))
+    if "glue" in results:
+        out += glue_lines(results["glue"])
     return "\n".join(out)
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,3 +41,31 @@ def test_the_step_benchmark_sets_both_models_dropout(tmp_path):
     rows = json.loads(out.read_text(encoding="utf-8"))["step"]
     assert [row["dropout"] for row in rows] == [0.0]
     assert "dropout 0" in done.stdout
+
+
+def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
+    out = tmp_path / "glue.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "glue", "--precisions", "fp32"]
+    command += ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--threads", "2"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    glue = json.loads(out.read_text(encoding="utf-8"))["glue"]
+    assert glue["tasks"] == ["SST-2", "STS-B"] and glue["seeds"] == [1, 2]
+    assert [(row["task"], row["arm"]) for row in glue["per_task"]] == [
+        (task, arm) for task in ("SST-2", "STS-B") for arm in ("pretrained", "scratch")
+    ]
+    assert all(row["runs"] == 2 and row["minutes"] > 0 for row in glue["per_task"])
+    assert glue["wall_minutes"] > glue["fine_tuning_minutes"] > 0
+    assert glue["fine_tuning_minutes"] == pytest.approx(sum(row["minutes"] for row in glue["per_task"]))
+    assert glue["target_minutes"] == 60 and glue["target_met"] is None  # --quick is not the target's workload
+    assert set(glue["average"]) == {"pretrained", "scratch"}
+    assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout
+
+
+def test_the_glue_benchmark_without_a_model_is_refused_before_it_starts(tmp_path):
+    out = tmp_path / "glue.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--only", "glue", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--glue-model" in done.stderr and "mini-30min" in done.stderr
+    assert not out.exists()
