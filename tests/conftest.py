@@ -65,6 +65,20 @@ def tiny_pretrained_run(tmp_path_factory, wiki_slice, small_tokenizer_dir) -> Pa
     return run
 
 
+# A tiny GPT-1 in our `ModelConfig` field names (OpenAIGPT's activation and epsilon), for parity tests.
+HF_TINY_GPT_SIZES = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    hidden_act="gelu_new",
+    max_position_embeddings=16,
+    layer_norm_eps=1e-5,
+    initializer_range=0.2,
+    objective="clm",
+)
+
 # A tiny BERT in Hugging Face `BertConfig` / our `ModelConfig` field names, for parity tests.
 HF_TINY_SIZES = dict(
     vocab_size=99,

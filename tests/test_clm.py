@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean_failure, metrics_lines, tiny_config
+from conftest import HF_TINY_GPT_SIZES, assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.batches import pad_batch, real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
@@ -370,11 +370,7 @@ def gpt_classifier(tmp_path_factory, gpt_run, toy) -> Path:
 
 @torch.no_grad()
 def test_gpt_classifier_matches_hugging_face_both_ways():
-    config = ModelConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        hidden_act="gelu_new", max_position_embeddings=16, layer_norm_eps=1e-5, initializer_range=0.2,
-        objective="clm",
-    )  # fmt: skip
+    config = ModelConfig(**HF_TINY_GPT_SIZES)
     torch.manual_seed(0)
     ours = GPTForSequenceClassification(config, 3).eval()
     raw = hf_config(config, labels=["a", "b", "c"])

@@ -12,7 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HF_TINY_SIZES, SHARED_DATA, assert_clean_failure, metrics_lines, tiny_config
+from conftest import (
+    HF_TINY_GPT_SIZES,
+    HF_TINY_SIZES,
+    SHARED_DATA,
+    assert_clean_failure,
+    metrics_lines,
+    tiny_config,
+)
 
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify, save_classifier
@@ -113,11 +120,7 @@ def test_bert_regression_head_matches_hugging_face_both_ways():
 
 @torch.no_grad()
 def test_gpt_regression_head_matches_hugging_face_both_ways():
-    config = ModelConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        hidden_act="gelu_new", max_position_embeddings=16, layer_norm_eps=1e-5, initializer_range=0.2,
-        objective="clm",
-    )  # fmt: skip
+    config = ModelConfig(**HF_TINY_GPT_SIZES)
     torch.manual_seed(0)
     ours = GPTForSequenceClassification(config, 1).eval()
     raw = hf_config(config, labels=["score"])

@@ -488,24 +488,32 @@ def evaluate_classifier(
     confusion = torch.zeros(num_labels * num_labels, dtype=torch.long, device=device)
     loss_sum = torch.zeros((), device=device)
     predictions = []
+    for logits, labels in outputs_and_labels(model, batches, precision):  # (B, K), (B,)
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+        predicted = logits.argmax(-1)  # (B,)
+        # index_add_ rather than bincount, which waits for the GPU to size its output.
+        confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
+        predictions.append(predicted)
+    matrix = confusion.view(num_labels, num_labels).cpu()
+    metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
+    return metrics, matrix.tolist(), torch.cat(predictions).tolist() if predictions else []
+
+
+def outputs_and_labels(
+    model: torch.nn.Module, batches: list[dict], precision: str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The model's float32 outputs on each batch, in eval mode and under `precision`, with its labels."""
+    device = next(model.parameters()).device
     with eval_mode(model):
         for batch in batches:
             batch = to_device(batch, device)
             with autocast(device, precision):
-                logits = model(
+                output = model(
                     batch["input_ids"],
                     token_type_ids=batch["token_type_ids"],
                     attention_mask=batch.get("attention_mask"),
                 )
-            logits, labels = logits.float(), batch["labels"]  # (B, K), (B,)
-            loss_sum += F.cross_entropy(logits, labels, reduction="sum")
-            predicted = logits.argmax(-1)  # (B,)
-            # index_add_ rather than bincount, which waits for the GPU to size its output.
-            confusion.index_add_(0, labels * num_labels + predicted, torch.ones_like(labels))
-            predictions.append(predicted)
-    matrix = confusion.view(num_labels, num_labels).cpu()
-    metrics = {"classification_loss": float(loss_sum) / max(int(matrix.sum()), 1), **scores(matrix)}
-    return metrics, matrix.tolist(), torch.cat(predictions).tolist() if predictions else []
+            yield output.float(), batch["labels"]
 
 
 def scores(confusion: torch.Tensor) -> dict[str, float]:
@@ -524,19 +532,10 @@ def evaluate_regressor(
 ) -> tuple[dict[str, float], list[float]]:
     """Mean squared error, Pearson's and Spearman's correlation over all batches, and the predicted
     score of every example, in order."""
-    device = next(model.parameters()).device
     predicted, true = [], []
-    with eval_mode(model):
-        for batch in batches:
-            batch = to_device(batch, device)
-            with autocast(device, precision):
-                output = model(
-                    batch["input_ids"],
-                    token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch.get("attention_mask"),
-                )
-            predicted.append(output.float()[:, 0])  # (B,)
-            true.append(batch["labels"].float())
+    for output, labels in outputs_and_labels(model, batches, precision):  # (B, 1), (B,)
+        predicted.append(output[:, 0])
+        true.append(labels.float())
     if not predicted:
         return {"mse": 0.0, "pearson": 0.0, "spearman": 0.0}, []
     outputs, labels = torch.cat(predicted).cpu().double(), torch.cat(true).cpu().double()
