@@ -58,6 +58,7 @@ from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
 from bertforge.labeled import LabeledExamples
+from bertforge.progress import is_terminal
 from bertforge.runtime import resolve_device
 
 SETTINGS = "glue_task.json"
@@ -485,7 +486,7 @@ class Progress:
         self.total_runs, self.runs_done = len(runs), sum(run.done for run in runs)
         self.total = sum(run.steps for run in runs)
         self.done_steps = sum(run.steps for run in runs if run.done)
-        self.show, self.tty = show, show and sys.stderr.isatty()
+        self.show, self.tty = show, show and is_terminal(sys.stderr)
         self.began, self.new_steps = time.time(), 0
         self.bar = (
             tqdm(total=self.total, initial=self.done_steps, unit="step", desc="glue", dynamic_ncols=True)
