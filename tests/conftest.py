@@ -1,9 +1,13 @@
 """Shared fixtures: paths to the shared data, a small WikiText slice, a tiny config, a private cache,
-and readers of what runs write."""
+and readers of what runs write; and the check, before anything is collected, that every test
+dependency (pyproject's `test` extra) is installed: a missing one fails the run instead of turning
+the tests that need it into skips."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,9 +16,49 @@ import pytest
 
 from bertforge.config import RunConfig, TokenizerConfig
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKI_TRAIN = SHARED_DATA / "wikitext-2" / "wiki.train.tokens"
 WIKI_VALID = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
+
+
+def missing_test_dependencies(requirements: list[str]) -> list[str]:
+    """The requirements (`name>=version` strings) that are not installed, or installed at a version
+    they exclude, each as `requirement (why)`."""
+    from packaging.requirements import Requirement
+
+    missing = []
+    for text in requirements:
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(f"{text} (not installed)")
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            missing.append(f"{text} ({version} is installed)")
+    return missing
+
+
+def pytest_configure(config):
+    """Refuse to run without the test extra: without transformers, say, the parity tests would
+    otherwise skip and the suite would pass."""
+    if not PYPROJECT.is_file():
+        return
+    extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    missing = missing_test_dependencies(extras["test"])
+    if missing:
+        raise pytest.UsageError(
+            f"the test dependencies are not all installed: {', '.join(missing)}; "
+            "install them with `pip install -e '.[test]'` (or `make test`)"
+        )
 
 
 @pytest.fixture(autouse=True)
