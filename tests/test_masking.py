@@ -268,3 +268,159 @@ def test_token_weights_must_match_the_vocabulary():
         collator(token_weights=np.ones(10))
     with pytest.raises(BertforgeError, match="positive"):
         collator(token_weights=np.zeros(VOCAB))
+
+
+def word_row(lengths: list[int]) -> tuple[np.ndarray, list[list[int]]]:
+    """[CLS] words [SEP], each word a distinct head and `length - 1` distinct '##' pieces; the row and
+    each word's token positions."""
+    ids, words, head, piece = [CLS], [], 5, FIRST_CONTINUATION
+    for length in lengths:
+        words.append(list(range(len(ids), len(ids) + length)))
+        ids += [head] + list(range(piece, piece + length - 1))
+        head, piece = head + 1, piece + length - 1
+    return np.array([*ids, SEP], dtype=np.int64), words
+
+
+def google_walk(lengths: list[int], k: int, draws: int, seed: int) -> np.ndarray:
+    """How often each word is chosen by Google's whole-word walk (`create_masked_lm_predictions`):
+    the words in a uniformly random order, each taken unless it would pass k tokens. (draws,) runs."""
+    rng, chosen = np.random.default_rng(seed), np.zeros(len(lengths))
+    for _ in range(draws):
+        budget = k
+        for word in rng.permutation(len(lengths)):
+            if lengths[word] <= budget:
+                chosen[word] += 1
+                budget -= lengths[word]
+    return chosen / draws
+
+
+def word_choices(lengths: list[int], rows: int, seed: int, **settings) -> tuple[dict, np.ndarray]:
+    """Whole-word masking of `rows` copies of one row of words of `lengths`: the batch, and a
+    (rows, words) bool array of the words chosen, each of which is checked to be masked whole."""
+    row, words = word_row(lengths)
+    masker = collator(whole_word_mask=True, continuation_mask=CONTINUATION, **settings)
+    batch = masker([{"input_ids": row}] * rows, generator=seeded(seed))
+    masked = torch.zeros(rows * len(row), dtype=torch.bool)
+    masked[batch["masked_positions"]] = True
+    masked = masked.view(rows, len(row)).numpy()
+    whole = np.stack([masked[:, word].all(1) for word in words], axis=1)  # (rows, words)
+    partly = np.stack([masked[:, word].any(1) for word in words], axis=1)
+    assert (whole == partly).all(), "a word was masked in part"
+    return batch, whole
+
+
+def assert_binomial(counts: np.ndarray, draws: int, probability: np.ndarray, sigmas: float = 5.0) -> None:
+    """Each count within `sigmas` standard deviations of Binomial(draws, probability); over 20 words
+    at five sigmas a correct sampler fails one time in about 10^5."""
+    sd = np.sqrt(draws * probability * (1 - probability))
+    z = (counts - draws * probability) / sd
+    assert np.abs(z).max() < sigmas, f"z-scores {np.round(z, 2).tolist()}"
+
+
+def test_whole_word_masking_chooses_every_word_alike():
+    """20 three-token words, k = round(0.15 * 60) = 9: three words a row, each with probability
+    3 / 20 wherever it stands; over 4,000 rows each word's count is Binomial(4000, 0.15) and the
+    counts together pass a chi-square test of uniformity at p = 10^-6."""
+    rows, lengths = 4000, [3] * 20
+    _, chosen = word_choices(lengths, rows, seed=21)
+    assert (chosen.sum(1) == 3).all()
+    counts = chosen.sum(0)
+    assert_binomial(counts, rows, np.full(20, 3 / 20))
+    expected = rows * 3 / 20
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    assert statistic < 62.0  # chi-square, 19 degrees of freedom: P(> 62) is about 10^-6
+
+
+def test_whole_word_masking_follows_googles_walk_for_words_of_several_lengths():
+    """Words of 1, 2 and 3 tokens, k = round(0.25 * 36) = 9: Google's walk skips a word that no
+    longer fits, so a longer word is chosen less often, and words of one length alike wherever they
+    stand. Each word's count over 6,000 rows against the probability of its length in 20,000 runs
+    of a direct implementation of the walk (pooled over the words of that length)."""
+    rows, lengths = 6000, [1, 2, 3] * 6
+    _, chosen = word_choices(lengths, rows, seed=22, mlm_probability=0.25)
+    reference = google_walk(lengths, k=9, draws=20_000, seed=0)
+    by_length = {length: reference[np.array(lengths) == length].mean() for length in (1, 2, 3)}
+    assert by_length[1] > by_length[2] > by_length[3]  # the walk's skip favours short words
+    probability = np.array([by_length[length] for length in lengths])
+    assert_binomial(chosen.sum(0), rows, probability, sigmas=5.5)  # the reference's own error included
+
+
+def test_whole_word_masking_keeps_the_80_10_10_split_in_every_word_position():
+    """Of the masked tokens, heads and '##' pieces alike, 80% become [MASK], 10% a random ordinary
+    token (the original one again with chance 1 / 995) and 10% stay: each share within five binomial
+    standard deviations."""
+    rows, lengths = 3000, [1, 2, 3, 4] * 5
+    batch, _ = word_choices(lengths, rows, seed=23)
+    row, _ = word_row(lengths)
+    labels, new = batch["masked_labels"], batch["input_ids"].view(-1)[batch["masked_positions"]]
+    ordinary = VOCAB - len(SPECIALS)
+    shares = {"mask": 0.8, "random": 0.1 * (1 - 1 / ordinary), "unchanged": 0.1 + 0.1 / ordinary}
+    for piece in (labels < FIRST_CONTINUATION, labels >= FIRST_CONTINUATION):  # heads, then pieces
+        count = int(piece.sum())
+        assert count > 5000
+        kinds = {
+            "mask": new[piece] == MASK,
+            "random": (new[piece] != MASK) & (new[piece] != labels[piece]),
+            "unchanged": new[piece] == labels[piece],
+        }
+        for kind, share in shares.items():
+            observed = kinds[kind].double().mean().item()
+            assert abs(observed - share) < 5 * np.sqrt(share * (1 - share) / count), (kind, observed)
+        assert not torch.isin(new[piece][kinds["random"]], torch.tensor(SPECIALS)).any()
+    assert set(np.unique(labels.numpy())) <= set(row.tolist())
+
+
+def split_words(batch: dict, continuation: np.ndarray, special: np.ndarray) -> tuple[int, int]:
+    """In a training batch: the masked '##' pieces, and the neighbours within a word (a piece and the
+    token before it) of which one is masked and the other not."""
+    ids = batch["input_ids"].clone()
+    width = ids.shape[1]
+    original = ids.view(-1)
+    original[batch["masked_positions"]] = batch["masked_labels"]
+    masked = torch.zeros_like(original, dtype=torch.bool)
+    masked[batch["masked_positions"]] = True
+    original, masked = original.numpy(), masked.numpy()
+    piece = continuation[original] & ~special[original]
+    piece[::width] = False  # a row's first token has no token before it in the row
+    within_word = piece[1:] & ~special[original[:-1]]  # (B*T - 1,): token i + 1 continues token i's word
+    split = within_word & (masked[1:] != masked[:-1])
+    return int((piece & masked).sum()), int(split.sum())
+
+
+@pytest.mark.parametrize("how", ["--set", "--config", "default"])
+def test_whole_word_masking_set_in_the_config_reaches_the_training_batches(
+    tmp_path, monkeypatch, how, wiki_slice, small_tokenizer_dir
+):
+    from test_faults import cli_pretrain
+
+    import bertforge.pretrain
+    from bertforge.checkpoint import read_config
+    from bertforge.cli import main
+    from bertforge.tokenizer import load_tokenizer
+
+    batches = []
+    real_loss = bertforge.pretrain.masked_lm_and_nsp_loss
+
+    def recording_loss(model, batch, vocab_size):
+        batches.append({key: value.clone() for key, value in batch.items()})
+        return real_loss(model, batch, vocab_size)
+
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", recording_loss)
+    toml = tmp_path / "wwm.toml"
+    toml.write_text("[data]\nwhole_word_masking = true\n", encoding="utf-8")
+    setting = {"--set": ["--set", "data.whole_word_masking=true"], "--config": ["--config", str(toml)]}
+    run = tmp_path / "run"
+    argv = cli_pretrain(wiki_slice, small_tokenizer_dir, run, "--max-steps", "3", *setting.get(how, []))
+    assert main(argv) == 0
+    assert read_config(run).data.whole_word_masking == (how != "default")
+
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    special = np.zeros(tokenizer.vocab_size, dtype=bool)
+    special[list(tokenizer.special_ids)] = True
+    counts = [split_words(batch, tokenizer.continuation_mask(), special) for batch in batches]
+    pieces, split = (sum(column) for column in zip(*counts, strict=True))
+    assert len(batches) == 3 and pieces >= 10  # enough '##' pieces masked to tell
+    if how == "default":
+        assert split > pieces / 2  # token masking: most masked pieces leave their neighbours unmasked
+    else:
+        assert split == 0  # whole words: a word's tokens are masked together or not at all
