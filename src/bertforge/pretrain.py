@@ -68,6 +68,7 @@ from bertforge.evaluate import (
 from bertforge.folders import open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
+from bertforge.loader import Ahead
 from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import PretrainingCollator, pretraining_collator, subsampling_weights
 from bertforge.model import BertForPreTraining
@@ -501,6 +502,7 @@ def epoch_batches(
     room = max_predictions(replace(data, mlm_probability=most))
     weights = masking_weights(shards, tokenizer, data)
     collators: dict[float, PretrainingCollator] = {}
+    epoch_pairs = Ahead(functools.partial(build_pairs, shards, length, data.short_seq_prob, nsp, seed))
 
     def batches(epoch: int, mlm_probability: float | None = None) -> SeededBatches:
         rate = data.mlm_probability if mlm_probability is None else mlm_probability
@@ -509,7 +511,7 @@ def epoch_batches(
             collators[rate] = pretraining_collator(
                 tokenizer, rated, fixed_shapes=compiled, masked_room=room, token_weights=weights
             )
-        pairs = build_pairs(shards, length, data.short_seq_prob, nsp, seed, epoch)
+        pairs = epoch_pairs(epoch)  # the next epoch's are built meanwhile
         examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
         return SeededBatches(examples, micro_batch, collators[rate], seed, epoch)
 

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from bertforge import distributed
 from bertforge.batches import batch_seed, real_tokens
@@ -63,13 +63,14 @@ from bertforge.compiling import compile_model, is_compile_error, is_compiled, wa
 from bertforge.config import RunConfig
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import WriteError
+from bertforge.loader import EpochBatches, micro_batches
 from bertforge.losses import Summary
 from bertforge.metrics_log import MetricsLog, nonfinite
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.progress import Progress, progress_bar
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
-from bertforge.signals import StopSignals, ignore_stop_signals
+from bertforge.signals import StopSignals
 
 
 @dataclass
@@ -127,44 +128,6 @@ class TrainState:
         for name in (f.name for f in fields(self)):
             if name in saved:
                 setattr(self, name, saved[name])
-
-
-def micro_batches(
-    batches: Callable[[int], Dataset],
-    epoch: int,
-    index: int,
-    num_workers: int,
-    pin_memory: bool,
-    rank: int = 0,
-    world_size: int = 1,
-) -> Iterator[tuple[int, int, dict]]:
-    """Yield (epoch, next position, batch) forever from position (epoch, index), epoch after epoch.
-
-    The position counts the micro-batches the whole world has taken in the epoch: rank r takes
-    index + r, index + r + W, ...; an epoch ends at the last multiple of W so all ranks step together.
-    """
-    while True:
-        dataset = batches(epoch)
-        usable = len(dataset) - len(dataset) % world_size
-        if usable == 0:
-            raise BertforgeError("the training data gives no full batch; lower train.batch_size or add text")
-        if index < usable:
-            loader = DataLoader(
-                dataset,
-                batch_size=None,
-                sampler=range(index + rank, usable, world_size),
-                num_workers=num_workers,
-                pin_memory=pin_memory,
-                # A private generator keeps the DataLoader from drawing on torch's global RNG,
-                # which dropout uses: resume must see the same global RNG stream.
-                generator=torch.Generator(),
-                prefetch_factor=4 if num_workers else None,
-                worker_init_fn=ignore_stop_signals,  # the loop, not a signal, stops the workers
-            )
-            for batch in loader:
-                index += world_size
-                yield epoch, index, batch
-        epoch, index = epoch + 1, 0
 
 
 def train(
@@ -323,7 +286,9 @@ class Trainer:
 
     def stream(self) -> Iterator[tuple[int, int, dict]]:
         """The micro-batches from the run's position in the data."""
+        objective = self.objective
         return micro_batches(
+            EpochBatches({"batches": objective.batches, "warmup_batches": objective.warmup_batches}),
             self.epoch_batches,
             self.state.epoch,
             self.state.batch,
@@ -333,13 +298,15 @@ class Trainer:
             self.world.world_size,
         )
 
-    def epoch_batches(self, epoch: int) -> Dataset:
+    def epoch_batches(self, epoch: int) -> tuple:
+        """The key of an epoch's batches (`loader.EpochBatches`): which objective's batches, and their
+        arguments."""
         end = self.state.warmup_end_epoch
         warming_up = self.objective.warmup_batches is not None and (end is None or epoch < end)
-        batches = self.objective.warmup_batches if warming_up else self.objective.batches
+        name = "warmup_batches" if warming_up else "batches"
         if self.objective.masking_rate is None:
-            return batches(epoch)
-        return batches(epoch, self.epoch_masking_rate(epoch))
+            return name, epoch
+        return name, epoch, self.epoch_masking_rate(epoch)
 
     def epoch_masking_rate(self, epoch: int) -> float:
         """The masking rate of an epoch: set from the run's progress when the epoch starts, and kept in
