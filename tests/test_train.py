@@ -124,7 +124,7 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.1)
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert 0 < result["step"] < 1_000_000
-    assert result["elapsed_s"] < 30
+    assert 6.0 <= result["elapsed_s"] < 30  # the run lasts its 6-second budget, not much longer
     lrs = [x["lr"] for x in metrics_lines(tmp_path / "run", "train")]
     assert lrs[-1] < max(lrs)  # the schedule decayed within the budget
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
@@ -445,3 +445,59 @@ def test_mask_subsampling_masks_frequent_tokens_less_and_leaves_evaluation_alone
     assert all(
         torch.equal(a["masked_labels"], b["masked_labels"]) for a, b in zip(plain, subsampled, strict=True)
     )
+
+
+class FakeClock:
+    """Stands for the `time` module the training loop reads (`time.perf_counter`): the seconds
+    only move when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_time_budget_schedules_follow_the_clock_not_the_steps(
+    tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    """With a 30-second budget on a fake clock where a step of 16-token pairs takes 1 s and one of
+    64-token pairs 1.5 s: the sequence-length warmup (half the budget) ends at 15 s, after 15 steps,
+    the LR warms up over the first quarter of the time and then decays with it, and the run ends
+    with the step that reaches 30 s (step 25), neither sooner nor later."""
+    import bertforge.pretrain
+    import bertforge.train
+
+    clock, widths = FakeClock(), []
+    real_loss = bertforge.pretrain.masked_lm_and_nsp_loss
+
+    def timed_loss(model, batch, vocab_size):
+        width = batch["input_ids"].shape[1]
+        widths.append(width)
+        clock.now += 1.0 if width <= 16 else 1.5  # one micro-batch a step
+        return real_loss(model, batch, vocab_size)
+
+    monkeypatch.setattr(bertforge.train, "time", clock)
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", timed_loss)
+    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.5)
+    config.train.warmup_ratio = 0.25
+    config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5
+    run = tmp_path / "run"
+    result = pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+
+    assert result["step"] == 25 and result["elapsed_s"] == 30.0
+    assert max(widths[:15]) <= 16 and min(widths[15:]) > 16
+    assert metrics_lines(run, "warmup_end") == [{"step": 16, "split": "warmup_end", "seq_len": 64}]
+    schedule, peak = Schedule(config.train), config.train.learning_rate
+    for line in metrics_lines(run, "train"):
+        step = line["step"]
+        before = step - 1.0 if step <= 16 else 15.0 + 1.5 * (step - 16)  # seconds when the step began
+        progress = max(before / 30.0, step / 1_000_000)
+        expected = peak * (progress / 0.25 if progress < 0.25 else (1 - progress) / 0.75)
+        assert line["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-12), step
+        assert line["lr"] == pytest.approx(schedule.learning_rate(progress), rel=1e-9, abs=1e-12)
+    lrs = [line["lr"] for line in metrics_lines(run, "train")]
+    # The highest at step 9, the first to start after 7.5 s (a quarter of 30 s), not at 1e6 / 4 steps.
+    assert lrs.index(max(lrs)) == 8
+    assert lrs[:9] == sorted(lrs[:9]) and lrs[8:] == sorted(lrs[8:], reverse=True)
+    assert len(lrs) == 25 and lrs[-1] == pytest.approx(peak * (1 - 28.5 / 30) / 0.75)
