@@ -94,13 +94,13 @@ def test_a_kill_at_a_random_moment_resumes_to_the_uninterrupted_model(
 # of it, and the process sends SIGKILL to itself.
 KILLER = """
 import os, signal, sys
+from pathlib import Path
 import bertforge.checkpoint as checkpoint
 from bertforge.cli import main
 from bertforge.io import move_aside
 
 POINT = os.environ["KILL_POINT"]
-real_weights, real_state = checkpoint.save_weights, checkpoint.write_json
-real_remove = checkpoint.remove_folder
+real_weights, real_remove, real_replace = checkpoint.save_weights, checkpoint.remove_folder, os.replace
 
 
 def die():
@@ -119,10 +119,10 @@ def save_weights(model, path):
         die()
 
 
-def write_json(path, payload):
-    real_state(path, payload)
-    if POINT == "renaming" and in_step_6(path):
+def replace(source, target):
+    if POINT == "renaming" and Path(source).name.startswith(".step_000006.tmp-"):
         die()  # every file written, the folder not yet renamed into place
+    real_replace(source, target)
 
 
 def remove_folder(path):
@@ -132,8 +132,7 @@ def remove_folder(path):
     real_remove(path)
 
 
-checkpoint.save_weights, checkpoint.write_json = save_weights, write_json
-checkpoint.remove_folder = remove_folder
+checkpoint.save_weights, checkpoint.remove_folder, os.replace = save_weights, remove_folder, replace
 sys.exit(main(sys.argv[1:]))
 """
 
