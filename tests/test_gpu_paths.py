@@ -1,4 +1,4 @@
-"""The GPU and multi-GPU paths' logic, tested on CPU with CUDA and the process group mocked (issue 14).
+"""The GPU and multi-GPU paths' logic, tested on CPU with CUDA and the process group mocked.
 
 A machine with a GPU runs the real thing in `test_gpu.py`.
 """
@@ -551,3 +551,40 @@ def test_all_ranks_fall_back_when_one_does(monkeypatch):
     monkeypatch.setattr(distributed, "all_reduce_sum", lambda values: [0.0])  # every rank compiled
     train.Trainer.agree_on_compiling(trainer)
     assert isinstance(trainer.step_model, Compiled)
+
+
+# 9. MFU and peak memory in the train records on CUDA; nothing new on CPU.
+
+
+def test_train_records_on_cuda_carry_mfu_and_peak_memory(monkeypatch, tiny_pretrained_run):
+    from bertforge import flops
+    from bertforge.metrics_log import DeviceFigures
+
+    resets = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
+    config = tiny_model_config()
+    figures = DeviceFigures(config, CUDA0, world_size=2)
+    window = train.Window()
+    for _ in range(4):
+        window.add({"mlm_count": torch.tensor(10.0), "nsp_count": torch.tensor(8.0)}, tokens=8 * 64)
+    seen = []
+
+    def measured(totals, tokens, seconds):
+        seen.append((totals, tokens, seconds))
+        return figures(totals, tokens, seconds, seq_len=64)
+
+    record, _ = window.flush(lambda totals: Summary(1.0, {}), 1e-3, measured)
+    ((totals, tokens, seconds),) = seen
+    assert totals == {"mlm_count": 40.0, "nsp_count": 32.0} and tokens == 4 * 8 * 64 and seconds > 0
+    work = flops.training_flops(config, tokens, 64, predicted=40, sequences=32)
+    assert record["mfu"] == round(work / seconds / (2 * 989e12), 4)  # both ranks' peak
+    assert record["peak_memory_gib"] == 3.0 and resets == [CUDA0]  # the next window starts afresh
+    unknown = DeviceFigures(config, CUDA0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert DeviceFigures(config, CUDA0)(totals, tokens, seconds, 64) == {"peak_memory_gib": 3.0}
+    assert unknown.peak == 989e12
+    assert DeviceFigures(config, torch.device("cpu"))(totals, tokens, seconds, 64) == {}
+    for line in metrics_lines(tiny_pretrained_run, "train"):  # a CPU run's records are as they were
+        assert "mfu" not in line and "peak_memory_gib" not in line

@@ -3,6 +3,8 @@
 `seq_len`, and at its end "warmup_end", the first step at the full `seq_len`), appended as the run
 goes, truncated to the last checkpoint on resume, and read back (a last line torn by a crash is
 dropped on repair). Each appended record also goes to `--report-to` (`bertforge.reporting`).
+
+On CUDA a train record also has `mfu` and `peak_memory_gib` (`DeviceFigures`); elsewhere it has not.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import json
 import math
 from pathlib import Path
 
-from bertforge import reporting
+import torch
+
+from bertforge import flops, reporting
 from bertforge.errors import BertforgeError
 from bertforge.io import append_text, atomic_write_text
 
@@ -56,6 +60,36 @@ class MetricsLog:
                     "(repair or delete that line)"
                 )
         return records
+
+
+class DeviceFigures:
+    """What a log window adds to its train record on CUDA: `mfu`, the model FLOPs per second of its
+    steps (`bertforge.flops`: the work of its real tokens at the batches' sequence length) as a share
+    of the GPUs' dense bf16 peak, left out for a GPU that `flops.PEAK_BF16_TFLOPS` does not know; and
+    `peak_memory_gib`, the most memory tensors held on this GPU since the last train record. Both are
+    read on the host, without waiting for the GPU. Elsewhere nothing: a CPU run's records stay as
+    they are."""
+
+    def __init__(self, model_config, device: torch.device, world_size: int = 1) -> None:
+        self.config = model_config  # sizes as `flops` reads them; None: no MFU
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+        peak = flops.peak_bf16_flops(torch.cuda.get_device_name(device)) if self.on_cuda else None
+        self.peak = peak * world_size if peak else None  # every rank's tokens are counted
+
+    def __call__(self, totals: dict[str, float], tokens: float, seconds: float, seq_len: int) -> dict:
+        """The figures of a window of `seconds` that trained `tokens` real tokens (all ranks), with the
+        loss sums `totals` (its predicted positions and NSP pairs), in sequences of `seq_len`."""
+        if not self.on_cuda:
+            return {}
+        figures = {}
+        if self.peak and self.config is not None:
+            predicted = totals.get("mlm_count", totals.get("clm_count", 0.0))
+            work = flops.training_flops(self.config, tokens, seq_len, predicted, totals.get("nsp_count", 0.0))
+            figures["mfu"] = round(flops.mfu(work, seconds, self.peak), 4)
+        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return figures
 
 
 def nonfinite(value) -> bool:

@@ -65,7 +65,7 @@ from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import WriteError
 from bertforge.loader import EpochBatches, micro_batches
 from bertforge.losses import Summary
-from bertforge.metrics_log import MetricsLog, nonfinite
+from bertforge.metrics_log import DeviceFigures, MetricsLog, nonfinite
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.progress import Progress, progress_bar
@@ -166,6 +166,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if self.runtime.precision == "fp16" else None
         self.schedule = Schedule(self.train_cfg)
         self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.figures = DeviceFigures(getattr(self.model, "config", None), self.device, self.world.world_size)
         self.checkpoint_every = self.train_cfg.checkpoint_every or self.train_cfg.eval_every
         self.signals = StopSignals()
         self.state = TrainState(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
@@ -457,7 +458,7 @@ class Trainer:
         log = step % self.train_cfg.log_every == 0 or checkpoint
         # The window also closes at checkpoints so a resumed run logs the same windows.
         if log:
-            record, tokens = self.window.flush(self.objective.summarize, lr)
+            record, tokens = self.window.flush(self.objective.summarize, lr, self.window_figures)
             if not math.isfinite(record["loss"]):
                 raise self.diverged("the training loss")
         if log or evaluate:
@@ -477,6 +478,11 @@ class Trainer:
             self.save_checkpoint(step)
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
+
+    def window_figures(self, totals: dict[str, float], tokens: float, seconds: float) -> dict:
+        """On CUDA, a log window's MFU and peak memory (`metrics_log.DeviceFigures`), at its length."""
+        length = self.objective.warmup_seq_len if self.warming_up() else self.objective.seq_len
+        return self.figures(totals, tokens, seconds, length or self.config.data.max_seq_length)
 
     def evaluate(self, step: int, bar: Progress) -> None:
         """Rank 0 logs and shows the held-out metrics, and during a sequence-length warmup those at its
@@ -553,8 +559,11 @@ class Window:
         self.tokens += tokens
         self.new_tokens += tokens
 
-    def flush(self, summarize: Callable[[dict[str, float]], Summary], lr: float) -> tuple[dict, int]:
-        """Synchronise once, sum over ranks, and return the window's metrics and its new tokens.
+    def flush(
+        self, summarize: Callable[[dict[str, float]], Summary], lr: float, figures: Callable | None = None
+    ) -> tuple[dict, int]:
+        """Synchronise once, sum over ranks, and return the window's metrics and its new tokens;
+        `figures(totals, tokens, seconds)` adds its own (the GPU's MFU and memory).
 
         Sums (not means) are reduced, so masked-token and pair weighting is exact across ranks.
         """
@@ -562,8 +571,11 @@ class Window:
         keys = sorted(self.sums)
         local = (to_host([self.sums[key] for key in keys]) if keys else []) + [self.tokens, self.new_tokens]
         *totals, tokens, new_tokens = distributed.all_reduce_sum([float(value) for value in local])
-        summary = summarize(dict(zip(keys, totals, strict=True)))
+        by_key = dict(zip(keys, totals, strict=True))
+        summary = summarize(by_key)
         record = {"loss": summary.loss, **summary.metrics, "lr": lr, "tokens_per_s": tokens / seconds}
+        if figures is not None:
+            record |= figures(by_key, tokens, seconds)
         self.sums = {}
         self.new_tokens = 0
         self.restart()
