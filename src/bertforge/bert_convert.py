@@ -3,7 +3,8 @@
 Our state dicts already carry Hugging Face's key names, so most of the conversion is of configs.
 Owns:
 - `hf_config`: a `BertConfig` dict (config.json) naming `BertForPreTraining`, or with labels
-  `BertForSequenceClassification` (one label: a regression, `problem_type = "regression"`);
+  `BertForSequenceClassification` (one label: a regression, `problem_type = "regression"`) or
+  `BertForTokenClassification` (its tags in `id2label`, no `problem_type`, which it does not read);
   `tokenizer_config` and `SPECIAL_TOKENS_MAP` beside it;
 - `model_config_from_hf`: the inverse, refusing what our BERT cannot hold (relative positions, a
   decoder); fields a config.json leaves out take `BertConfig`'s defaults (`HF_DEFAULTS`);
@@ -36,6 +37,7 @@ SPECIAL_TOKENS_MAP = dict(
 ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
 TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
 BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versions; not weights
+TOKEN_CLASSIFICATION = "BertForTokenClassification"
 
 
 def bert_config_fields(model_config: ModelConfig) -> dict:
@@ -60,7 +62,12 @@ def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | 
         "tie_word_embeddings": True,
         "dtype": "float32",
     }
-    return config if labels is None else {**config, **hf_label_fields(labels)}
+    if labels is None:
+        return config
+    fields = hf_label_fields(labels)
+    if architecture == TOKEN_CLASSIFICATION:
+        del fields["problem_type"]
+    return {**config, **fields}
 
 
 def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dict:

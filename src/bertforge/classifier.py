@@ -48,14 +48,20 @@ def sequence_classifier(model: ModelConfig, num_labels: int) -> Classifier:
 
 
 def save_classifier(
-    folder: Path, model: Classifier, tokenizer: BertTokenizer, config: RunConfig, labels
+    folder: Path,
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    config: RunConfig,
+    labels,
+    task: str | None = None,
 ) -> None:
-    """Write a classifier folder atomically: it appears complete or not at all."""
+    """Write a classifier folder atomically: it appears complete or not at all. A `task` other than
+    sequence classification (a tagger's, `bertforge.tagger.TOKEN_TASK`) is named in labels.json."""
     assert len(labels) == model.num_labels
     with atomic_directory(Path(folder)) as tmp:
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
-        write_json(tmp / LABELS, {"labels": list(labels)})
+        write_json(tmp / LABELS, {"labels": list(labels)} | ({"task": task} if task else {}))
         tokenizer.save(tmp)
 
 

@@ -4,9 +4,10 @@ For every seed, two fine-tuning runs with the same data, recipe and seed: the pr
 encoder of `task.model`) and the from-scratch arm (the same architecture and tokenizer from random
 weights; the same head, example order and dropout, see `finetune.build_classifier`). Then paired
 statistics from `bertforge.stats` on the best epoch's validation accuracy (a regression's: Pearson's
-r): the per-seed differences and their median, an exact sign test over seeds (training randomness)
-and a paired bootstrap over validation examples (the evaluation set's sampling noise; for Pearson's
-r, which is no mean over examples, `paired_bootstrap_pearson` recomputes it on every resample).
+r; a tagger's: entity F1): the per-seed differences and their median, an exact sign test over seeds
+(training randomness) and a paired bootstrap over validation examples (the evaluation set's sampling
+noise; Pearson's r and entity F1 are no means over examples, so `paired_bootstrap_pearson` and
+`paired_bootstrap_f1` recompute them on every resample, of sentences for F1).
 
 Each run's best epoch is chosen on the validation set that also scores it, alike in both arms: the
 accuracies are optimistic, the comparison of the two procedures is even-handed.
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bertforge.config import RunConfig
+from bertforge.entities import f1_from_counts, sentence_counts
 from bertforge.errors import BertforgeError
 from bertforge.finetune import (
     METRICS,
@@ -45,13 +47,14 @@ from bertforge.finetune import (
 from bertforge.io import read_json, write_json
 from bertforge.metrics import pearson_rows
 from bertforge.stats import bootstrap_verdict, paired_bootstrap, sign_test, summary
+from bertforge.tagged import TAGGING
 
 ARMS = ("pretrained", "scratch")
 COMPARISON = "comparison.json"
 SEEDS_FOR_A_CLAIM = 5
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
-PEARSON_CHUNK = 200  # resamples at once in `paired_bootstrap_pearson` (bounds its arrays' memory)
+CHUNK = 200  # resamples at once in `bootstrap_gains` (bounds its arrays' memory)
 
 
 def compare_with_scratch(
@@ -96,14 +99,7 @@ def compare_runs(
     pretrained, scratch = ([r["best"][metric] for r in results[arm]] for arm in ARMS)
     differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
     pairs = zip(seeds, pretrained, scratch, differences, strict=True)
-    true, predicted = best_predictions(out, seeds)
-    if kind == "regression":
-        bootstrap = paired_bootstrap_pearson(
-            true, predicted["pretrained"], predicted["scratch"], resamples, bootstrap_seed
-        )
-    else:
-        correct = {arm: predicted[arm] == true for arm in ARMS}
-        bootstrap = paired_bootstrap(correct["pretrained"], correct["scratch"], resamples, bootstrap_seed)
+    bootstrap = paired_bootstrap_of(kind, best_records(out, seeds), resamples, bootstrap_seed)
     return {
         "metric": metric,  # of each run's best epoch on the validation set
         "seeds": list(seeds),
@@ -117,12 +113,27 @@ def compare_runs(
     }
 
 
-def best_predictions(out: Path, seeds: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The validation set's true labels (examples,) and arm -> (seeds, examples): the best epoch's
-    prediction of every example in every run (label ids, or a regression's scores)."""
-    truth, predicted = None, {}
+def paired_bootstrap_of(kind: str, records: dict[str, list[dict]], resamples: int, seed: int) -> dict:
+    """The paired bootstrap over validation examples of both arms' best predictions (`best_records`):
+    of accuracy, Pearson's r (a regression) or entity F1 (a tagger, over sentences)."""
+    if kind == TAGGING:
+        counts = {arm: np.stack([tagged_counts(record) for record in records[arm]]) for arm in ARMS}
+        return paired_bootstrap_f1(counts["pretrained"], counts["scratch"], resamples, seed)
+    true = np.asarray(records["pretrained"][0]["true"])
+    predicted = {arm: np.stack([np.asarray(r["predicted"]) for r in records[arm]]) for arm in ARMS}
+    if kind == "regression":
+        return paired_bootstrap_pearson(true, predicted["pretrained"], predicted["scratch"], resamples, seed)
+    correct = {arm: predicted[arm] == true for arm in ARMS}
+    return paired_bootstrap(correct["pretrained"], correct["scratch"], resamples, seed)
+
+
+def best_records(out: Path, seeds: list[int]) -> dict[str, list[dict]]:
+    """Arm -> the valid_predictions.json of each seed's run: the best epoch's prediction of every
+    validation example (label ids, a regression's scores, a tagger's tag ids per sentence) beside
+    the true ones, which must be the same in every run."""
+    truth, records = None, {}
     for arm in ARMS:
-        rows = []
+        records[arm] = []
         for seed in seeds:
             path = run_folder(out, arm, seed) / PREDICTIONS
             if not path.is_file():
@@ -131,9 +142,25 @@ def best_predictions(out: Path, seeds: list[int]) -> tuple[np.ndarray, dict[str,
             truth = record["true"] if truth is None else truth
             if record["true"] != truth:
                 raise BertforgeError(f"{path} was made on other validation data than the other runs")
-            rows.append(np.asarray(record["predicted"]))
-        predicted[arm] = np.stack(rows)
-    return np.asarray(truth), predicted
+            records[arm].append(record)
+    return records
+
+
+def tagged_counts(record: dict) -> np.ndarray:
+    """(sentences, 3): a tagger's entities found, predicted and true in each validation sentence."""
+    names = record["labels"]
+    true, predicted = ([[names[i] for i in tags] for tags in record[key]] for key in ("true", "predicted"))
+    return sentence_counts(true, predicted)
+
+
+def bootstrap_gains(gain, size: int, resamples: int, seed: int) -> np.ndarray:
+    """`gain(index)` -> (R,) over `resamples` resamples of `size` examples drawn with replacement,
+    `index` (R, size) holding R of them at a time."""
+    rng = np.random.default_rng(seed)
+    gains = []
+    for first in range(0, resamples, CHUNK):
+        gains.append(gain(rng.integers(0, size, size=(min(CHUNK, resamples - first), size))))
+    return np.concatenate(gains)
 
 
 def paired_bootstrap_pearson(
@@ -156,11 +183,40 @@ def paired_bootstrap_pearson(
     if a.shape != b.shape or a.shape[1] != true.size or true.size == 0:
         raise ValueError(f"both arms need scores of the same examples: {a.shape}, {b.shape}, {true.shape}")
     observed = float(pearson_rows(a, true).mean() - pearson_rows(b, true).mean())
-    rng = np.random.default_rng(seed)
-    gains = []
-    for first in range(0, resamples, PEARSON_CHUNK):
-        index = rng.integers(0, true.size, size=(min(PEARSON_CHUNK, resamples - first), true.size))
+
+    def gain(index: np.ndarray) -> np.ndarray:
         target = true[index]  # (R, N)
-        gains.append(pearson_rows(a[:, index], target).mean(0) - pearson_rows(b[:, index], target).mean(0))
-    gains = np.concatenate(gains)
+        return pearson_rows(a[:, index], target).mean(0) - pearson_rows(b[:, index], target).mean(0)
+
+    gains = bootstrap_gains(gain, true.size, resamples, seed)
     return bootstrap_verdict(observed, gains, int(true.size), seed, confidence)
+
+
+def paired_bootstrap_f1(
+    counts_a: np.ndarray,
+    counts_b: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = 0.95,
+) -> dict[str, float]:
+    """`stats.paired_bootstrap` for the gain in entity F1 of arm a over arm b.
+
+    `counts_a` and `counts_b` are (seeds, sentences, 3): each run's entities found, predicted and
+    true per validation sentence (`entities.sentence_counts`); F1 is averaged over seeds. The
+    sentences are resampled with replacement (the same for both arms and every seed) and F1
+    recomputed from the resample's summed counts, as for `paired_bootstrap_pearson`.
+    """
+    a, b = np.asarray(counts_a, dtype=np.float64), np.asarray(counts_b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 3 or a.shape[2] != 3 or a.shape[1] == 0:
+        raise ValueError(f"both arms need counts of the same sentences: {a.shape}, {b.shape}")
+    size = a.shape[1]
+    observed = float(f1_from_counts(a.sum(1)).mean() - f1_from_counts(b.sum(1)).mean())
+
+    def gain(index: np.ndarray) -> np.ndarray:
+        rows = np.arange(len(index))[:, None] * size
+        weights = np.bincount((rows + index).ravel(), minlength=len(index) * size).reshape(len(index), size)
+        sums = {arm: np.einsum("rn,snk->srk", weights, counts) for arm, counts in (("a", a), ("b", b))}
+        return f1_from_counts(sums["a"]).mean(0) - f1_from_counts(sums["b"]).mean(0)  # (R,)
+
+    gains = bootstrap_gains(gain, size, resamples, seed)
+    return bootstrap_verdict(observed, gains, size, seed, confidence)

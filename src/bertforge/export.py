@@ -6,11 +6,12 @@ Owns:
   `config.json` (a `BertConfig` with `architectures`), `model.safetensors` (Hugging Face key
   names: ours already are), `tokenizer.json`, `vocab.txt`, `tokenizer_config.json`,
   `special_tokens_map.json`, plus `bertforge_config.json` (our full run config, so that an import
-  restores it). A GPT (`model.objective = "clm"`) becomes an `OpenAIGPTLMHeadModel` folder that
-  `pipeline("text-generation")` loads, or for a classifier an `OpenAIGPTForSequenceClassification`
-  (`export_gpt`, through `bertforge.gpt_convert`). A regression model (one label) is written as
-  Hugging Face writes one: `num_labels = 1`, `problem_type = "regression"`, its label naming the
-  score;
+  restores it). A tagger (`bertforge.tagger`) becomes a `BertForTokenClassification` with its tags
+  in `id2label`, for `pipeline("token-classification")`. A GPT (`model.objective = "clm"`) becomes
+  an `OpenAIGPTLMHeadModel` folder that `pipeline("text-generation")` loads, or for a classifier an
+  `OpenAIGPTForSequenceClassification` (`export_gpt`, through `bertforge.gpt_convert`). A
+  regression model (one label) is written as Hugging Face writes one: `num_labels = 1`,
+  `problem_type = "regression"`, its label naming the score;
 - `import_hf`: a local Hugging Face BERT or OpenAIGPT folder -> a bertforge model folder (the layout
   of a run's `final/`), so pretraining can continue from it (`bertforge pretrain --init`).
 
@@ -48,6 +49,8 @@ from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
 from bertforge.gpt_convert import write_hf_folder
 from bertforge.io import atomic_directory, check_new_folder, write_json
+from bertforge.tagger import ARCHITECTURE as TAGGER_ARCHITECTURE
+from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, is_tagger_folder, token_classifier
 from bertforge.tokenizer import BertTokenizer
 
 # ---------------------------------------------------------------------------------------------- export
@@ -71,7 +74,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
     model = checked_model(source.path, config, labels)
     if config.model.objective == "clm":
         return export_gpt(model, config, tokenizer, labels, out)
+    tagger = isinstance(model, BertForTokenClassification)
     architecture = "BertForPreTraining" if labels is None else "BertForSequenceClassification"
+    architecture = TAGGER_ARCHITECTURE if tagger else architecture
     with atomic_directory(out) as tmp:
         save_weights(model, tmp / WEIGHTS)  # tied aliases dropped, as `save_pretrained` does
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
@@ -80,7 +85,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
-            write_json(tmp / LABELS, {"labels": labels})
+            write_json(tmp / LABELS, {"labels": labels} | ({"task": TOKEN_TASK} if tagger else {}))
     return {"architecture": architecture, "out": out}
 
 
@@ -89,6 +94,8 @@ def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> 
     fit its config and labels (missing, unexpected or misshapen tensors)."""
     if labels is None:
         model = pretraining_model(config.model)
+    elif is_tagger_folder(folder):
+        model = token_classifier(config.model, len(labels))  # a GPT's is refused
     else:
         model = sequence_classifier(config.model, len(labels))
     load_weights(model, folder / WEIGHTS)

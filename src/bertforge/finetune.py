@@ -1,5 +1,6 @@
-"""Fine-tuning for text classification and regression: from a pretrained model folder and labelled
-files to a classifier (or a regressor: a head of one output).
+"""Fine-tuning for text classification, regression and token classification: from a pretrained model
+folder and labelled files to a classifier (or a regressor: a head of one output; or a tagger: a
+head on every token, for named entities).
 
 Owns the fine-tuning objective (cross-entropy on the pooled [CLS] output, Devlin et al. 2019,
 section 4.1; for a GPT on the last real token's state, Radford et al. 2018, section 3.2; for
@@ -8,6 +9,10 @@ Hugging Face's `problem_type = "regression"`), its data (tokenized once, shuffle
 (seed, epoch)), the per-epoch evaluation (accuracy, macro F1 and the confusion matrix; for a
 regression Pearson's and Spearman's correlations and the MSE), keeping the best epoch (by accuracy,
 for a regression by Pearson's r), several seeds with their median and spread, and the run folder.
+A tagged task (CoNLL or JSON lines of tokens and tags; `task_type = "ner"`, or detected from the
+training file) runs through the same job, loop and evaluation with `bertforge.tagging`'s data, loss
+and scores: entity precision, recall and F1 per type and overall after every epoch, the best epoch
+by entity F1 (the head and its folder: `bertforge.tagger`).
 The optimisation itself is `bertforge.train`'s loop, the same as pretraining's: one evaluation and
 one checkpoint at the end of every epoch, and one more when SIGINT or SIGTERM stops the run (it then
 names the `--resume` command). The comparison of a pretrained and a from-scratch arm
@@ -18,13 +23,14 @@ Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/
     finetune.json   the task, the base config and the data's hashes (what `--resume` reads; in DIR)
     config.json     the run's effective config
     metrics.jsonl   "train" lines; per epoch a "valid" line and (classification) a "confusion" line
-                    (epoch 0: before fine-tuning)
+                    or (tagging) an "entities" line, the scores per entity type (epoch 0: before
+                    fine-tuning)
     checkpoints/    the end of the last epoch, for `--resume` (removed when the run completes)
     best/, best.json  the best epoch so far (while training)
     final/          the classifier of the best epoch (see `bertforge.classifier`)
     result.json     best and last epoch's metrics, the time it took; its presence marks a finished run
     valid_predictions.json  the best epoch's prediction for every validation example, in file order
-                    (label ids, or a regression's scores)
+                    (label ids, a regression's scores, or per sentence its words' tag ids)
     curves.png      loss, accuracy and macro F1 per epoch (classification)
 
 Nothing is written until the model folder and both data files have been read and checked.
@@ -50,7 +56,7 @@ from bertforge import distributed
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
-from bertforge.classifier import ENCODER, Classifier, save_classifier, sequence_classifier
+from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder
@@ -68,11 +74,20 @@ from bertforge.labeled import (
     read_labeled,
     task_type,
 )
-from bertforge.losses import Summary
+from bertforge.losses import NO_LABEL, Summary
 from bertforge.metrics import confusion_accuracy, confusion_macro_f1, confusion_matthews, pearson, spearman
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
+from bertforge.tagged import TAGGING, is_tagged_file
+from bertforge.tagger import TOKEN_TASK, check_taggable, token_classifier
+from bertforge.tagging import (
+    encode_tagged,
+    read_tagged_task,
+    score_tagging,
+    summarize_tagging,
+    tagging_loss,
+)
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
 
@@ -86,13 +101,22 @@ PREDICTIONS = "valid_predictions.json"
 RUN_FILES = ("metrics.jsonl", "checkpoints", "best", BEST, "final", RESULT, PREDICTIONS, "curves.png")
 # Run folders this process holds, from `start` to the end of `removed_unless_progress`.
 _owned: dict[Path, RunFolderLock] = {}
-# The metrics a result reports, by task type: the first chooses the best epoch (ties: the lower loss, last).
+# The metrics a result reports, by task type: the first chooses the best epoch (ties: the lower loss,
+# last), the first two are summarised over seeds.
 METRICS = {
     "classification": ("accuracy", "macro_f1", "classification_loss"),
     "regression": ("pearson", "spearman", "mse"),
+    "ner": ("f1", "precision", "recall", "accuracy", "tagging_loss"),
 }
+TASK_KINDS = (*TASK_TYPES, TAGGING)  # what `FinetuneTask.task_type` may name
+# What a task keeps beside its metrics each epoch -> its metrics.jsonl line: (split, field).
+LOGGED = {"confusion": ("confusion", "matrix"), "per_type": ("entities", "per_type")}
 # What `FinetuneTask.best_by` may name, by task type.
-BEST_BY = {"classification": ("accuracy", "macro_f1", "matthews"), "regression": ("pearson", "spearman")}
+BEST_BY = {
+    "classification": ("accuracy", "macro_f1", "matthews"),
+    "regression": ("pearson", "spearman"),
+    "ner": ("f1", "accuracy"),
+}
 
 
 @dataclass
@@ -102,8 +126,10 @@ class FinetuneTask:
     model: str  # a pretrained bertforge model folder (run folder, final/, checkpoint) or an exported one
     train: str
     valid: str
-    text_column: str
-    label_column: str
+    # a tagged task's may be None: a CoNLL file's token in column 0 and tag in the last, or JSON
+    # lines' "tokens" and "tags"
+    text_column: str | None
+    label_column: str | None
     text_pair_column: str | None = None
     format: LabeledFormat = "auto"
     epochs: int = 3
@@ -116,9 +142,10 @@ class FinetuneTask:
     # hidden and attention dropout while fine-tuning; None: the pretrained model's. A model pretrained
     # without dropout (Cramming) is fine-tuned with it, as BERT's 0.1.
     dropout: float | None = None
-    # "regression": one output and the squared error on real-valued labels; "auto": a regression when
-    # the training labels are numbers and some is not an integer (see `labeled.task_type`)
-    task_type: TaskType = "auto"
+    # "regression": one output and the squared error on real-valued labels; "ner": a tag per word of
+    # a tagged file; "auto": tagging for a file `tagged.is_tagged_file` recognises, else a regression
+    # when the training labels are numbers and some is not an integer (see `labeled.task_type`)
+    task_type: TaskType | str = "auto"  # or TAGGING
     # the dev metric that chooses the best epoch; None: the task type's first in METRICS (CoLA: matthews)
     best_by: str | None = None
 
@@ -192,18 +219,17 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config.data.corpus, config.data.valid = [task.train], task.valid
     if task.reinit_pooler and config.model.objective == "clm":
         raise BertforgeError(f"{task.model} is a GPT, which has no pooler; drop task.reinit_pooler")
+    if is_tagging(task):
+        check_tagging_task(task, config)
     check_max_length(config, task)
     validate(config)  # before set_epochs divides by the batch size
-    train_data, valid_data, labels, regression = read_task_data(task)
-    check_best_by(task, "regression" if regression else "classification")
+    data = task_data(task, tokenizer, config.data.max_seq_length)
+    check_best_by(task, data.kind)
     hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
     saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
     if saved is not None:
         check_same_data(out, saved, hashes)
-    length = config.data.max_seq_length
-    train_set = encode(tokenizer, train_data, targets(train_data, labels, regression), length)
-    valid_set = encode(tokenizer, valid_data, targets(valid_data, labels, regression), length)
-    set_epochs(config, task.epochs, len(train_set))
+    set_epochs(config, task.epochs, len(data.train_set))
     apply_threads(config.runtime)
     choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
     if choice is not None and show_progress:
@@ -212,7 +238,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if saved is None or saved.get("task", {}).get("seeds") != task.seeds:  # seeds added: `with_more_seeds`
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         write_json(out / TASK, payload)
-    return Job(task, config, tokenizer, labels, train_set, valid_set, encoder, show_progress)
+    return Job(task, config, tokenizer, data, encoder, show_progress)
 
 
 @contextmanager
@@ -271,8 +297,8 @@ def check_task(task: FinetuneTask) -> None:
         raise BertforgeError(f"task.epochs must be at least 1, got {task.epochs}")
     if task.format not in FORMATS:
         raise BertforgeError(f"task.format {task.format!r} is not one of: {', '.join(FORMATS)}")
-    if task.task_type not in TASK_TYPES:
-        raise BertforgeError(f"task.task_type {task.task_type!r} is not one of: {', '.join(TASK_TYPES)}")
+    if task.task_type not in TASK_KINDS:
+        raise BertforgeError(f"task.task_type {task.task_type!r} is not one of: {', '.join(TASK_KINDS)}")
     if task.seeds is not None and (not task.seeds or len(set(task.seeds)) < len(task.seeds)):
         raise BertforgeError(f"task.seeds must list distinct seeds, e.g. [1, 2, 3]; got {task.seeds}")
     if task.compare_scratch and task.from_scratch:
@@ -316,10 +342,59 @@ def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
     )
 
 
+def is_tagging(task: FinetuneTask) -> bool:
+    """Whether `task` tags words (`task_type = "ner"`, or "auto" and a training file that looks tagged)."""
+    return task.task_type == TAGGING or (task.task_type == "auto" and is_tagged_file(task.train))
+
+
+def check_tagging_task(task: FinetuneTask, config: RunConfig) -> None:
+    """Refuse what a tagged task cannot have: a GPT, a pooler to leave out, a second text, a format."""
+    check_taggable(config.model)
+    for given, setting, why in (
+        (task.reinit_pooler, "task.reinit_pooler", "a tagger has no pooler"),
+        (task.text_pair_column, "task.text_pair_column", "a tagger reads one sentence at a time"),
+        (task.format != "auto", "task.format", "its format (CoNLL or JSON lines) is read from the file"),
+    ):
+        if given:
+            raise BertforgeError(f"{task.train} is a tagged file (a tag per word): {why}; drop {setting}")
+
+
+@dataclass
+class TaskData:
+    """A task's labels and both files encoded for the model: what the runs of every seed share."""
+
+    kind: str  # "classification", "regression" or "ner"
+    labels: list[str]  # names in id order (a regression: its score's one name; tagging: the tags)
+    train_set: list[dict]
+    valid_set: list[dict]
+    # each validation example's label id or score; tagging: each sentence's tag ids, word by word
+    valid_truth: list
+
+
+def task_data(task: FinetuneTask, tokenizer: BertTokenizer, length: int) -> TaskData:
+    """Both files read, checked and encoded in sequences of at most `length` tokens."""
+    if is_tagging(task):
+        columns = (task.text_column, task.label_column)
+        train_data, valid_data, tags = read_tagged_task(task.train, task.valid, *columns)
+        train_set = encode_tagged(tokenizer, train_data, tags, length)
+        valid_set = encode_tagged(tokenizer, valid_data, tags, length)
+        return TaskData(TAGGING, tags, train_set.examples, valid_set.examples, valid_set.tags)
+    train_data, valid_data, labels, regression = read_task_data(task)
+    train_set = encode(tokenizer, train_data, targets(train_data, labels, regression), length)
+    valid_set = encode(tokenizer, valid_data, targets(valid_data, labels, regression), length)
+    kind = "regression" if regression else "classification"
+    return TaskData(kind, labels, train_set, valid_set, [example["label"] for example in valid_set])
+
+
 def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str], bool]:
     """Both files, read and checked, the label mapping learned from the training file (for a
     regression the one name of its score: the label column's, or "score" for a column given by
     number) and whether it is a regression."""
+    if task.text_column is None or task.label_column is None:
+        raise BertforgeError(
+            "task.text_column and task.label_column must name the text and label columns of the files "
+            "(only a tagged file's have defaults)"
+        )
     columns = dict(
         text_column=task.text_column,
         label_column=task.label_column,
@@ -378,8 +453,9 @@ def steps_per_epoch(num_examples: int, train_cfg: TrainConfig) -> int:
 
 
 class ClassificationCollator:
-    """Pads examples into a batch with their `labels` (B,) (label ids, or a regression's float scores),
-    shaped by `shape_batch` (to `width` tokens when compiling)."""
+    """Pads examples into a batch with their `labels` (B,) (label ids, or a regression's float scores;
+    a tagger's examples: (B, T), a tag id per token, padded with NO_LABEL), shaped by `shape_batch`
+    (to `width` tokens when compiling)."""
 
     def __init__(self, pad_id: int, width: int | None = None) -> None:
         self.pad_id = pad_id
@@ -387,8 +463,15 @@ class ClassificationCollator:
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = pad_batch(examples, self.pad_id)
-        batch["labels"] = torch.tensor([example["label"] for example in examples])  # (B,)
-        return shape_batch(batch, self.pad_id, self.width)
+        labels = [example["label"] for example in examples]
+        if not isinstance(labels[0], list):
+            batch["labels"] = torch.tensor(labels)  # (B,)
+            return shape_batch(batch, self.pad_id, self.width)
+        width = batch["input_ids"].shape[1]
+        batch["labels"] = torch.tensor([row + [NO_LABEL] * (width - len(row)) for row in labels])  # (B, T)
+        shaped = shape_batch(batch, self.pad_id, self.width)
+        shaped["labels"] = F.pad(batch["labels"], (0, shaped["input_ids"].shape[1] - width), value=NO_LABEL)
+        return shaped
 
 
 class EpochBatches:
@@ -478,6 +561,14 @@ def summarize_classification(totals: dict[str, float]) -> Summary:
     return Summary(loss, {"classification_loss": loss, "accuracy": totals["correct"] / count})
 
 
+# The loss of a micro-batch and the summary of its sums, by task type.
+OBJECTIVES = {
+    "classification": (classification_loss, summarize_classification),
+    "regression": (regression_loss, summarize_regression),
+    TAGGING: (tagging_loss, summarize_tagging),
+}
+
+
 @torch.inference_mode()
 def evaluate_classifier(
     model: torch.nn.Module, batches: list[dict], num_labels: int, precision: str = "fp32"
@@ -562,20 +653,18 @@ class Job:
         task: FinetuneTask,
         config: RunConfig,
         tokenizer: BertTokenizer,
-        labels: list[str],
-        train_set: list[dict],
-        valid_set: list[dict],
+        data: TaskData,
         encoder: dict[str, torch.Tensor],
         show_progress: bool,
     ) -> None:
-        self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, labels
-        self.train_set, self.encoder, self.show_progress = train_set, encoder, show_progress
-        self.kind = "regression" if len(labels) == 1 else "classification"
+        self.task, self.config, self.tokenizer, self.labels = task, config, tokenizer, data.labels
+        self.train_set, self.encoder, self.show_progress = data.train_set, encoder, show_progress
+        self.kind = data.kind
         self.best_by = task.best_by or METRICS[self.kind][0]
-        self.steps_per_epoch = steps_per_epoch(len(train_set), config.train)
-        self.valid_labels = [example["label"] for example in valid_set]
+        self.steps_per_epoch = steps_per_epoch(len(data.train_set), config.train)
+        self.valid_labels = data.valid_truth
         collate = ClassificationCollator(tokenizer.pad_id)
-        batches = Batches(valid_set, EVAL_BATCH_SIZE, collate, drop_last=False)
+        batches = Batches(data.valid_set, EVAL_BATCH_SIZE, collate, drop_last=False)
         self.valid_batches = [batches[i] for i in range(len(batches))]
 
     def run(self, seed: int, run_dir: Path, from_scratch: bool) -> dict:
@@ -595,15 +684,15 @@ class Job:
             pretrained,
             source=self.task.model,
             reinit_pooler=self.task.reinit_pooler,
+            tagger=self.kind == TAGGING,
         )
-        evaluator = EpochEvaluator(self, config, run_dir)
-        regression = self.kind == "regression"
+        loss, summarize = OBJECTIVES[self.kind]
         objective = Objective(
             model=model,
             batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
-            loss=regression_loss if regression else classification_loss,
-            evaluate=evaluator,
-            summarize=summarize_regression if regression else summarize_classification,
+            loss=loss,
+            evaluate=EpochEvaluator(self, config, run_dir),
+            summarize=summarize,
         )
         last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
         return self.finish(seed, run_dir, last)
@@ -619,7 +708,7 @@ class Job:
             plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
-        keys = list(dict.fromkeys((*METRICS[self.kind], self.best_by)))
+        keys = list(dict.fromkeys((*METRICS[self.kind][:-1], self.best_by)))
         result = {
             "seed": seed,
             "epochs": self.task.epochs,
@@ -634,15 +723,17 @@ class Job:
         if self.kind == "classification":
             result["confusion"] = best["confusion"]
         else:
-            result["task_type"] = "regression"
+            result["task_type"] = self.kind
+        if self.kind == TAGGING:
+            result["per_type"] = best["per_type"]
         write_json(run_dir / RESULT, result)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return result
 
     def save_predictions(self, run_dir: Path, best: dict) -> None:
-        """The best epoch's predicted and true label ids (a regression: scores) for the validation set,
-        as lists in file order, with the label names (absent for a run begun before predictions were
-        kept)."""
+        """The best epoch's predicted and true label ids (a regression: scores; a tagger: per sentence
+        its words' tag ids) for the validation set, as lists in file order, with the label names
+        (absent for a run begun before predictions were kept)."""
         if "predictions" not in best:
             return
         record = {
@@ -660,17 +751,21 @@ def build_classifier(
     encoder: dict[str, torch.Tensor] | None,
     source: str = "the encoder",
     reinit_pooler: bool = False,
-) -> Classifier:
-    """A classifier drawn from `runtime.seed` (BERT's, or a GPT's for `model.objective = "clm"`), its
-    encoder replaced by `encoder` when given (but for BERT's pooler with `reinit_pooler`).
+    tagger: bool = False,
+) -> torch.nn.Module:
+    """A classifier drawn from `runtime.seed` (BERT's, or a GPT's for `model.objective = "clm"`; with
+    `tagger`, BERT's token classifier), its encoder replaced by `encoder` when given (but for BERT's
+    pooler with `reinit_pooler`; a token classifier has no pooler, and leaves the encoder's out).
 
     The same seed gives the same head whether or not the encoder is replaced, so a pretrained run
     and its `--from-scratch` baseline differ only in the encoder.
     """
     torch.manual_seed(config.runtime.seed)
-    model = sequence_classifier(config.model, num_labels)
+    model = (token_classifier if tagger else sequence_classifier)(config.model, num_labels)
     if encoder is not None:
         body = getattr(model, ENCODER[config.model.objective])
+        if tagger:
+            encoder = {name: tensor for name, tensor in encoder.items() if not name.startswith("pooler.")}
         fresh = (
             {key: value.clone() for key, value in body.pooler.state_dict().items()} if reinit_pooler else None
         )
@@ -692,10 +787,11 @@ def clear_run(run_dir: Path) -> None:
 
 class EpochEvaluator:
     """The objective's `evaluate`: validation metrics at the end of each epoch (epoch 0: before any
-    step), a classification's confusion matrix as a "confusion" line of metrics.jsonl, and the best
-    epoch so far saved to `best/` (highest accuracy, for a regression highest Pearson's r, then lowest
-    loss), so that it survives an interruption; its metrics, confusion matrix and per-example
-    predictions go to `best.json` in one write."""
+    step), a classification's confusion matrix as a "confusion" line of metrics.jsonl (a tagger's
+    scores per entity type as an "entities" line), and the best epoch so far saved to `best/`
+    (highest accuracy, for a regression highest Pearson's r, for a tagger highest entity F1, then
+    lowest loss), so that it survives an interruption; its metrics, confusion matrix (scores per
+    type) and per-example predictions go to `best.json` in one write."""
 
     def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
         self.job, self.config, self.run_dir = job, config, run_dir
@@ -704,47 +800,59 @@ class EpochEvaluator:
         self.best = read_json(run_dir / BEST) if (run_dir / BEST).is_file() else None
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        labels, precision = self.job.labels, self.config.runtime.precision
+        labels = self.job.labels
         epoch, self.epoch = self.epoch, self.epoch + 1
-        if self.job.kind == "regression":
-            metrics, predictions = evaluate_regressor(model, self.job.valid_batches, precision)
-            extra = {}
-        else:
-            metrics, confusion, predictions = evaluate_classifier(
-                model, self.job.valid_batches, len(labels), precision
-            )
-            extra = {"confusion": confusion}
+        metrics, extra, predictions = self.measure(model)
+        for key, value in extra.items():  # a confusion matrix, or the scores per entity type
+            split, name = LOGGED[key]
             MetricsLog(self.run_dir / "metrics.jsonl").append(
                 {
                     "step": epoch * self.job.steps_per_epoch,
-                    "split": "confusion",
+                    "split": split,
                     "epoch": epoch,
                     "labels": labels,
-                    "matrix": confusion,
+                    name: value,
                 }
             )
         if epoch >= 1 and self.improves(metrics):
-            save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels)
+            task = TOKEN_TASK if self.job.kind == TAGGING else None
+            save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels, task)
             self.best = {"epoch": epoch, **metrics, **extra, "predictions": predictions}
             write_json(self.run_dir / BEST, self.best, indent=None)
         return {"epoch": epoch, **metrics}
 
+    def measure(self, model: torch.nn.Module) -> tuple[dict[str, float], dict, list]:
+        """The validation metrics, what the task keeps beside them (a classification's confusion
+        matrix, a tagger's scores per entity type) and the predictions."""
+        job, precision = self.job, self.config.runtime.precision
+        if job.kind == "regression":
+            metrics, predictions = evaluate_regressor(model, job.valid_batches, precision)
+            return metrics, {}, predictions
+        if job.kind == TAGGING:
+            outputs = outputs_and_labels(model, job.valid_batches, precision)
+            metrics, per_type, predictions = score_tagging(outputs, job.valid_labels, job.labels)
+            return metrics, {"per_type": per_type}, predictions
+        count = len(job.labels)
+        metrics, confusion, predictions = evaluate_classifier(model, job.valid_batches, count, precision)
+        return metrics, {"confusion": confusion}, predictions
+
     def improves(self, metrics: dict[str, float]) -> bool:
         if self.best is None:
             return True
-        _, _, loss = METRICS[self.job.kind]
+        loss = METRICS[self.job.kind][-1]
         primary = self.job.best_by
         return (metrics[primary], -metrics[loss]) > (self.best[primary], -self.best[loss])
 
 
 def result_kind(result: dict) -> str:
-    """"classification" or "regression": what a run's result.json measured."""
+    """"classification", "regression" or "ner": what a run's result.json measured."""
     return result.get("task_type", "classification")
 
 
 def summarize_seeds(results: list[dict]) -> dict:
     """Median, range and spread (max - min) over seeds of the best epoch's accuracy and macro F1 (a
-    regression: Pearson's and Spearman's correlation), and of the last epoch's accuracy (Pearson's)."""
+    regression: Pearson's and Spearman's correlation; a tagger: entity F1 and precision), and of the
+    last epoch's accuracy (Pearson's r, entity F1)."""
 
     def spread(values: list[float]) -> dict[str, float]:
         return {
@@ -754,7 +862,7 @@ def summarize_seeds(results: list[dict]) -> dict:
             "spread": max(values) - min(values),
         }
 
-    primary, secondary, _ = METRICS[result_kind(results[0])]
+    primary, secondary = METRICS[result_kind(results[0])][:2]
     return {
         "seeds": [r["seed"] for r in results],
         primary: spread([r["best"][primary] for r in results]),

@@ -18,6 +18,7 @@ Opening (every model on the CPU, in eval mode):
   BERT with its MLM and NSP heads, or GPT-1 with its LM head (`model.objective = "clm"`);
 - `open_encoder`: run config, tokenizer and encoder weights, where fine-tuning starts;
 - `open_classifier`: model, tokenizer, labels and run config of a classifier (ours or exported);
+- `open_tagger`: the same for a tagger (a token classifier: `bertforge.tagger`);
 - `open_hf_folder`: a Hugging Face folder as a pretraining model, with a report of the weights
   drawn fresh or left out (what `bertforge import-hf` writes).
 
@@ -58,6 +59,7 @@ from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
+from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
 from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
 
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
@@ -178,13 +180,38 @@ def open_classifier(path: str | Path) -> tuple[Classifier, BertTokenizer, list[s
     """Model, tokenizer, label names and run config of a classifier folder (ours or exported), or of
     a fine-tuning run folder's `final/`."""
     folder = find_model_folder(path, classifier=True)
+    if is_tagger_folder(folder.path):
+        raise BertforgeError(
+            f"{folder.path} holds a tagger (a token classifier for named entities), not a sequence "
+            "classifier; use `bertforge tag` (or bertforge.folders.open_tagger) for it"
+        )
+    return open_labelled_model(folder, sequence_classifier)
+
+
+def open_tagger(path: str | Path) -> tuple[BertForTokenClassification, BertTokenizer, list[str], RunConfig]:
+    """Model, tokenizer, tag names and run config of a tagger folder (ours, exported, or a Hugging Face
+    `BertForTokenClassification`), or of a tagging run folder's `final/`."""
+    folder = find_model_folder(path, classifier=True)
+    if not is_tagger_folder(folder.path):
+        raise BertforgeError(
+            f"{folder.path} holds a sequence classifier, not a tagger; use `bertforge classify` for it, "
+            "or fine-tune a tagger on a tagged file (CoNLL) with `bertforge finetune`"
+        )
+    return open_labelled_model(folder, token_classifier)
+
+
+def open_labelled_model(
+    folder: ModelFolder, build
+) -> tuple[torch.nn.Module, BertTokenizer, list[str], RunConfig]:
+    """A classifier or tagger folder's model (made by `build(model config, number of labels)`),
+    tokenizer, label names and run config."""
     if folder.hugging_face:
         config, tokenizer, weights = hf_classifier_parts(folder.path)
     else:
         config, tokenizer = read_config_and_tokenizer(folder)
         weights = read_weights(folder.path / WEIGHTS)
     labels = read_labels(folder.path)
-    model = sequence_classifier(config.model, len(labels))
+    model = build(config.model, len(labels))
     check_and_load_state(model, weights, source=str(folder.path / WEIGHTS))
     return model.eval(), tokenizer, labels, config
 

@@ -81,12 +81,13 @@ def read_labeled(
     return examples
 
 
-def read_text(path: Path) -> str:
-    """The whole file as text, with a message naming the line of the first undecodable byte."""
+def read_text(path: Path, what: str = "one labelled example per line") -> str:
+    """The whole file as text, with a message naming the line of the first undecodable byte; an
+    empty file or a folder is refused, naming `what` a file should hold."""
     if not path.exists():
         raise BertforgeError(f"data file {path} does not exist; check the path")
     if not path.is_file():
-        raise BertforgeError(f"{path} is a folder; give a CSV, TSV or JSON lines file")
+        raise BertforgeError(f"{path} is a folder; give a file with {what}")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
@@ -98,7 +99,7 @@ def read_text(path: Path) -> str:
         ) from None
     text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
     if not text.strip():
-        raise BertforgeError(f"data file {path} is empty; give a file with one labelled example per line")
+        raise BertforgeError(f"data file {path} is empty; give a file with {what}")
     return text
 
 

@@ -1,8 +1,9 @@
-"""Commands for classification and regression: `finetune` (train a classifier) and `classify` (use one).
+"""Commands for classification, regression and tagging: `finetune` (train a classifier or a tagger),
+`classify` and `tag` (use one).
 
 Each handler builds its inputs from the arguments and calls one library function
 (`bertforge.finetune.finetune`, with `--compare-scratch` `bertforge.comparison.compare_with_scratch`,
-`bertforge.classifier.classify`); printing happens here.
+`bertforge.classifier.classify`, `bertforge.tagger.tag`); printing happens here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from bertforge.commands import add_device_argument, add_precision_argument
 from bertforge.errors import BertforgeError
 from bertforge.labeled import FORMATS, TASK_TYPES
 from bertforge.reporting import add_report_to_argument, reporting_to
+from bertforge.tagged import TAGGING
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
+COLUMN_FLAGS = ("text_column", "label_column")  # a tagged file's have defaults
 # How library errors name what `finetune`'s flags set (`bertforge.cli.in_flags`).
 SETTING_FLAGS = {
     "task.epochs": "--epochs",
@@ -44,6 +47,7 @@ RESUME_IGNORES = (
 def register(commands) -> None:
     add_finetune_command(commands)
     add_classify_command(commands)
+    add_tag_command(commands)
 
 
 def seed_list(text: str) -> list[int]:
@@ -59,7 +63,7 @@ def seed_list(text: str) -> list[int]:
 def add_finetune_command(commands) -> None:
     p = commands.add_parser(
         "finetune",
-        help="fine-tune a pretrained model to classify or score texts or text pairs",
+        help="fine-tune a pretrained model to classify or score texts or text pairs, or to tag words",
         description="Fine-tune a classification head on the pooled [CLS] output (a GPT's: on the last "
         "token's state), and the encoder under it, "
         "with the pretraining loop (AdamW, warmup and linear decay, clipping, precision, checkpoints). "
@@ -67,28 +71,37 @@ def add_finetune_command(commands) -> None:
         "OUT/final/. Files are CSV, TSV (with or without a header row: columns by name or by number "
         "from 0) or JSON lines; labels are strings or integers, or real numbers for a regression (one "
         "output, mean squared error; Pearson and Spearman correlation per epoch, the best epoch by "
-        "Pearson).",
+        "Pearson). A tagged file (CoNLL: a token and its tag a line, the tag in the last column, a blank "
+        "line between sentences; or JSON lines of tokens and tags) trains a head on every word's first "
+        "piece (named entities: entity precision, recall and F1 per type each epoch, the best epoch by F1).",
     )
     p.add_argument(
         "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
     )
-    p.add_argument("--train", type=Path, help="labelled training examples (.csv, .tsv, .jsonl)")
+    p.add_argument("--train", type=Path, help="labelled training examples (.csv, .tsv, .jsonl, CoNLL)")
     p.add_argument("--valid", type=Path, help="labelled validation examples, evaluated after every epoch")
-    p.add_argument("--text-column", help="the column (or JSON field) holding the text")
+    p.add_argument("--text-column", help="the column (or JSON field) holding the text (tagged: the tokens)")
     p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
-    p.add_argument("--label-column", help="the column holding the label")
+    p.add_argument(
+        "--label-column", help="the column holding the label (tagged: the tags; CoNLL default the last)"
+    )
     p.add_argument("--format", choices=FORMATS, help="default: from the file name")
     p.add_argument(
         "--task",
-        choices=TASK_TYPES,
-        help="regression: real-valued labels, one output and the squared error (default auto: a "
-        "regression when every label is a number and some are not integers, such as 3.8)",
+        choices=(*TASK_TYPES, TAGGING),
+        help="regression: real-valued labels, one output and the squared error; ner: a tag per word "
+        "(default auto: ner for a tagged file, a regression when every label is a number and some are "
+        "not integers, such as 3.8)",
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
     p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32)")
-    p.add_argument("--max-length", type=int, help="tokens per example, longer ones truncated (default 128)")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        help="tokens per example, longer ones truncated (tagged: split into windows; default 128)",
+    )
     p.add_argument(
         "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
     )
@@ -147,6 +160,24 @@ def add_classify_command(commands) -> None:
     p.set_defaults(handler=run_classify)
 
 
+def add_tag_command(commands) -> None:
+    p = commands.add_parser(
+        "tag",
+        help="find the named entities in texts with a fine-tuned tagger",
+        description="Print each text's entities: type, character offsets (start-end) and score (the mean "
+        "probability of its words' tags); --json: one object per text with its entities and every "
+        "word's tag. Texts are split into words at spaces and punctuation; a text longer than the "
+        "model's length is tagged in windows.",
+    )
+    p.add_argument("text", nargs="*", help="texts to tag")
+    p.add_argument("--model", type=Path, required=True, help="a tagging run folder, its final/, or an export")
+    p.add_argument("--input", type=Path, help="a UTF-8 file with one text per line")
+    p.add_argument("--json", action="store_true", help="one JSON object per text")
+    add_device_argument(p)
+    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
+    p.set_defaults(handler=run_tag)
+
+
 def finetune_inputs(args):
     """(task, config) from the arguments, or the saved ones with --resume."""
     from bertforge.config import apply_mapping, apply_overrides
@@ -162,7 +193,12 @@ def finetune_inputs(args):
     fixed = [item for item in args.set if item.strip().startswith(("model.", "tokenizer."))]
     if fixed:
         raise BertforgeError(f"--set {fixed[0]}: the model and tokenizer settings come from --model")
-    missing = [f"--{name.replace('_', '-')}" for name in TASK_FLAGS if getattr(args, name) is None]
+    optional = COLUMN_FLAGS if tagged_task(args) else ()
+    missing = [
+        f"--{name.replace('_', '-')}"
+        for name in TASK_FLAGS
+        if getattr(args, name) is None and name not in optional
+    ]
     if missing:
         raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
     task = FinetuneTask(
@@ -196,6 +232,14 @@ def finetune_inputs(args):
     return task, config
 
 
+def tagged_task(args) -> bool:
+    """`--task ner`, or no --task and a training file that looks tagged."""
+    from bertforge.tagged import is_tagged_file
+
+    detected = args.task is None and args.train is not None and is_tagged_file(args.train)
+    return args.task == TAGGING or detected
+
+
 def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
 
@@ -225,6 +269,8 @@ def run_finetune(args) -> int:
         run = summary["runs"][0]
         if kind == "classification":
             print(confusion_text(run["labels"], run["confusion"]))
+        if kind == TAGGING:
+            print(entity_table(run["per_type"]))
         print(f"model:    {args.out / 'final'}")
         if kind == "classification":
             print(f"plots:    {args.out / 'curves.png'}")
@@ -302,11 +348,25 @@ def confusion_text(labels: list[str], matrix: list[list[int]]) -> str:
     return "\n".join(lines)
 
 
+def entity_table(per_type: dict[str, dict]) -> str:
+    """The best epoch's entity precision, recall and F1 per type, with each type's true entities."""
+    width = max([len(kind) for kind in per_type] + [6])
+    lines = [f"{'entity':<{width}}  precision  recall      f1  support"]
+    for kind, scores in per_type.items():
+        lines.append(
+            f"{kind:<{width}}  {scores['precision']:>9.4f}  {scores['recall']:>6.4f}  {scores['f1']:>6.4f}"
+            f"  {scores['support']:>7,}"
+        )
+    return "\n".join(lines)
+
+
 def classify_inputs(args) -> list[str]:
     from bertforge.labeled import read_text
 
     if bool(args.text) == (args.input is not None):
-        raise BertforgeError("give texts to classify, or --input FILE with one text per line (not both)")
+        raise BertforgeError(
+            f"give texts to {args.command}, or --input FILE with one text per line (not both)"
+        )
     if args.input is None:
         return args.text
     lines = read_text(args.input).split("\n")
@@ -316,18 +376,26 @@ def classify_inputs(args) -> list[str]:
     return [line.rstrip("\r") for line in lines]
 
 
-def run_classify(args) -> int:
-    from bertforge.classifier import classify
-    from bertforge.folders import open_classifier
+def opened_on_device(args, opener):
+    """The texts of the arguments, and the model (on --device), tokenizer, labels and the longest
+    sequence of the folder `opener` reads from --model."""
     from bertforge.runtime import resolve_device
 
     if args.batch_size < 1:
         raise BertforgeError(f"--batch-size must be at least 1, got {args.batch_size}")
     texts = classify_inputs(args)
-    model, tokenizer, labels, config = open_classifier(args.model)
+    model, tokenizer, labels, config = opener(args.model)
     model.to(resolve_device(args.device))
-    firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
     max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)
+    return texts, model, tokenizer, labels, max_length
+
+
+def run_classify(args) -> int:
+    from bertforge.classifier import classify
+    from bertforge.folders import open_classifier
+
+    texts, model, tokenizer, labels, max_length = opened_on_device(args, open_classifier)
+    firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
     results = classify(model, tokenizer, labels, list(firsts), list(pairs), max_length, args.batch_size)
     for text, result in zip(texts, results, strict=True):
         if args.json:
@@ -336,4 +404,23 @@ def run_classify(args) -> int:
             print(f"{result['label']}\t{result['score']:.4f}\t{text}")
         else:  # a regression model's score
             print(f"{result['score']:.4f}\t{text}")
+    return 0
+
+
+def run_tag(args) -> int:
+    from bertforge.folders import open_tagger
+    from bertforge.tagger import tag
+
+    texts, model, tokenizer, labels, max_length = opened_on_device(args, open_tagger)
+    results = tag(model, tokenizer, labels, texts, max_length, args.batch_size)
+    for text, result in zip(texts, results, strict=True):
+        if args.json:
+            print(json.dumps({"text": text, **result}))
+            continue
+        print(text)
+        for entity in result["entities"]:
+            offsets = f"{entity['start']}-{entity['end']}"
+            print(f"  {entity['entity']:<6} {offsets:>9}  {entity['score']:.4f}  {entity['text']}")
+        if not result["entities"]:
+            print("  (no entities)")
     return 0

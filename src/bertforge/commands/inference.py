@@ -145,12 +145,16 @@ def add_export_command(commands) -> None:
         help="write a model as a Hugging Face folder",
         description="Write a folder that transformers loads with no custom code: config.json, "
         "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json. "
+        'A tagger becomes a BertForTokenClassification for pipeline("token-classification"). '
         'A GPT (--objective clm) becomes an OpenAIGPTLMHeadModel for pipeline("text-generation"), a '
         "classifier fine-tuned from one an OpenAIGPTForSequenceClassification. A regression model "
         '(fine-tuned on real-valued labels) has num_labels = 1 and problem_type = "regression".',
     )
     p.add_argument(
-        "--model", type=Path, required=True, help="a run folder, its final/, a checkpoint or a classifier"
+        "--model",
+        type=Path,
+        required=True,
+        help="a run folder, its final/, a checkpoint, a classifier or a tagger",
     )
     p.add_argument("--out", type=Path, required=True, help="a new folder")
     p.set_defaults(handler=run_export)

@@ -1,0 +1,219 @@
+"""Tagged data for token classification (named entities): CoNLL files and JSON lines.
+
+Owns reading a file of sentences whose words carry one tag each, telling such a file from a
+classification one (`is_tagged_file`), the tag set of a training file (`tag_names`: `O` first, then
+each type's `B-` and `I-`) and the tag ids of a file under it (`tag_ids`), with one clear message
+for every bad input: a missing or empty file, a token line with another number of columns than the
+file's first one, a tag that is not `O`, `B-TYPE` or `I-TYPE`, a sentence whose tokens and tags
+differ in number, and tags outside the tag set.
+
+- CoNLL, as the shared tasks distribute it: one token a line, its columns separated by white space,
+  the token in column 0 and the tag in the last (or the columns given by number, from 0), a blank
+  line between sentences, `-DOCSTART-` lines skipped. CoNLL-2003's `EU NNP B-NP B-ORG` is read as
+  the token `EU` tagged `B-ORG`.
+- JSON lines: one sentence an object, `{"tokens": [...], "tags": [...]}` (or the fields given).
+
+IOB1 and IOB2 are both read as they are; `bertforge.entities` reads entities from either.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertforge.entities import OUTSIDE, is_tag, split_tag
+from bertforge.errors import BertforgeError
+from bertforge.labeled import read_text
+
+TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
+DOCSTART = "-DOCSTART-"
+JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+CONLL_SUFFIXES = (".conll", ".conll03", ".iob", ".iob1", ".iob2", ".bio", ".ner")
+JSON_FIELDS = ("tokens", "tags")  # the default token and tag fields of a JSON lines file
+SNIFF_BYTES = 65536  # how much of a file `is_tagged_file` reads
+SNIFF_LINES = 20
+
+
+@dataclass
+class TaggedExamples:
+    """The sentences of one file, in file order; `lines[i]` is the line where sentence i starts
+    (a CoNLL file's word j of it is on line `lines[i] + j`)."""
+
+    path: Path
+    sentences: list[list[str]]
+    tags: list[list[str]]
+    lines: list[int]
+    conll: bool
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def where(self, sentence: int, word: int) -> str:
+        line = self.lines[sentence] + (word if self.conll else 0)
+        return f"{self.path} line {line}"
+
+
+def read_tagged(
+    path: str | Path, token_column: str | None = None, tag_column: str | None = None
+) -> TaggedExamples:
+    """Every sentence of a CoNLL or JSON lines file, refusing bad input with a clear message.
+
+    Columns default to the token in column 0 and the tag in the last column (a CoNLL file), or the
+    fields "tokens" and "tags" (JSON lines)."""
+    path = Path(path)
+    text = read_text(path, "tagged sentences: a token and its tag a line (CoNLL), or JSON lines")
+    if is_json_lines(path, text):
+        data = _read_json_lines(path, text, token_column or JSON_FIELDS[0], tag_column or JSON_FIELDS[1])
+    else:
+        data = _read_conll(path, text, _column(token_column, 0), _column(tag_column, -1))
+    if not data.sentences:
+        raise BertforgeError(f"{path} holds no sentences (only {DOCSTART} lines); give a tagged file")
+    for number, tags in enumerate(data.tags):
+        for word, tag in enumerate(tags):
+            if not is_tag(tag):
+                raise BertforgeError(
+                    f"{data.where(number, word)}: the tag {tag!r} is not O, B-TYPE or I-TYPE (IOB1 or IOB2); "
+                    "name the tag column with --label-column if this is another column"
+                )
+    return data
+
+
+def is_json_lines(path: Path, text: str) -> bool:
+    return path.suffix.lower() in JSON_SUFFIXES or text.lstrip().startswith("{")
+
+
+def _column(value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    if not value.lstrip("-").isdigit():
+        raise BertforgeError(
+            f"a CoNLL file's columns are given by number, counting from 0 (-1: the last), got {value!r}"
+        )
+    return int(value)
+
+
+def _read_conll(path: Path, text: str, token_column: int, tag_column: int) -> TaggedExamples:
+    data = TaggedExamples(path, [], [], [], conll=True)
+    width = first = None  # the columns of the file's first token line, and that line
+    words: list[str] = []
+    tags: list[str] = []
+    for number, line in enumerate(text.split("\n") + [""], start=1):
+        fields = line.split()
+        if fields and fields[0] == DOCSTART:
+            fields = []
+        if not fields:
+            if words:
+                data.sentences.append(words)
+                data.tags.append(tags)
+                data.lines.append(number - len(words))
+                words, tags = [], []
+            continue
+        if width is None:
+            width, first = len(fields), number
+            _check_columns(path, number, width, token_column, tag_column)
+        if len(fields) != width:
+            raise BertforgeError(
+                f"{path} line {number} has {len(fields)} columns, but line {first} (the first token line) "
+                f"has {width}; every token line needs the same columns (TOKEN ... TAG, separated by "
+                "spaces or tabs), and a blank line between sentences"
+            )
+        words.append(fields[token_column])
+        tags.append(fields[tag_column])
+    return data
+
+
+def _check_columns(path: Path, line: int, width: int, token_column: int, tag_column: int) -> None:
+    if width < 2:
+        raise BertforgeError(
+            f"{path} line {line} has one column; a CoNLL file has the token and its tag on each line "
+            "(TOKEN ... TAG)"
+        )
+    for name, column in (("token", token_column), ("tag", tag_column)):
+        if not -width <= column < width:
+            raise BertforgeError(
+                f"{path} has {width} columns (0 to {width - 1}); there is no {name} column {column}"
+            )
+
+
+def _read_json_lines(path: Path, text: str, token_field: str, tag_field: str) -> TaggedExamples:
+    data = TaggedExamples(path, [], [], [], conll=False)
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise BertforgeError(f"{path} line {number} is not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or token_field not in record or tag_field not in record:
+            shown = ", ".join(record) if isinstance(record, dict) else "none: not an object"
+            raise BertforgeError(
+                f"{path} line {number} needs the fields {token_field!r} and {tag_field!r} (lists of the "
+                f"sentence's tokens and tags); its fields are: {shown}"
+            )
+        words, tags = record[token_field], record[tag_field]
+        if not _strings(words) or not _strings(tags) or len(words) != len(tags):
+            raise BertforgeError(
+                f"{path} line {number}: {token_field!r} and {tag_field!r} must be lists of as many strings "
+                "(one tag, such as B-PER, per token)"
+            )
+        data.sentences.append(words)
+        data.tags.append(tags)
+        data.lines.append(number)
+    return data
+
+
+def _strings(values) -> bool:
+    return isinstance(values, list) and bool(values) and all(isinstance(v, str) and v.strip() for v in values)
+
+
+def is_tagged_file(path: str | Path) -> bool:
+    """Whether `path` looks like a tagged file: a CoNLL suffix; JSON lines whose first object has
+    lists `tokens` and `tags`; or text starting with `-DOCSTART-` or with lines whose last column is
+    a tag (`O`, `B-PER`)."""
+    path = Path(path)
+    if path.suffix.lower() in CONLL_SUFFIXES:
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            head = file.read(SNIFF_BYTES)
+    except OSError:
+        return False  # the reader of the file names the problem
+    lines = [line for line in head.split("\n")[:-1] if line.strip()][:SNIFF_LINES]
+    if not lines:
+        return False
+    if is_json_lines(path, head):
+        try:
+            record = json.loads(lines[0])
+        except json.JSONDecodeError:
+            return False
+        return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in JSON_FIELDS)
+    if lines[0].split()[0] == DOCSTART:
+        return True
+    rows = [line.split() for line in lines if line.split()[0] != DOCSTART]
+    return all(len(row) >= 2 and is_tag(row[-1]) for row in rows) and len({len(row) for row in rows}) == 1
+
+
+def tag_names(data: TaggedExamples) -> list[str]:
+    """The tag set of a training file: `O` first, then by type, each type's `B-` before its `I-`."""
+    found = {tag for tags in data.tags for tag in tags}
+    if len(found) < 2:
+        raise BertforgeError(
+            f"every word in {data.path} is tagged {next(iter(found))!r}; a tagger needs words of at "
+            "least two tags"
+        )
+    ordered = sorted(found - {OUTSIDE}, key=lambda tag: split_tag(tag)[::-1])
+    return ([OUTSIDE] if OUTSIDE in found else []) + ordered
+
+
+def tag_ids(data: TaggedExamples, names: list[str]) -> list[list[int]]:
+    """Each sentence's tag ids under `names`, refusing a tag the set does not hold (naming its line)."""
+    index = {name: i for i, name in enumerate(names)}
+    for number, tags in enumerate(data.tags):
+        for word, tag in enumerate(tags):
+            if tag not in index:
+                raise BertforgeError(
+                    f"{data.where(number, word)}: the tag {tag!r} is not one the model was trained on; "
+                    f"its tags are: {', '.join(names)}"
+                )
+    return [[index[tag] for tag in tags] for tags in data.tags]
