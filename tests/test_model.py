@@ -7,9 +7,16 @@ import torch
 import torch.nn.functional as F
 from conftest import HF_TINY_SIZES
 
-from bertforge.config import HIDDEN_ACTS, ModelConfig, validate_model
+from bertforge.config import HIDDEN_ACTS, ModelConfig, RunConfig, validate, validate_model
 from bertforge.errors import BertforgeError
-from bertforge.model import TIED_KEYS, BertForPreTraining, BertModel, init_weights
+from bertforge.model import (
+    TIED_KEYS,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+    init_weights,
+    set_activation_checkpointing,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -313,3 +320,57 @@ def test_tiny_model_overfits_fixed_batches():
             assert torch.equal(nsp.argmax(-1), batch[4])
     assert start / len(batches) > 3.0  # about ln(50) + ln(2) at init
     assert end / len(batches) < 0.25
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    """Recomputed layers replay the same dropout masks: loss and gradients are those without it.
+    (With variable-length attention on a GPU: tests/test_unpadded.py.)"""
+    torch.manual_seed(0)
+    model = BertForPreTraining(ours_config(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2))
+    batch = padded_batch()
+    results = []
+    for enabled in (False, True):
+        set_activation_checkpointing(model, enabled)
+        assert model.bert.encoder.gradient_checkpointing is enabled
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks for both runs
+        mlm, nsp = model(**batch)
+        loss = mlm[batch["attention_mask"].bool()].logsumexp(-1).mean() + nsp.logsumexp(-1).mean()
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss, gradients), (checkpointed_loss, checkpointed) = results
+    torch.testing.assert_close(checkpointed_loss, loss, rtol=0, atol=TOL)
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(checkpointed[name], gradient, rtol=0, atol=TOL, msg=name)
+    torch.manual_seed(2)  # other dropout masks: other gradients, so the comparison above can fail
+    mlm, nsp = model(**batch)
+    model.zero_grad()
+    (mlm[batch["attention_mask"].bool()].logsumexp(-1).mean() + nsp.logsumexp(-1).mean()).backward()
+    assert max(max_diff(p.grad, gradients[n]) for n, p in model.named_parameters()) > 1e-3
+
+
+def test_activation_checkpointing_keeps_fewer_activations():
+    """With it on, the backward graph holds a layer's input, not every intermediate of every layer."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(ours_config(num_hidden_layers=4))
+    batch = padded_batch()
+
+    def saved_elements(enabled: bool) -> int:
+        set_activation_checkpointing(model, enabled)
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            model(**batch)
+        return sum(sizes)
+
+    assert saved_elements(True) < saved_elements(False) / 2
+
+
+def test_activation_checkpointing_is_for_bert():
+    config = RunConfig()
+    config.model.objective, config.train.activation_checkpointing = "clm", True
+    config.model.hidden_act = "gelu_new"
+    with pytest.raises(BertforgeError, match="train.activation_checkpointing"):
+        validate(config)
+    classifier = BertForSequenceClassification(ours_config(), num_labels=2)
+    set_activation_checkpointing(classifier, True)
+    assert classifier.bert.encoder.gradient_checkpointing

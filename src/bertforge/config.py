@@ -159,6 +159,9 @@ class TrainConfig:
     # fine-tuning: batches of examples of similar length, so less of each batch is padding (Hugging
     # Face's `group_by_length`); pretraining packs its sequences to full length, so it has none
     group_by_length: bool = False
+    # BERT recomputes each layer's activations in the backward instead of keeping them: memory for
+    # a larger model or batch on a small GPU, for about a third more compute; the same gradients
+    activation_checkpointing: bool = False
 
 
 @dataclass

@@ -330,6 +330,13 @@ TRAIN_RULES: list[Rule] = [
             'model.objective = "clm" set it to "normal"'
         ),
     ),
+    Rule(
+        lambda c: not c.train.activation_checkpointing or c.model.objective == "mlm",
+        lambda c: (
+            'train.activation_checkpointing recomputes BERT\'s layers; GPT-1 (model.objective = "clm") '
+            "keeps its activations: set it to false"
+        ),
+    ),
     *window_model_rules(),
 ]
 

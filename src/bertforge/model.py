@@ -10,7 +10,12 @@ Departures from Hugging Face, all for speed and none visible in the state dict:
   attention's, on CPU) through `fast_ops`, whose CPU masks are cheaper to draw;
 - the MLM head can run on the masked positions only (`masked_positions`), as Google's original
   code, NVIDIA, Cramming and MosaicBERT do: for small models the dense vocabulary projection over
-  every token costs more than the whole encoder.
+  every token costs more than the whole encoder;
+- on CUDA a batch with padding runs attention per sequence without a mask (`bertforge.varlen`),
+  so that it takes the flash kernel; padded positions then attend to padding, not to the real
+  tokens as Hugging Face's do (values that nothing reads; every real token's are the same);
+- the encoder can recompute each layer's activations in the backward instead of keeping them
+  (`set_activation_checkpointing`, Hugging Face's `gradient_checkpointing`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,16 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from bertforge.config import Activation, ModelConfig
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import Dropout, attention
+from bertforge.varlen import Segments, segments, varlen_attention
+
+# What attention is told of the padding: a key mask (B, 1, 1, T), None (no padding), or the
+# segments of real tokens and padding for variable-length attention.
+Mask = Tensor | Segments | None
 
 # Alias -> owner for the tied parameters, as Hugging Face's `_tied_weights_keys`. `state_dict()`
 # reports both names for one tensor; safetensors refuses shared tensors, so savers drop the aliases.
@@ -112,8 +123,10 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask) -> Tensor:
         B, T, H = x.shape
+        if isinstance(mask, Segments):
+            return self.varlen(x, mask)
         q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
@@ -121,6 +134,15 @@ class BertSelfAttention(nn.Module):
         # fastest kernel. Scale is the default 1/sqrt(hd), as BERT.
         y = attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
         return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+
+    def varlen(self, x: Tensor, segments: Segments) -> Tensor:
+        """Attention within each of `segments` (a row's real tokens, or its padding) of x (B, T, H)."""
+        B, T, H = x.shape
+        q = self.query(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, nh, hd)
+        k = self.key(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, nh, hd)
+        v = self.value(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, nh, hd)
+        p = self.dropout_p if self.training else 0.0
+        return varlen_attention(q, k, v, segments, p).reshape(B, T, H)  # (B, T, H)
 
 
 class ResidualOutput(nn.Module):
@@ -152,7 +174,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask) -> Tensor:
         return self.output(self.self(x, mask), x)
 
 
@@ -184,22 +206,36 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask) -> Tensor:
         x = self.attention(x, mask)  # (B, T, H)
         return self.output(self.intermediate(x), x)  # (B, T, H)
 
 
 class BertEncoder(nn.Module):
-    """The stack of `num_hidden_layers` transformer blocks, as `encoder.layer[i]`."""
+    """The stack of `num_hidden_layers` transformer blocks, as `encoder.layer[i]`.
+
+    With `gradient_checkpointing` each layer keeps only its input for the backward and runs again
+    there: the activations of one layer at a time instead of all, for about a third more compute.
+    The recomputation replays the same dropout masks, so the gradients are the same.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask) -> Tensor:
+        recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         for layer in self.layer:
-            x = layer(x, mask)
+            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
         return x
+
+
+def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Turn activation checkpointing on or off in every BERT encoder inside `model`."""
+    for module in model.modules():
+        if isinstance(module, BertEncoder):
+            module.gradient_checkpointing = enabled
 
 
 class BertPooler(nn.Module):
@@ -221,6 +257,12 @@ class BertModel(nn.Module):
     real tokens and 0/False for padding (None: all real); `token_type_ids` None means all zeros.
     Every argument after `input_ids` is keyword-only, as in every model here: Hugging Face puts
     attention_mask second, so a positional call could not mean the same in both.
+
+    `varlen` says whether a batch with padding runs attention per sequence without a mask
+    (`bertforge.varlen`; then padded positions attend to padding, and the real tokens of a row must
+    be contiguous): None, the default, on CUDA only; True or False decide on every device. On CPU
+    the masked attention of `fast_ops` is the faster: torch's nested attention runs there
+    sequence by sequence, without the cheaper dropout.
     """
 
     def __init__(self, config: ModelConfig):
@@ -229,16 +271,25 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
+        self.varlen: bool | None = None
         init_weights(self, config)
 
     def forward(
         self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        # Key-padding mask, built once for all layers; padded queries still attend to the real
-        # keys (as Hugging Face), so no row of the softmax is empty.
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        h = self.encoder(self.embeddings(input_ids, token_type_ids=token_type_ids), mask)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids=token_type_ids)  # (B, T, H)
+        h = self.encoder(x, self.attention_padding(attention_mask, x.device))  # (B, T, H)
         return h, self.pooler(h)
+
+    def attention_padding(self, attention_mask: Tensor | None, device: torch.device) -> Mask:
+        """What attention is told of the padding, built once for all layers."""
+        if attention_mask is None:
+            return None
+        if self.varlen or (self.varlen is None and device.type == "cuda"):
+            return segments(attention_mask)
+        # Key-padding mask; padded queries still attend to the real keys (as Hugging Face), so no
+        # row of the softmax is empty.
+        return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
 
 
 class BertPredictionHeadTransform(nn.Module):

@@ -66,6 +66,7 @@ from bertforge.io import WriteError
 from bertforge.loader import EpochBatches, micro_batches
 from bertforge.losses import Summary
 from bertforge.metrics_log import DeviceFigures, MetricsLog, nonfinite
+from bertforge.model import set_activation_checkpointing
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.progress import Progress, progress_bar
@@ -278,6 +279,7 @@ class Trainer:
         run's position."""
         self.clock = time.perf_counter() - self.state.elapsed_s
         self.window = Window()
+        set_activation_checkpointing(self.model, self.train_cfg.activation_checkpointing)
         self.step_model = compile_model(
             distributed.wrap(self.model, self.device, self.world), self.runtime.compile
         )
