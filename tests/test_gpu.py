@@ -67,7 +67,7 @@ def test_gpu_bf16_follows_fp32(tmp_path, wiki_slice, small_tokenizer_dir):
 class BrokenCompiled(torch.nn.Module):
     """What torch.compile returns when compilation fails at the first call (e.g. no C++ compiler)."""
 
-    def __init__(self, model):
+    def __init__(self, model, **options):
         super().__init__()
         self._orig_mod = model
 
@@ -80,7 +80,7 @@ class BrokenCompiled(torch.nn.Module):
 def test_failed_compile_falls_back_to_eager(tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch):
     eager = no_dropout(tiny_config(wiki_slice, max_steps=3, eval_every=3))
     eager.runtime.compile = True  # the compiled run's fixed-shape batches, on a model never compiled
-    monkeypatch.setattr(torch, "compile", lambda model: model)
+    monkeypatch.setattr(torch, "compile", lambda model, **options: model)
     pretrain(eager, tmp_path / "eager", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     monkeypatch.setattr(torch, "compile", BrokenCompiled)
     compiled = no_dropout(tiny_config(wiki_slice, max_steps=3, eval_every=3))

@@ -389,7 +389,7 @@ def test_cross_entropy_ignores_unlabelled_rows():
 
 def compiled_run(tmp_path, corpus, tokenizer_dir, monkeypatch, backend, dropout: float = 0.1) -> None:
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend=backend))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=backend, **kw))
     torch._dynamo.reset()
     config = tiny_config(corpus, max_steps=20, eval_every=20)
     config.runtime.device = "cpu"  # the logic, on CPU even where a GPU is visible
@@ -463,7 +463,7 @@ class FailsInSecondBackward(torch.nn.Module):
     """A compiled model that works for the first micro-batch and fails to compile in the backward of
     the second, after the heads' gradients have accumulated (a partial backward)."""
 
-    def __init__(self, model):
+    def __init__(self, model, **options):
         super().__init__()
         self._orig_mod = model
         self.calls = 0
@@ -495,7 +495,7 @@ def test_compile_failure_redoes_the_step_cleanly(tmp_path, wiki_slice, small_tok
         pretrain.pretrain(config, tmp_path / name, tokenizer_dir=small_tokenizer_dir, show_progress=False)
         return [x["loss"] for x in metrics_lines(tmp_path / name, "train")]
 
-    eager = run("eager", lambda model: model)  # the same fixed-shape batches, never compiled
+    eager = run("eager", lambda model, **options: model)  # the same fixed-shape batches, never compiled
     with pytest.warns(UserWarning, match="torch.compile failed .*training in eager mode"):
         redone = run("redone", FailsInSecondBackward)
     assert redone == eager  # no doubled gradients, the same dropout draws
@@ -514,7 +514,7 @@ def test_compile_failure_redoes_the_step_cleanly(tmp_path, wiki_slice, small_tok
 )
 def test_only_compile_errors_fall_back(tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch, error):
     class Raises(torch.nn.Module):
-        def __init__(self, model):
+        def __init__(self, model, **options):
             super().__init__()
             self._orig_mod = model
 

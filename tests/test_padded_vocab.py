@@ -8,16 +8,19 @@ import json
 
 import pytest
 import torch
-from conftest import assert_clean_failure
+from conftest import assert_clean_failure, tiny_config
 
 import bertforge
+from bertforge import pretrain as pretrain_module
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify
 from bertforge.cli import main
+from bertforge.config import RunConfig
 from bertforge.evaluate import pretraining_batch_sums, pretraining_metrics
 from bertforge.folders import open_classifier
 from bertforge.infer import fill_mask
 from bertforge.losses import NO_LABEL
+from bertforge.runtime import size_embeddings
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,6 +86,7 @@ TOKENS = SPECIALS + WORDS  # 60 tokens
 ROWS = 72  # the embedding rows: 12 more than tokens, as in the issue's report
 TEXTS = ["the cat sat on the mat", "a big dog ran to the old house", "the woman read a good book"]
 TOL = 1e-5
+CUDA = torch.device("cuda")
 
 
 def hf_bert(cls, rows: int):
@@ -254,3 +258,54 @@ def test_a_padded_hugging_face_classifier_classifies_as_transformers_does(tmp_pa
         expected = model(*encoded(tokenizer)[:1], attention_mask=encoded(tokenizer)[2]).logits.softmax(-1)
     got = torch.tensor([[r["probabilities"][name] for name in labels] for r in results])
     torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
+
+
+def test_size_embeddings_pads_a_new_bert_on_a_gpu_only():
+    config = RunConfig()
+    size_embeddings(config, 30522, torch.device("cpu"))
+    assert (config.model.vocab_size, config.tokenizer.vocab_size) == (30522, 30522)
+    size_embeddings(config, 30522, torch.device("cuda"))
+    assert (config.model.vocab_size, config.tokenizer.vocab_size) == (30528, 30522)  # as MosaicBERT
+    size_embeddings(config, 30528, torch.device("cuda"))
+    assert config.model.vocab_size == 30528  # a multiple of 64 already
+    config.model.objective = "clm"
+    size_embeddings(config, 30522, torch.device("cuda"))
+    assert config.model.vocab_size == 30522  # GPT-1 keeps a row per token
+
+
+def test_a_bert_pretrained_on_a_gpu_has_padded_rows_and_exports_exactly(
+    tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch
+):
+    """A new BERT pretrained on CUDA (here: its sizing as on CUDA) gets rows to a multiple of 64, which
+    only ever stand for no token; export and import keep every weight, and transformers computes the
+    same logits for the real tokens."""
+    sized = pretrain_module.size_embeddings
+    monkeypatch.setattr(
+        pretrain_module, "size_embeddings", lambda config, tokens, device: sized(config, tokens, CUDA)
+    )
+    pretrain_module.pretrain(
+        tiny_config(wiki_slice, max_steps=3, eval_every=3),
+        tmp_path / "run",
+        tokenizer_dir=small_tokenizer_dir,
+        show_progress=False,
+    )
+    model, tokenizer = bertforge.load(tmp_path / "run")
+    tokens, rows = tokenizer.vocab_size, model.config.vocab_size
+    assert tokens % 64 and rows == -(-tokens // 64) * 64  # padded, or the test would show nothing
+    assert torch.equal(model.cls.predictions.bias[tokens:], torch.zeros(rows - tokens))  # never trained
+
+    exported = tmp_path / "exported"
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(exported)]) == 0
+    theirs = transformers.BertForPreTraining.from_pretrained(exported).eval()
+    assert theirs.config.vocab_size == rows
+    ids, types, mask = encoded(tokenizer)
+    with torch.no_grad():
+        ours_logits, _ = model.eval()(ids, token_type_ids=types, attention_mask=mask)
+        their_logits = mlm_logits(theirs, ids, types, mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours_logits[real], their_logits[real], rtol=0, atol=TOL)
+
+    assert main(["import-hf", "--from", str(exported), "--out", str(tmp_path / "again")]) == 0
+    first = read_weights(tmp_path / "run" / "final" / "model.safetensors")
+    second = read_weights(tmp_path / "again" / "model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

@@ -1,6 +1,11 @@
 """`torch.compile` for the training step, and telling its own failures apart: a model that fails to
 compile trains in eager mode with a warning (`bertforge.train` redoes the failed step), while an
 out-of-memory or communication error raised in compiled code is not mistaken for one.
+
+The model compiles for fixed shapes (`dynamic=False`): the collators give every batch one shape,
+and a graph for one shape runs faster than a graph for any. A micro-batch with fewer rows (the
+short last batch of a fine-tuning epoch) runs in eager mode instead of compiling a second graph
+(`for_batch`).
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ def compile_model(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
     if not enabled:
         return model
     try:
-        return torch.compile(model)
+        return torch.compile(model, dynamic=False)
     except Exception as error:  # torch.compile is optional; eager mode is always correct
         warn_eager(error)
         return model
+
+
+def for_batch(model: torch.nn.Module, batch: dict, rows: int) -> torch.nn.Module:
+    """`model`, or for a batch of other than the compiled `rows` sequences the model it compiled."""
+    if is_compiled(model) and batch["input_ids"].shape[0] != rows:
+        return model._orig_mod
+    return model
 
 
 def warn_eager(error: Exception) -> None:

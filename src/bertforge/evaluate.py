@@ -4,7 +4,8 @@ the text's unigram entropy as the reference a loss must get below.
 
 Evaluation always masks 15% of the tokens and draws its pairs (or a GPT's packed windows) with
 fixed seeds, whatever the training settings, so two evaluations of one model on one text agree
-exactly and the numbers of different runs compare.
+exactly and the numbers of different runs compare. On a GPU it runs in the GPU's mixed precision
+unless told otherwise (`evaluation_precision`); on a CPU in fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bertforge.losses import pretraining_sums, real_token_logits, summarize_pret
 from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
+from bertforge.precision import native_bf16
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
@@ -107,12 +109,22 @@ def pretraining_metrics(
     return summarize_totals(dict(zip(keys, to_host([totals[key] for key in keys]), strict=True))).metrics
 
 
+def evaluation_precision(precision: str, device: torch.device) -> str:
+    """`precision`, where "auto" means on CUDA the GPU's autocast precision (bf16 where it computes it
+    natively, else fp16: without a backward no loss scaler is needed), elsewhere fp32."""
+    if precision != "auto":
+        return precision
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if native_bf16(device) else "fp16"
+
+
 def evaluate_model(
     model_path: Path,
     corpus: Path,
     format: str = "auto",
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = "auto",
     max_pairs: int | None = None,
     max_length: int | None = None,
     cache_dir: Path | None = None,
@@ -126,7 +138,7 @@ def evaluate_model(
     windows (False), to compare a model trained with NSP and one without on the same text.
 
     Returns the metrics (NSP's only from a model that trained its NSP head) and, as a reference for
-    `mlm_loss`, the text's `unigram_entropy`."""
+    `mlm_loss`, the text's `unigram_entropy`. `precision`: see `evaluation_precision`."""
     model, tokenizer, config = open_pretrained(model_path)
     data = config.data
     trained_nsp = data.nsp
@@ -149,7 +161,9 @@ def evaluate_model(
         Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress, text_column
     )
     batches = evaluation_batches(shards, tokenizer, data, config.model.objective)
-    model.to(resolve_device(device))
+    where = resolve_device(device)
+    model.to(where)
+    precision = evaluation_precision(precision, where)
     metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision)
     if not trained_nsp:  # its NSP head kept its random weights
         metrics = {key: value for key, value in metrics.items() if not key.startswith("nsp_")}

@@ -490,7 +490,7 @@ class EpochBatches:
             if train_cfg.group_by_length
             else None
         )
-        # Compiled: one sequence length (the epoch's short last batch still compiles once more).
+        # Compiled: one sequence length (the epoch's short last batch runs eagerly: `compiling.for_batch`).
         width = config.data.max_seq_length if config.runtime.compile else None
         self.collate = ClassificationCollator(pad_id, width)
 

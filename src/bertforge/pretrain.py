@@ -76,7 +76,7 @@ from bertforge.packing import packed_batches, window_starts
 from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
-from bertforge.runtime import apply_threads, resolve_device
+from bertforge.runtime import apply_threads, resolve_device, size_embeddings
 from bertforge.shards import (
     META_FILE,
     ShardSet,
@@ -169,8 +169,8 @@ def run_pretraining(
             init_state, tokenizer = init_from(init, config)
         else:
             tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir, corpus_files)
-        if init_state is None and not resume:  # a new model: one embedding row per token
-            config.model.vocab_size = tokenizer.vocab_size
+        if init_state is None and not resume:  # a new model: a row per token (on CUDA, padded to 64)
+            size_embeddings(config, tokenizer.vocab_size, device)
         config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
         validate(config)
         train_shards = training_shards(corpus_files, prepared, tokenizer, config, cache_dir, show_progress)
@@ -384,7 +384,7 @@ def init_mlm_bias(
     counts = token_counts(shards, exclude=special_ids).astype(np.float64)
     log_prior = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: all finite
     with torch.no_grad():
-        model.cls.predictions.bias.copy_(torch.from_numpy(log_prior))
+        model.cls.predictions.bias[: len(log_prior)].copy_(torch.from_numpy(log_prior))  # padded rows: 0
 
 
 def init_word_embeddings(
@@ -494,7 +494,10 @@ def epoch_batches(
     """(epoch, masking rate) -> micro-batches of freshly drawn pairs of at most `length` tokens
     (Google's algorithm; with `nsp` False, or by default `data.nsp`, contiguous windows) with dynamic
     masking at that rate (default: `data.mlm_probability`)."""
-    data, seed, compiled = config.data, config.runtime.seed, config.runtime.compile
+    # At this epoch's `length`: under torch.compile its batches are padded to it, not to the run's
+    # data.max_seq_length (masking is the same: a sequence's cap on masked tokens never binds below it).
+    data = replace(config.data, max_seq_length=length)
+    seed, compiled = config.runtime.seed, config.runtime.compile
     nsp = data.nsp if nsp is None else nsp
     micro_batch = distributed.batch_plan(config.train).micro_batch  # kept global batch under torchrun
     # Under torch.compile the masked positions are padded to the most any epoch's rate masks: one graph.

@@ -1,5 +1,5 @@
 """Where and how tensors run: device choice, eval mode, autocast precision, TF32, transfers, threads,
-data workers."""
+data workers, and a new BERT's embedding rows on a GPU."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 import torch
 
-from bertforge.config import RuntimeConfig
+from bertforge.config import RunConfig, RuntimeConfig
 from bertforge.errors import BertforgeError
 
 CUDA_WORKERS = 2  # background data workers per process on CUDA with runtime.num_workers = -1
+CUDA_EMBEDDING_ROWS = 64  # a new BERT's word embedding rows on CUDA: a multiple of this
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,3 +76,17 @@ def data_workers(runtime: RuntimeConfig, device: torch.device) -> int:
 def apply_threads(runtime: RuntimeConfig) -> None:
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
+
+
+def size_embeddings(config: RunConfig, tokens: int, device: torch.device) -> None:
+    """Give a new model one word embedding row per token of its tokenizer's `tokens`; on CUDA, a BERT's
+    rows rounded up to a multiple of 64 (30,522 to 30,528, as MosaicBERT), so that the tied MLM
+    decoder's matmuls run on whole tensor-core tiles. The extra rows stand for no token and are
+    never predicted; the config records such a padded vocabulary by its tokenizer section holding
+    the tokenizer's own size (`checkpoint.check_tokenizer_fits`)."""
+    rows = tokens
+    if device.type == "cuda" and config.model.objective == "mlm":
+        rows = -(-tokens // CUDA_EMBEDDING_ROWS) * CUDA_EMBEDDING_ROWS
+    config.model.vocab_size = rows
+    if rows > tokens:
+        config.tokenizer.vocab_size = tokens

@@ -59,7 +59,7 @@ from bertforge.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from bertforge.compiling import compile_model, is_compile_error, is_compiled, warn_eager
+from bertforge.compiling import compile_model, for_batch, is_compile_error, is_compiled, warn_eager
 from bertforge.config import RunConfig
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.io import WriteError
@@ -427,7 +427,8 @@ class Trainer:
             last = index == len(batches) - 1
             with distributed.no_sync(model, skip=not last):  # all-reduce once, in the last backward
                 with autocast(self.device, self.runtime.precision):
-                    loss, sums = self.objective.loss(model, to_device(batch, self.device))
+                    fitting = for_batch(model, batch, self.plan.micro_batch)
+                    loss, sums = self.objective.loss(fitting, to_device(batch, self.device))
                 scaled = loss / len(batches)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             all_sums.append(sums)
