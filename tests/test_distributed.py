@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from conftest import metrics_lines, tiny_config
 
+from bertforge import distributed
 from bertforge.checkpoint import list_checkpoints, read_config
 from bertforge.config import TrainConfig, apply_objective
 from bertforge.distributed import batch_plan
 from bertforge.errors import BertforgeError
+from bertforge.heartbeat import SILENCE_LIMIT_S, Heartbeat
 from bertforge.pretrain import pretrain
 
 WORLD_SIZE = 2
@@ -176,3 +181,92 @@ def test_torchrun_command_line(tmp_path, wiki_slice, wiki_valid_slice, small_tok
     assert log.read_text().count("trained 4 steps") == 1  # rank 0 reports, the other rank is silent
     assert [x["step"] for x in metrics_lines(tmp_path / "run", "train")] == [1, 2, 3, 4]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_ddp_keeps_the_gradients_in_its_buckets(monkeypatch):
+    built = {}
+
+    class Recorder:
+        def __init__(self, module, **options):
+            built.update(options)
+
+    monkeypatch.setattr(distributed, "DistributedDataParallel", Recorder)
+    distributed.wrap(torch.nn.Linear(2, 2), torch.device("cpu"), distributed.World(0, 2, 0))
+    assert built == {"device_ids": None, "gradient_as_bucket_view": True}
+
+
+class CountingStore:
+    """The part of torch's `Store` the heartbeat uses: `add` returns the new count."""
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.counts[key] = self.counts.get(key, 0) + amount
+        return self.counts[key]
+
+
+def test_the_heartbeat_names_a_process_that_fell_silent():
+    store, now = CountingStore(), [0.0]
+    watch = Heartbeat(store, rank=0, world_size=3, on_lost=print, clock=lambda: now[0])
+    others = [Heartbeat(store, rank, 3, on_lost=print, clock=lambda: now[0]) for rank in (1, 2)]
+    for second in range(0, 400, 5):
+        now[0] = float(second)
+        others[0].beat()  # rank 1 beats throughout; rank 2 falls silent after 60 s
+        if second <= 60:
+            others[1].beat()
+        silent = watch.beat()
+        if second <= 60 + SILENCE_LIMIT_S:
+            assert silent == [], second
+        else:
+            assert silent == [2], second
+    others[1].stop(finished=True)  # a process that did its work is silent without being lost
+    assert watch.beat() == []
+
+
+def heartbeat_rank(rank: int, port: int, finish_early: bool) -> subprocess.Popen:
+    """A process of a two-process group (gloo) with a fast heartbeat. Rank 1 then either stops
+    answering (SIGSTOP: alive, its connections open) while rank 0 waits in a barrier, or finishes
+    its part and leaves while rank 0 works on alone for longer than the silence limit."""
+    script = f"""
+import os, signal, time, torch
+from bertforge import distributed, heartbeat
+heartbeat.HEARTBEAT_S, heartbeat.SILENCE_LIMIT_S = 0.2, 2.0
+rank = distributed.launched().rank
+with distributed.lost_processes_reported("continue with: bertforge pretrain --out run --resume"):
+    distributed.setup(torch.device("cpu"))
+    distributed.barrier()
+    if {finish_early} and rank == 0:
+        time.sleep(6)
+    elif not {finish_early}:
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        distributed.barrier()
+distributed.leave()
+"""
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+@pytest.mark.parametrize("finish_early", [False, True])
+def test_a_silent_process_stops_the_others_with_one_line(finish_early):
+    port = free_port()
+    ranks = [heartbeat_rank(rank, port, finish_early) for rank in (0, 1)]
+    try:
+        status = ranks[0].wait(timeout=120)
+        err = ranks[0].stderr.read()
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    if finish_early:  # rank 1 left as finished: its silence is no loss
+        assert status == 0 and "error" not in err, err
+    else:
+        assert status == 2, err
+        assert err.strip().splitlines() == [
+            "bertforge: error: rank 1 of 2 gave no sign of life for 2 s; this process (rank 0) stops too; "
+            "continue with: bertforge pretrain --out run --resume"
+        ]

@@ -15,7 +15,10 @@ exists (`joined_after`): the cache's entry locks, not a collective, make the oth
 
 A process that dies (killed, out of memory) closes its connections, so the others' next collective
 fails at once rather than at the timeout; `lost_processes_reported` turns that failure into one line
-naming the lost rank (found among the processes of this machine, whose PIDs `setup` gathers).
+naming the lost rank (found among the processes of this machine, whose PIDs `setup` gathers). One
+that falls silent without closing them (a hung or vanished machine) is noticed by the others'
+`heartbeat` within a few minutes, whatever the timeout: each stops with one line naming it
+(exit status 2), where under nccl it would wait in the collective until the timeout.
 `torchrun --max-restarts N` then restarts the group, and `restart_count` tells the restarted
 processes to continue the run from its last checkpoint.
 """
@@ -29,6 +32,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bertforge.config import TrainConfig
 from bertforge.errors import BertforgeError
+from bertforge.heartbeat import Heartbeat
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,14 @@ def launched() -> World:
 
 
 _processes: list[tuple[str, int]] = []  # (host, PID) of every rank, in rank order, once the group exists
+_heartbeat: Heartbeat | None = None  # this process's, while it is in the group
+_continue_with = "start the run again"  # how to continue the run, as `lost_processes_reported` was told
 
 
 def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
-    """Join the process group torchrun prepared (once per process); return this process's world."""
+    """Join the process group torchrun prepared (once per process) and start this process's heartbeat;
+    return this process's world."""
+    global _heartbeat
     world = launched()
     if world.distributed and not dist.is_initialized():
         if device.type == "cuda":
@@ -89,7 +98,19 @@ def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
         dist.init_process_group(backend, timeout=timeout, **_restart_rendezvous(timeout))
         atexit.register(leave)  # Python API users; the CLI leaves earlier
         _processes[:] = gather_objects((socket.gethostname(), os.getpid()))
+        if dist.is_initialized():  # (tests replace the process group)
+            store = dist.distributed_c10d._get_default_store()
+            _heartbeat = Heartbeat(store, world.rank, world.world_size, stop_for_lost).start()
     return world
+
+
+def stop_for_lost(problem: str) -> None:
+    """End this process at once with one line, when the heartbeat found a process of the run lost:
+    its main thread may be waiting in a collective that nothing else interrupts."""
+    this = f"this process (rank {launched().rank}) stops too"
+    sys.stderr.write(f"bertforge: error: {problem}; {this}; {_continue_with}\n")
+    sys.stderr.flush()
+    os._exit(2)
 
 
 def _restart_rendezvous(timeout: timedelta) -> dict:
@@ -126,9 +147,15 @@ def launch_command(arguments: str) -> str:
 @contextlib.contextmanager
 def lost_processes_reported(then: str) -> Iterator[None]:
     """Turn a collective that failed because another rank's process ended into one `BertforgeError`
-    naming that rank; `then` says how to continue the run."""
+    naming that rank; `then` says how to continue the run (also in the heartbeat's line). When the
+    block ends normally, this process's part of the run is done: its heartbeat stops, and the
+    other processes stop watching it (on an error it goes on until the process leaves, so that
+    the others notice its silence then)."""
+    global _continue_with
+    _continue_with = then
     try:
         yield
+        stop_heartbeat(finished=True)
     except RuntimeError as error:  # `dist.DistError` is one
         if not (dist.is_initialized() and communication_failed(error)):
             raise
@@ -191,6 +218,15 @@ def joined_after(device: torch.device, timeout_minutes: float) -> Iterator[World
     barrier()
 
 
+def stop_heartbeat(finished: bool) -> None:
+    """Stop this process's heartbeat; `finished`: its work in the run is done, so that the others do
+    not take its silence for a loss."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop(finished)
+        _heartbeat = None
+
+
 def leave() -> None:
     """Leave the process group at the end of a command, while the interpreter is still whole.
 
@@ -199,6 +235,7 @@ def leave() -> None:
     finished its work could abort on exit ("terminate called without an active exception").
     Registered at exit too, for library users; leaving twice is a no-op.
     """
+    stop_heartbeat(finished=False)  # a run that ended well stopped it already
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
@@ -245,10 +282,15 @@ def batch_plan(train: TrainConfig, world_size: int | None = None) -> BatchPlan:
 
 
 def wrap(model: torch.nn.Module, device: torch.device, world: World) -> torch.nn.Module:
-    """The model under DistributedDataParallel when there are several processes, else unchanged."""
+    """The model under DistributedDataParallel when there are several processes, else unchanged.
+
+    The gradients are views into DDP's all-reduce buckets (`gradient_as_bucket_view`): no second
+    copy of them in memory, and no copy between the two after each backward.
+    """
     if not world.distributed:
         return model
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
 
 
 def no_sync(model: torch.nn.Module, skip: bool) -> contextlib.AbstractContextManager:
