@@ -29,9 +29,8 @@ from bertforge.checkpoint import CONFIG, LABELS
 from bertforge.config import ModelConfig
 from bertforge.entities import entity_spans
 from bertforge.errors import BertforgeError
-from bertforge.fast_ops import Dropout
 from bertforge.io import read_json
-from bertforge.model import BertModel, check_num_labels, init_weights
+from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import BertTokenizer
 
 TOKEN_TASK = "token-classification"  # labels.json's "task" in a tagger folder
@@ -46,24 +45,18 @@ class NoPooler(nn.Module):
         return None
 
 
-class BertForTokenClassification(nn.Module):
+class BertForTokenClassification(BertForSequenceClassification):
     """BERT with a classification head on every token's state; state dict identical to Hugging Face's.
 
     `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns logits (B, T, num_labels):
     dropout then `classifier` (Linear(hidden, num_labels)), as Hugging Face's with
-    `classifier_dropout = None` (it then uses `hidden_dropout_prob`).
+    `classifier_dropout = None` (it then uses `hidden_dropout_prob`). The sequence classifier's
+    modules and initialisation, without the pooler.
     """
 
     def __init__(self, config: ModelConfig, num_labels: int):
-        super().__init__()
-        check_num_labels(num_labels)
-        self.config = config
-        self.num_labels = num_labels
-        self.bert = BertModel(config)
+        super().__init__(config, num_labels)
         self.bert.pooler = NoPooler()
-        self.dropout = Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_weights(self.classifier, config)
 
     def forward(
         self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
