@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import typing
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from bertforge.config import (
     save_json,
     validate,
 )
+from bertforge.config_rules import RANGES, SEED, check_numbers, count
 from bertforge.errors import BertforgeError
 
 
@@ -176,3 +180,66 @@ def test_every_shipped_config_is_valid(path):
     config = RunConfig()
     apply_mapping(config, load_toml(path), origin=str(path))
     validate(config)
+
+
+def numeric_settings() -> list[str]:
+    """`section.key` of every int or float setting of every config section."""
+    config = RunConfig()
+    return [
+        f"{section.name}.{key}"
+        for section in fields(config)
+        for key, hint in typing.get_type_hints(type(getattr(config, section.name))).items()
+        if hint in (int, float)
+    ]
+
+
+def test_every_numeric_setting_has_a_range():
+    assert sorted(RANGES) == sorted(numeric_settings())
+
+
+# -2: -1 means "auto" for runtime.num_workers; TOML reads 1e400 as infinity
+ABSURD = ["-2", "-1e30", "nan", "inf", "-inf", "1e30", "99999999999999999999", "-99999999999999999999"]
+
+
+@pytest.mark.parametrize("name", numeric_settings())
+def test_an_absurd_number_for_any_setting_is_one_error_naming_it(name):
+    for text in ABSURD:
+        config = RunConfig()
+        with pytest.raises(BertforgeError, match=re.escape(name)):
+            apply_overrides(config, [f"{name}={text}"])
+            validate(config)
+
+
+@pytest.mark.parametrize(
+    "name, allowed, refused",
+    [
+        ("runtime.seed", ["0", "4294967295"], ["-1", "4294967296"]),  # NumPy's seeds are 32-bit
+        ("train.adam_beta1", ["0.0", "0.999"], ["1.0", "-0.5"]),
+        ("train.adam_beta2", ["0.0", "0.999"], ["1.0", "-0.5"]),
+        ("train.adam_epsilon", ["1e-12"], ["0.0"]),
+        ("runtime.num_workers", ["-1", "0", "8"], ["-2", "100000"]),
+        ("train.max_grad_norm", ["0.0", "5.0"], ["-1.0", "inf"]),
+    ],
+)
+def test_the_ends_of_a_range(name, allowed, refused):
+    for text in allowed:
+        config = RunConfig()
+        apply_overrides(config, [f"{name}={text}"])
+        validate(config)
+    for text in refused:
+        config = RunConfig()
+        apply_overrides(config, [f"{name}={text}"])
+        with pytest.raises(BertforgeError, match=rf"^{re.escape(name)} must be .*, got"):
+            validate(config)
+
+
+def test_check_numbers_names_the_first_number_out_of_range():
+    ranges = {"--batch-size": count(), "--seeds": SEED}
+    check_numbers({"--batch-size": 8, "--seeds": [1, 2], "--other": -5}, ranges)
+    check_numbers({"--batch-size": None}, ranges)  # a flag not given
+    with pytest.raises(BertforgeError, match=r"^--batch-size must be positive, got 0$"):
+        check_numbers({"--batch-size": 0}, ranges)
+    with pytest.raises(BertforgeError, match=r"^--seeds must be from 0 to 4,294,967,295 .*, got 4294967296$"):
+        check_numbers({"--seeds": [1, 2**32]}, ranges)
+    with pytest.raises(BertforgeError, match=r"^--batch-size must be at most 2,147,483,647"):
+        check_numbers({"--batch-size": 10**20}, ranges)

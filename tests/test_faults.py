@@ -110,22 +110,43 @@ def test_a_cache_entry_is_built_by_one_process_while_the_other_waits(tmp_path):
     assert order == ["builder", "waiter"]
 
 
-def test_a_huge_learning_rate_stops_the_run_with_one_line(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
+def diverging_after(monkeypatch, steps: int) -> None:
+    """From the optimizer's step `steps` + 1 on, each step leaves the weights non-finite, as a learning
+    rate far too high does (the settings refuse a learning rate above 1)."""
+    step, taken = torch.optim.AdamW.step, []
+
+    def diverging(self, *args, **kwargs):
+        result = step(self, *args, **kwargs)
+        taken.append(1)
+        if len(taken) > steps:
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for param in group["params"]:
+                        param.mul_(float("inf"))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", diverging)
+
+
+def test_a_diverging_run_stops_with_one_line(tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir):
     run = tmp_path / "run"
-    argv = cli_pretrain(wiki_slice, small_tokenizer_dir, run, "--max-steps", "1", "--lr", "1e39")
-    err = assert_clean_failure(capsys, [*argv, "--set", "train.schedule=constant"], "diverged at step 1")
+    argv = cli_pretrain(wiki_slice, small_tokenizer_dir, run, "--max-steps", "1")
+    assert_clean_failure(capsys, [*argv, "--lr", "1e39"], "train.learning_rate must be in (0, 1], got 1e+39")
+    diverging_after(monkeypatch, 0)
+    err = assert_clean_failure(capsys, argv, "diverged at step 1: the weights became non-finite")
     assert "learning rate" in err
     assert not run.exists()  # nothing resumable was reached: no model, finite or not
 
 
-def test_divergence_keeps_the_last_good_checkpoint(tmp_path, wiki_slice, small_tokenizer_dir):
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir):
     run = tmp_path / "run"
     config = tiny_config(wiki_slice, max_steps=4, eval_every=4, checkpoint_every=2, keep_checkpoints=4)
     pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
     before = {p.name: (p / "model.safetensors").read_bytes() for p in list_checkpoints(run)}
 
     config = read_config(run)
-    config.train.learning_rate, config.train.schedule, config.train.max_steps = 1e39, "constant", 8
+    config.train.max_steps = 8
+    diverging_after(monkeypatch, 0)
     with pytest.raises(BertforgeError, match="diverged at step 5: the weights"):
         pretrain(config, run, resume=True, show_progress=False)
 

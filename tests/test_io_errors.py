@@ -157,7 +157,7 @@ def test_impossible_arguments_and_sizes_are_one_line(tmp_path, capsys, tiny_pret
     embed = ["embed", "--model", str(tiny_pretrained_run), "--input", str(lines), "--out", str(folder)]
     assert_clean_failure(capsys, embed, "is a folder")
     classify = ["classify", "--model", str(tiny_pretrained_run), "--batch-size", "0", "a text"]
-    assert_clean_failure(capsys, classify, "--batch-size must be at least 1, got 0")
+    assert_clean_failure(capsys, classify, "--batch-size must be positive, got 0")
     out = tmp_path / "run"
     for setting, message in [
         ("model.max_position_embeddings=100000000", "is above 65,536"),

@@ -334,7 +334,10 @@ def _coerce(value, expected, name: str, origin: str):
     accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[expected]
     # bool is a subclass of int in Python; `true` must not pass as a number.
     if isinstance(value, accepted) and (expected is bool or not isinstance(value, bool)):
-        return float(value) if expected is float else value
+        try:
+            return float(value) if expected is float else value
+        except OverflowError:  # an integer beyond a float's range; `validate` checks the others
+            raise BertforgeError(f"{origin}: {name} = {value} is beyond the range of a number") from None
     raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
 
 

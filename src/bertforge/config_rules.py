@@ -1,5 +1,7 @@
-"""The validation of a run's settings: a table of rules per config section, each rule a requirement
-and the message that tells the user which setting to change and how.
+"""The validation of a run's settings: the range of every numeric setting (`RANGES`) and a table of
+rules per config section, each rule a requirement and the message that tells the user which setting
+to change and how. The same ranges check the numbers of a command's flags that no run config holds
+(`check_flags`): every number a user gives is refused, out of range, with one line that names it.
 
 The rules read a `bertforge.config.RunConfig` (passed in; this module is below it and imports no
 settings), so `bertforge.config.validate` checks them all. Also here: the facts about a config that
@@ -22,6 +24,11 @@ from bertforge.errors import BertforgeError
 
 MAX_POSITIONS = 1 << 16  # BERT uses 512; attention's cost grows with the square of the length
 MAX_PARAMETERS = 10**10  # BERT-large has 3.4e8; beyond this a typo is likelier than a plan
+MAX_COUNT = 2**31 - 1  # the largest C int: torch, NumPy and the tokenizers take counts and sizes as such
+MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
+MAX_THREADS = 1024  # threads and data workers: more than any machine's cores
+MAX_MINUTES = 525_600.0  # a year
+MAX_GRAD_NORM = 1e6  # gradient norms are in the units to hundreds; a larger bound clips nothing
 
 
 @dataclass(frozen=True)
@@ -38,32 +45,83 @@ def setting_value(config, name: str):
     return getattr(getattr(config, section), key)
 
 
-def each(test: Callable[[Any], bool], requirement: str, *names: str) -> list[Rule]:
-    """A rule per setting: its value passes `test`, else "{name} {requirement}, got {value}"."""
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: finite, from `low` to `high`, each bound included unless
+    `low_open` / `high_open`. `says`, when given, is the whole requirement ("must be ...") that a
+    value out of range is told, for ranges whose ends mean something (-1: auto)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    says: str = ""
+
+    def holds(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def requirement(self, value) -> str:
+        """What a `value` out of range breaks: "must be ..."."""
+        if self.says:
+            return self.says
+        if not (isinstance(self.low, int) and isinstance(self.high, int)):
+            opening, closing = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"must be in {opening}{self.low:g}, {self.high:g}{closing}"
+        if isinstance(value, int | float) and value > self.high:  # a count or size from here
+            return f"must be at most {self.high:,}"
+        below = {1: "must be positive", 0: "must not be negative"}
+        return below.get(self.low, f"must be at least {self.low}")
+
+
+def count(low: int = 1, high: int = MAX_COUNT) -> Range:
+    """A count or size: an integer from `low` (1: positive, 0: not negative) to `high`."""
+    return Range(low, high)
+
+
+FRACTION = Range(0.0, 1.0, high_open=True)  # [0, 1): probabilities of dropout, a share of the run
+SEED = Range(0, MAX_SEED, says=f"must be from 0 to {MAX_SEED:,} (2**32 - 1, NumPy's largest seed)")
+# Sampling's temperature: above 100 the next token is drawn nearly uniformly, whatever the model says
+TEMPERATURE = Range(0.0, 100.0, low_open=True)
+
+
+def number_problem(name: str, value, allowed: Range) -> str | None:
+    """The one line that tells the user `value` of `name` (a setting or a flag) is out of range; None
+    when it is not."""
+    return None if allowed.holds(value) else f"{name} {allowed.requirement(value)}, got {value}"
+
+
+def in_ranges(ranges: dict[str, Range]) -> list[Rule]:
+    """A rule per setting of `ranges`: its value lies in its range."""
     return [
         Rule(
-            lambda c, name=name: test(setting_value(c, name)),
-            lambda c, name=name: f"{name} {requirement}, got {setting_value(c, name)}",
+            lambda c, name=name, allowed=allowed: allowed.holds(setting_value(c, name)),
+            lambda c, name=name, allowed=allowed: number_problem(name, setting_value(c, name), allowed),
         )
-        for name in names
+        for name, allowed in ranges.items()
     ]
 
 
-def positive(*names: str) -> list[Rule]:
-    return each(lambda value: value > 0, "must be positive", *names)
+def check_numbers(values: dict[str, Any], ranges: dict[str, Range]) -> None:
+    """Refuse, with one line naming it, the first number of `values` (by name, `None` for one not
+    given, a list for several) outside its range in `ranges`."""
+    for name, allowed in ranges.items():
+        given = values.get(name)
+        for value in given if isinstance(given, list) else [given]:
+            if value is not None and (problem := number_problem(name, value, allowed)):
+                raise BertforgeError(problem)
 
 
-def fraction(*names: str) -> list[Rule]:
-    return each(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)", *names)
-
-
-def positive_number(*names: str) -> list[Rule]:
-    """Positive and finite: NaN and infinity refused."""
-    return each(lambda value: value > 0.0 and math.isfinite(value), "must be a positive number", *names)
-
-
-def not_negative(*names: str) -> list[Rule]:
-    return each(lambda value: value >= 0, "must not be negative", *names)
+def check_flags(args, ranges: dict[str, Range]) -> None:
+    """Refuse the first of a command's number flags (`ranges` by flag: "--batch-size", read from
+    `args.batch_size`) outside its range, with one line naming the flag: for the numbers that reach
+    the library without a run config's validation."""
+    check_numbers({flag: getattr(args, flag.lstrip("-").replace("-", "_"), None) for flag in ranges}, ranges)
 
 
 def choices(section) -> dict[str, tuple[str, ...]]:
@@ -109,16 +167,86 @@ def shortest_sequence(config) -> int:
     return 5 if trains_nsp(config) else 3
 
 
-MODEL_RULES: list[Rule] = [
-    *positive(
-        "model.vocab_size",
-        "model.hidden_size",
-        "model.num_hidden_layers",
-        "model.num_attention_heads",
-        "model.intermediate_size",
-        "model.max_position_embeddings",
-        "model.type_vocab_size",
+# The range of every numeric setting, per section (tests/test_config.py checks that none is left out);
+# the rules below add what ties settings together.
+MODEL_RANGES: dict[str, Range] = {
+    "model.vocab_size": count(),
+    "model.hidden_size": count(),
+    "model.num_hidden_layers": count(),
+    "model.num_attention_heads": count(),
+    "model.intermediate_size": count(),
+    "model.max_position_embeddings": count(),
+    "model.type_vocab_size": count(),
+    "model.hidden_dropout_prob": FRACTION,
+    "model.attention_probs_dropout_prob": FRACTION,
+    "model.layer_norm_eps": Range(0.0, 1.0, low_open=True),
+    "model.initializer_range": Range(0.0, 1.0, low_open=True),
+    "model.pad_token_id": count(0),
+}
+
+TOKENIZER_RANGES: dict[str, Range] = {
+    "tokenizer.vocab_size": count(),
+    "tokenizer.min_frequency": count(),
+}
+
+DATA_RANGES: dict[str, Range] = {
+    "data.max_seq_length": count(),
+    "data.warmup_seq_length": count(0),
+    "data.warmup_seq_fraction": Range(0.0, 1.0, low_open=True, high_open=True),
+    "data.short_seq_prob": FRACTION,
+    "data.mlm_probability": Range(0.0, 1.0, low_open=True, high_open=True),
+    "data.final_mlm_probability": Range(
+        0.0, 1.0, high_open=True, says="must be 0 (the rate stays data.mlm_probability) or in (0, 1)"
     ),
+    "data.max_predictions_per_seq": count(0),
+    "data.mask_subsampling": Range(
+        0.0,
+        1.0,
+        high_open=True,
+        says="must be 0 (every token equally likely to be masked) or in (0, 1), a token frequency such as "
+        "1e-4",
+    ),
+    "data.eval_max_pairs": count(0),
+}
+
+TRAIN_RANGES: dict[str, Range] = {
+    "train.batch_size": count(),
+    "train.gradient_accumulation_steps": count(),
+    "train.learning_rate": Range(0.0, 1.0, low_open=True),
+    "train.weight_decay": Range(0.0, 1.0),
+    "train.adam_beta1": FRACTION,
+    "train.adam_beta2": FRACTION,
+    "train.adam_epsilon": Range(0.0, 1.0, low_open=True),
+    "train.warmup_steps": count(0),
+    "train.warmup_ratio": FRACTION,
+    "train.decay_ratio": Range(0.0, 1.0, low_open=True),
+    "train.max_grad_norm": Range(
+        0.0, MAX_GRAD_NORM, says=f"must be 0 (no clipping) or a positive number up to {MAX_GRAD_NORM:g}"
+    ),
+    "train.max_steps": count(),
+    "train.max_minutes": Range(
+        0.0, MAX_MINUTES, says=f"must be 0 (no time budget) or minutes up to {MAX_MINUTES:,.0f} (a year)"
+    ),
+    "train.log_every": count(),
+    "train.eval_every": count(),
+    "train.checkpoint_every": count(0),
+    "train.keep_checkpoints": count(),
+}
+
+RUNTIME_RANGES: dict[str, Range] = {
+    "runtime.seed": SEED,
+    "runtime.num_workers": Range(-1, MAX_THREADS, says=f"must be -1 (auto) or from 0 to {MAX_THREADS:,}"),
+    "runtime.threads": count(0, MAX_THREADS),
+    "runtime.dist_timeout_minutes": Range(
+        0.0, MAX_MINUTES, low_open=True, says=f"must be a positive number of minutes up to {MAX_MINUTES:,.0f}"
+    ),
+}
+
+RANGES: dict[str, Range] = MODEL_RANGES | TOKENIZER_RANGES | DATA_RANGES | TRAIN_RANGES | RUNTIME_RANGES
+
+
+MODEL_RULES: list[Rule] = [
+    *in_ranges(MODEL_RANGES),
     Rule(
         lambda c: c.model.max_position_embeddings <= MAX_POSITIONS,
         lambda c: (
@@ -141,10 +269,8 @@ MODEL_RULES: list[Rule] = [
             f"model.num_attention_heads ({c.model.num_attention_heads})"
         ),
     ),
-    *fraction("model.hidden_dropout_prob", "model.attention_probs_dropout_prob"),
-    *positive_number("model.layer_norm_eps", "model.initializer_range"),
     Rule(
-        lambda c: 0 <= c.model.pad_token_id < c.model.vocab_size,
+        lambda c: c.model.pad_token_id < c.model.vocab_size,
         lambda c: f"model.pad_token_id ({c.model.pad_token_id}) must be a token id below vocab_size",
     ),
     *one_of_choices("model"),
@@ -184,7 +310,7 @@ GPT_RULES: list[Rule] = only_when(lambda c: c.model.objective == "clm", OPENAI_G
 
 TOKENIZER_RULES: list[Rule] = [
     *one_of_choices("tokenizer"),
-    *positive("tokenizer.vocab_size", "tokenizer.min_frequency"),
+    *in_ranges(TOKENIZER_RANGES),
     Rule(
         lambda c: c.tokenizer.vocab_size > 5,
         lambda c: f"tokenizer.vocab_size ({c.tokenizer.vocab_size}) must exceed the 5 special tokens",
@@ -193,6 +319,7 @@ TOKENIZER_RULES: list[Rule] = [
 
 DATA_RULES: list[Rule] = [
     *one_of_choices("data"),
+    *in_ranges(DATA_RANGES),
     Rule(
         lambda c: c.data.max_seq_length <= c.model.max_position_embeddings,
         lambda c: (
@@ -231,22 +358,6 @@ DATA_RULES: list[Rule] = [
         lambda c: not trains_nsp(c) or c.model.type_vocab_size >= 2,
         lambda c: "NSP (data.nsp or data.warmup_nsp) needs model.type_vocab_size >= 2 (segment ids 0 and 1)",
     ),
-    *each(
-        lambda value: 0.0 < value < 1.0,
-        "must be in (0, 1)",
-        "data.mlm_probability",
-        "data.warmup_seq_fraction",
-    ),
-    *each(
-        lambda value: 0.0 <= value < 1.0,
-        "must be 0 (the rate stays data.mlm_probability) or in (0, 1)",
-        "data.final_mlm_probability",
-    ),
-    *each(
-        lambda value: 0.0 <= value < 1.0,
-        "must be 0 (every token equally likely to be masked) or in (0, 1), a token frequency such as 1e-4",
-        "data.mask_subsampling",
-    ),
     Rule(
         lambda c: not c.data.mask_subsampling or c.model.objective == "mlm",
         lambda c: (
@@ -254,8 +365,6 @@ DATA_RULES: list[Rule] = [
             "set it to 0"
         ),
     ),
-    *fraction("data.short_seq_prob"),
-    *not_negative("data.max_predictions_per_seq", "data.eval_max_pairs"),
 ]
 
 
@@ -298,24 +407,7 @@ def window_model_rules() -> list[Rule]:
 
 TRAIN_RULES: list[Rule] = [
     *one_of_choices("train"),
-    *positive(
-        "train.batch_size",
-        "train.gradient_accumulation_steps",
-        "train.max_steps",
-        "train.log_every",
-        "train.eval_every",
-        "train.keep_checkpoints",
-    ),
-    *fraction("train.warmup_ratio"),
-    *each(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]", "train.decay_ratio"),
-    *positive_number("train.learning_rate", "train.adam_epsilon"),
-    *not_negative(
-        "train.weight_decay",
-        "train.max_grad_norm",
-        "train.max_minutes",
-        "train.warmup_steps",
-        "train.checkpoint_every",
-    ),
+    *in_ranges(TRAIN_RANGES),
     Rule(
         lambda c: c.train.batch_size % c.train.gradient_accumulation_steps == 0,
         lambda c: (
@@ -342,9 +434,7 @@ TRAIN_RULES: list[Rule] = [
 
 RUNTIME_RULES: list[Rule] = [
     *one_of_choices("runtime"),
-    *not_negative("runtime.threads"),
-    *each(lambda value: value >= -1, "must be -1 (auto) or more", "runtime.num_workers"),
-    *positive_number("runtime.dist_timeout_minutes"),
+    *in_ranges(RUNTIME_RANGES),
 ]
 
 

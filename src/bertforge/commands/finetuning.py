@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from bertforge.commands import add_device_argument, add_precision_argument
+from bertforge.config_rules import SEED, check_flags, count, number_problem
 from bertforge.errors import BertforgeError
 from bertforge.labeled import FORMATS, TASK_TYPES
 from bertforge.reporting import add_report_to_argument, reporting_to
@@ -57,6 +58,8 @@ def seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,3") from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give distinct non-negative integers, e.g. 1,2,3")
+    if problem := number_problem("a seed", max(seeds), SEED):
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return seeds
 
 
@@ -201,6 +204,7 @@ def finetune_inputs(args):
     ]
     if missing:
         raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
+    check_flags(args, {"--epochs": count()})
     task = FinetuneTask(
         model=str(args.model),
         train=str(args.train),
@@ -381,8 +385,7 @@ def opened_on_device(args, opener):
     sequence of the folder `opener` reads from --model."""
     from bertforge.runtime import resolve_device
 
-    if args.batch_size < 1:
-        raise BertforgeError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_flags(args, {"--batch-size": count()})
     texts = classify_inputs(args)
     model, tokenizer, labels, config = opener(args.model)
     model.to(resolve_device(args.device))

@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 
 from bertforge.commands import add_device_argument
-from bertforge.config_rules import trains_nsp
+from bertforge.config_rules import SEED, TEMPERATURE, Range, check_flags, count, trains_nsp
 from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
 
@@ -30,6 +30,19 @@ WRONG_MODEL = {  # the objective a command needs -> why a model of the other kin
     "--objective clm): ask this one with `bertforge fill-mask`",
 }
 SHOWCASE_DOCUMENTS = 5000  # documents read from the corpus, at most
+NUMBER_FLAGS = {  # the range of each command's number flags, checked before its model loads
+    "fill-mask": {"--batch-size": count(), "--top-k": count()},
+    "nsp": {"--batch-size": count()},
+    "embed": {"--batch-size": count()},
+    "showcase": {"--batch-size": count(), "--sentences": count(), "--seed": SEED},
+    "generate": {
+        "--max-new-tokens": count(0),
+        "--temperature": TEMPERATURE,
+        "--top-k": count(0),
+        "--top-p": Range(0.0, 1.0, low_open=True),
+        "--seed": SEED,
+    },
+}
 
 
 def register(commands) -> None:
@@ -180,6 +193,7 @@ def load_on_device(args, objective: str = "mlm"):
     from bertforge.folders import open_pretrained
     from bertforge.runtime import resolve_device
 
+    check_flags(args, NUMBER_FLAGS[args.command])
     device = resolve_device(args.device)
     model, tokenizer, config = open_pretrained(args.model)
     if config.model.objective != objective:

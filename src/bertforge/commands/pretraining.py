@@ -373,8 +373,10 @@ def run_pretrain(args) -> int:
 
 
 def run_evaluate(args) -> int:
+    from bertforge.config_rules import check_flags, count
     from bertforge.evaluate import evaluate_model
 
+    check_flags(args, {"--max-pairs": count(0)})  # 0: every pair
     metrics = evaluate_model(
         args.model,
         args.corpus,
