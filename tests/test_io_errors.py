@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from safetensors import SafetensorError
 from bertforge import io
 from bertforge.cache import cached_shards
 from bertforge.checkpoint import list_checkpoints, read_config
+from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.export import export_model
 from bertforge.io import WriteError, write_error
@@ -258,6 +260,90 @@ def test_import_follows_a_hugging_face_cache_snapshot_into_its_blobs(tmp_path, c
 
 
 def main_ok(argv: list[str]) -> bool:
-    from bertforge.cli import main
-
     return main(argv) == 0
+
+
+def fill_disk_at(monkeypatch, name: str) -> None:
+    """Files named `name` are written to /dev/full, which refuses every write as a full disk does: the
+    disk fills up in the middle of writing them."""
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    open_path = Path.open
+
+    def opening(path, mode="r", *args, **kwargs):
+        full = path.name == name and any(flag in mode for flag in "wax")
+        return open_path(Path("/dev/full") if full else path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", opening)
+
+
+def test_a_disk_that_fills_up_under_prepared_shards_is_one_line(
+    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    fill_disk_at(monkeypatch, TOKENS_FILE)
+    out = tmp_path / "shards"
+    argv = ["prepare", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir)]
+    assert main([*argv, "--out", str(out)]) == 2
+    *progress, last = capsys.readouterr().err.splitlines()  # prepare shows its progress
+    assert last == f"bertforge: error: cannot write {out}: {io.REASONS[errno.ENOSPC]}"
+    assert all(line.startswith("tokenizing") for line in progress)
+    assert not list(tmp_path.iterdir())  # no partial folder, no temporary, no lock
+
+    cache = tmp_path / "cache"
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir)]
+    argv += ["--out", str(tmp_path / "run"), "--cache-dir", str(cache), "--quiet"]
+    err = assert_clean_failure(capsys, argv, f"cannot write {cache / 'shards'}")
+    assert re.search(r"shards/\w+: no space left on device", err), err
+    assert not list((cache / "shards").iterdir()) and not (tmp_path / "run").exists()
+
+
+def test_an_out_path_under_a_file_is_one_line(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("the cat sat\n")
+    model = ["--model", str(tiny_pretrained_run)]
+    for argv, out in [
+        (["export", *model], a_file / "sub"),
+        (["embed", *model, "--input", str(lines)], a_file / "vectors.npy"),
+        (["tokenizer", "train", "--corpus", str(lines), "--vocab-size", "50"], a_file / "sub" / "tok"),
+        (
+            ["prepare", "--corpus", str(wiki_slice), "--tokenizer", str(tiny_pretrained_run / "tokenizer")],
+            a_file / "sub",
+        ),
+        (["pretrain", "--corpus", str(wiki_slice), "--max-steps", "1"], a_file / "sub"),
+    ]:
+        err = assert_clean_failure(capsys, [*argv, "--out", str(out)], f"{a_file} is a file, not a folder")
+        assert "File exists" not in err and "Not a directory" not in err
+    assert a_file.read_text() == ""
+
+
+def test_impossible_numbers_on_the_command_line_are_one_line(
+    tmp_path, capsys, tiny_pretrained_run, wiki_slice
+):
+    out, model = tmp_path / "run", ["--model", str(tiny_pretrained_run)]
+    pretrain = ["pretrain", "--corpus", str(wiki_slice), "--out", str(out), "--quiet"]
+    seed = "runtime.seed must be from 0 to 4,294,967,295 (2**32 - 1, NumPy's largest seed), got"
+    for argv, message in [
+        ([*pretrain, "--set", "train.adam_beta1=1.0"], "train.adam_beta1 must be in [0, 1), got 1.0"),
+        ([*pretrain, "--set", "train.adam_beta2=1.0"], "train.adam_beta2 must be in [0, 1), got 1.0"),
+        ([*pretrain, "--set", "train.adam_beta2=-0.5"], "train.adam_beta2 must be in [0, 1), got -0.5"),
+        ([*pretrain, "--seed", "-1"], f"{seed} -1"),
+        ([*pretrain, "--seed", "99999999999999999999"], f"{seed} 99999999999999999999"),
+        ([*pretrain, "--set", "runtime.num_workers=100000"], "runtime.num_workers must be -1 (auto) or"),
+        (["generate", *model, "a", "--seed", str(2**64)], "--seed must be from 0 to 4,294,967,295"),
+        (["generate", *model, "a", "--temperature", "nan"], "--temperature must be in (0, 100], got nan"),
+        (["fill-mask", *model, "a [MASK]", "--top-k", str(10**20)], "--top-k must be at most 2,147,483,647"),
+        (["showcase", *model, "--corpus", str(wiki_slice), "--seed", "-1"], "--seed must be from 0"),
+        (["evaluate", *model, "--corpus", str(wiki_slice), "--max-pairs", "-1"], "--max-pairs must not be"),
+    ]:
+        assert_clean_failure(capsys, argv, message)
+        assert not out.exists()
+    finetune = ["finetune", *model, "--train", "t.csv", "--valid", "v.csv", "--out", str(out)]
+    finetune += ["--text-column", "text", "--label-column", "label"]
+    assert_clean_failure(capsys, [*finetune, "--epochs", str(10**20)], "--epochs must be at most")
+    with pytest.raises(SystemExit, match="2"):  # argparse's own error line
+        main([*finetune, "--seeds", f"1,{2**32}"])
+    assert f"a seed must be from 0 to 4,294,967,295 (2**32 - 1, NumPy's largest seed), got {2**32}" in (
+        capsys.readouterr().err
+    )

@@ -1,16 +1,23 @@
 """`bertforge prepare` writes token shards that `pretrain --shards` trains on: the run is the one the
-corpus itself gives, it resumes, and shards of another tokenizer or of changed text are refused."""
+corpus itself gives, it resumes, and shards of another tokenizer or of changed text are refused. One
+process at a time prepares a folder, and what a killed one left is removed by the next."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, metrics_lines
+from conftest import WIKI_TRAIN, assert_clean_failure, metrics_lines
 
+from bertforge import shards as shards_module
 from bertforge.cli import main
 from bertforge.config import TokenizerConfig
 from bertforge.shards import prepare_shards
@@ -110,8 +117,66 @@ def test_resume_refuses_shards_prepared_again_from_other_text(
     assert (
         main(["pretrain", "--shards", str(folder), "--tokenizer", str(small_tokenizer_dir), *run, *TINY]) == 0
     )
+    shutil.rmtree(folder)  # prepared again, from other text
     prepare_shards(wiki_valid_slice, load_tokenizer(small_tokenizer_dir), folder, show_progress=False)
     resume = ["pretrain", *run, "--resume", "--max-steps", "3", "--quiet"]
     assert_clean_failure(
         capsys, resume, f"data changed since the run in {tmp_path / 'run'} started: {folder}"
     )
+
+
+def prepare_argv(corpus: Path, tokenizer: Path, out: Path) -> list[str]:
+    return ["prepare", "--corpus", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out)]
+
+
+def test_a_folder_being_prepared_is_refused_to_a_second_prepare(
+    tmp_path, capsys, monkeypatch, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    out, results = tmp_path / "shards", []
+    started, go_on = threading.Event(), threading.Event()
+    batches = shards_module._document_batches
+
+    def held_once(documents):  # the first preparation waits in its first batch until told to go on
+        for batch in batches(documents):
+            if not started.is_set():
+                started.set()
+                go_on.wait(60)
+            yield batch
+
+    monkeypatch.setattr(shards_module, "_document_batches", held_once)
+    first = threading.Thread(
+        target=lambda: results.append(main(prepare_argv(wiki_slice, small_tokenizer_dir, out)))
+    )
+    first.start()
+    try:
+        assert started.wait(60)
+        capsys.readouterr()  # the first one's progress so far
+        second = prepare_argv(wiki_valid_slice, small_tokenizer_dir, out)
+        assert_clean_failure(capsys, second, f"{out} is being written by another bertforge process (process ")
+    finally:
+        go_on.set()
+        first.join(60)
+    assert results == [0]
+    assert json.loads((out / "meta.json").read_text())["source"]["path"] == str(wiki_slice.resolve())
+    capsys.readouterr()
+    assert_clean_failure(capsys, second, "already exists and is not an empty folder")  # once it is done
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+def test_what_a_killed_prepare_left_is_removed_by_the_next(tmp_path, wiki_slice, small_tokenizer_dir):
+    out = tmp_path / "shards"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = prepare_argv(WIKI_TRAIN, small_tokenizer_dir, out)  # 11 MB: seconds of tokenizing to kill it in
+    killed = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".shards.tmp-*/tokens.bin")):
+            assert killed.poll() is None and time.monotonic() < deadline, "prepare ended before it was killed"
+            time.sleep(0.01)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    assert not out.exists() and list(tmp_path.glob(".shards.tmp-*"))
+    assert main(prepare_argv(wiki_slice, small_tokenizer_dir, out)) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]

@@ -99,7 +99,7 @@ def test_token_dtype_widens_for_large_vocabularies():
     assert token_dtype(65535) == np.uint16 and token_dtype(65536) == np.uint32
 
 
-def test_empty_sentences_and_documents_are_skipped_and_reprepare_replaces(tokenizer, tmp_path, capsys):
+def test_empty_sentences_and_documents_are_skipped_and_a_prepared_folder_is_kept(tokenizer, tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     texts = ["The lobster is blue.\n\u200b", "\u200b", "It turns red. \u00ad"]  # zero-width: no tokens
     corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
@@ -109,10 +109,14 @@ def test_empty_sentences_and_documents_are_skipped_and_reprepare_replaces(tokeni
     shards = TokenShards.open(out_dir)
     assert counts(shards)[1:] == (2, 2)
     assert tokenizer.decode(document(shards, 1)[0]) == "it turns red."
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     corpus.write_text("One more.\n", encoding="utf-8")
-    meta = prepare_shards(corpus, tokenizer, out_dir, format="text", show_progress=False)
-    assert counts(TokenShards.open(out_dir))[2] == meta["num_documents"] == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "shards"]
+    with pytest.raises(BertforgeError, match="already exists and is not an empty folder"):
+        prepare_shards(corpus, tokenizer, out_dir, format="text", show_progress=False)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+    meta = prepare_shards(corpus, tokenizer, tmp_path / "again", format="text", show_progress=False)
+    assert counts(TokenShards.open(tmp_path / "again"))[2] == meta["num_documents"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "corpus.jsonl", "shards"]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
-from bertforge.shards import TokenShards, prepare_shards
+from bertforge.shards import TokenShards, build_shards
 from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
 
 
@@ -113,7 +113,7 @@ def cached_shards(
     if not (folder / "meta.json").is_file():
         with entry_lock(folder):
             if not (folder / "meta.json").is_file():  # built by another process while this one waited
-                prepare_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
+                build_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
     return checked_ids(TokenShards.open(folder), tokenizer)
 
 

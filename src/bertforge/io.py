@@ -6,9 +6,10 @@ the old file or the new one, never half of one, and temporary siblings (`.NAME.t
 when the write fails. A folder is deleted by first renaming it aside (`.NAME.del-*`), so a kill
 never leaves a half-deleted folder under its own name. What a killed writer leaves (`.NAME.tmp-*`,
 `.NAME.old-*`, `.NAME.del-*`) is removed at the next start by the process that takes the folder's
-lock (or, in the shared cache, the entry's lock); a folder moved aside for a replacement that never
-arrived is put back. A write the disk refuses (full, read-only, no permission)
-raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
+lock (or, for a folder built whole such as a cache entry or prepared shards, the builder's lock
+`.NAME.lock` beside it); a folder moved aside for a replacement that never arrived is put back. A
+write the disk refuses (full, read-only, no permission), or one under a path where a file stands
+for a folder, raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
 `write_json`'s (indented, newline-terminated, atomic); every JSON object it reads is `read_json`'s,
 which names the file and what is wrong with it in one line. Every file content hash (of a corpus,
 a checkpoint's files, a data file) is `file_sha256`'s. Locks are OS file locks (`flock`) on a file
@@ -38,8 +39,8 @@ class WriteError(BertforgeError, OSError):
     """A write refused by the disk. Also an `OSError`, so that callers who tolerate a failed write
     (an optional cache file) still do."""
 
-    def __init__(self, path: Path, code: int) -> None:
-        super().__init__(f"cannot write {path}: {REASONS.get(code, os.strerror(code))}")
+    def __init__(self, path: Path, code: int, reason: str = "") -> None:
+        super().__init__(f"cannot write {path}: {reason or REASONS.get(code, os.strerror(code))}")
         self.errno = code
 
 
@@ -68,17 +69,34 @@ def os_errno(error: BaseException) -> int | None:
 
 
 def write_error(path: Path, error: BaseException) -> WriteError | None:
-    """`WriteError` for a failed write of `path` when the disk refused it, else None (a bug or a
-    user error of its own keeps its type). An `OSError` about another file is not a write of `path`."""
+    """`WriteError` for a failed write of `path` when the disk refused it, or when a file stands where
+    a folder above it should be; else None (a bug or a user error of its own keeps its type). An
+    `OSError` about another file is not a write of `path`."""
     if isinstance(error, BertforgeError):
         return None
     code = os_errno(error)
+    if code in (errno.EEXIST, errno.ENOTDIR) and (blocker := file_in_the_way(path)):
+        return WriteError(path, code, f"{blocker} is a file, not a folder; choose a path under a folder")
     if code not in REASONS:
         return None
     filename = getattr(error, "filename", None)
     if isinstance(filename, str) and not _on_the_way(Path(path), Path(filename)):
         return None
     return WriteError(path, code)
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file that stands where a folder above `path` should be (`FILE` of `FILE/sub`), if any."""
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_folder_path(path: Path) -> None:
+    """Refuse a folder path `path` that cannot be made because a file stands above it."""
+    if blocker := file_in_the_way(path):
+        raise BertforgeError(f"{blocker} is a file, not a folder, so `out` cannot be {path}; choose another")
 
 
 def _on_the_way(path: Path, other: Path) -> bool:
@@ -185,6 +203,7 @@ def check_new_folder(out: Path) -> None:
     """Refuse an output folder that already holds something."""
     if Path(out).is_file():
         raise BertforgeError(f"{out} is a file; `out` must name a new folder")
+    check_folder_path(out)
     if is_occupied(out):
         raise BertforgeError(f"{out} already exists and is not an empty folder; choose a new `out`")
 
@@ -196,6 +215,7 @@ def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
     out = Path(out)
     if out.is_file():
         raise BertforgeError(f"{out} is a file; `out` must name a folder")
+    check_folder_path(out)
     if resume:
         if not (out / marker).is_file():
             raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
@@ -338,6 +358,7 @@ class RunFolderLock:
     def acquire(self) -> RunFolderLock:
         if self.folder.exists() and not self.folder.is_dir():
             raise BertforgeError(f"{self.folder} is a file; `out` must name a folder")
+        check_folder_path(self.folder)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             taken = self.lock.acquire(wait=False)
@@ -366,12 +387,18 @@ class RunFolderLock:
         self.release()
 
 
+def builder_lock(folder: Path) -> FileLock:
+    """The lock of whoever builds the folder `folder` whole (`atomic_directory`): `.NAME.lock` beside
+    it, since the folder itself is replaced."""
+    return FileLock(Path(folder).parent / f".{Path(folder).name}.lock")
+
+
 @contextlib.contextmanager
 def entry_lock(folder: Path) -> Iterator[None]:
     """Hold `.NAME.lock` beside a shared cache entry `folder` while it is checked and built, so that
     a second process waits for the first to build it and then reuses it."""
     folder = Path(folder)
-    lock = FileLock(folder.parent / f".{folder.name}.lock")
+    lock = builder_lock(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         taken = lock.acquire(wait=False)
@@ -393,6 +420,43 @@ def entry_lock(folder: Path) -> Iterator[None]:
         lock.release()
 
 
+@contextlib.contextmanager
+def building_new_folder(folder: Path) -> Iterator[None]:
+    """Be the one process that builds the new folder `folder` (whole, with `atomic_directory`) while
+    the block runs: hold its `builder_lock`, refusing with one line that names the owner while another
+    process holds it; then remove what a killed build of it left beside it, and refuse `folder` unless
+    it is new (checked under the lock: of two processes started together, the second finds the
+    first's folder)."""
+    folder = Path(folder)
+    check_new_folder(folder)
+    lock = builder_lock(folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        taken = lock.acquire(wait=False)
+    except OSError as error:
+        raise write_error(folder, error) or error from None
+    if not taken:
+        raise BertforgeError(
+            f"{folder} is being written by another bertforge process (process {lock.owner()}); wait for "
+            "it to finish or choose another `out`"
+        )
+    try:
+        remove_leftovers_of(folder)
+        check_new_folder(folder)
+        yield
+    finally:
+        lock.release()
+
+
+def remove_leftovers_of(folder: Path) -> None:
+    """Remove what killed writers of `folder` left beside it (`.NAME.tmp-*`, ...). Only for the holder
+    of its `builder_lock`: nobody else is writing it."""
+    with contextlib.suppress(OSError):
+        for entry in Path(folder).parent.iterdir():
+            if (match := LEFTOVER.match(entry.name)) and match["name"] == Path(folder).name:
+                remove_leftover(entry, match)
+
+
 def remove_orphaned_entries(folder: Path) -> None:
     """Remove the leftovers beside the entries of a shared cache folder that no live process is
     building: those whose entry lock (see `entry_lock`) this process can take at once."""
@@ -401,12 +465,10 @@ def remove_orphaned_entries(folder: Path) -> None:
     except OSError:
         return
     for name in sorted(names):
-        lock = FileLock(Path(folder) / f".{name}.lock")
+        lock = builder_lock(Path(folder) / name)
         with contextlib.suppress(OSError):
             if lock.acquire(wait=False):
                 try:  # listed again under the lock: a writer that finished meanwhile left nothing
-                    for entry in Path(folder).iterdir():
-                        if (match := LEFTOVER.match(entry.name)) and match["name"] == name:
-                            remove_leftover(entry, match)
+                    remove_leftovers_of(Path(folder) / name)
                 finally:
                     lock.release()

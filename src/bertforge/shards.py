@@ -6,7 +6,9 @@ the vocabulary fits, else uint32); `sentence_offsets.bin` (int64, num_sentences 
 each sentence starts in it; `document_offsets.bin` (int64, num_documents + 1) says which
 sentences each document holds; `meta.json` records the counts, the tokenizer fingerprint and the
 source file's content hash. Preparation streams the corpus in batches, so memory stays flat as
-the corpus grows, and writes the folder atomically.
+the corpus grows, and writes the folder atomically, one process at a time (`prepare_shards`; the
+cache builds its entries under its own lock with `build_shards`); a full disk is one line naming
+the folder.
 
 Also owns `ShardSet`, several shard folders (one per corpus file) seen as one corpus, and
 `concat_shards`, which builds it.
@@ -14,6 +16,7 @@ Also owns `ShardSet`, several shard folders (one per corpus file) seen as one co
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +26,7 @@ import numpy as np
 
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, read_documents, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, file_sha256, read_json, write_json
+from bertforge.io import atomic_directory, building_new_folder, file_sha256, read_json, write_json
 from bertforge.progress import progress_bar
 from bertforge.tokenizer import BertTokenizer
 
@@ -48,13 +51,32 @@ def prepare_shards(
     out_dir: str | Path,
     format: str = "auto",
     show_progress: bool = True,
+    text_column: str = DEFAULT_TEXT_COLUMN,
+) -> dict:
+    """Tokenize `corpus` into the new shard folder `out_dir` and return its meta.json content.
+
+    One process at a time prepares a folder: another one preparing it is refused with one line, a
+    folder that exists already too, and what a killed preparation of it left is removed first
+    (`bertforge.io.building_new_folder`). `text_column`: the field of a jsonl file or the column of
+    a Parquet file that holds the text.
+    """
+    with building_new_folder(Path(out_dir)):
+        return build_shards(corpus, tokenizer, out_dir, format, show_progress, text_column=text_column)
+
+
+def build_shards(
+    corpus: str | Path,
+    tokenizer: BertTokenizer,
+    out_dir: str | Path,
+    format: str = "auto",
+    show_progress: bool = True,
     corpus_sha256: str | None = None,
     text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> dict:
-    """Tokenize `corpus` into a shard folder at `out_dir` and return its meta.json content.
+    """`prepare_shards` for a caller that holds the folder's lock (the cache's entry lock): the folder
+    `out_dir` is written whole, replacing what was there.
 
     `corpus_sha256`: the corpus hash when the caller already has it (the cache does), to save a pass.
-    `text_column`: the field of a jsonl file or the column of a Parquet file that holds the text.
     """
     corpus = Path(corpus)
     corpus_format = resolve_format(corpus, format)  # checks the file and the format name first
@@ -108,23 +130,29 @@ def _document_batches(documents):
 
 
 class _ShardWriter:
-    """Appends tokenized batches of documents to the three binary files."""
+    """Appends tokenized batches of documents to the three binary files.
+
+    Arrays are written through the file objects, never with NumPy's `tofile`, whose failed write
+    ("N requested and M written") carries no OS error: a full disk is then reported as one.
+    """
 
     def __init__(self, folder: Path, dtype: np.dtype):
         self.dtype = dtype
         self.num_tokens = self.num_sentences = self.num_documents = 0
-        self._tokens: BinaryIO = (folder / TOKENS_FILE).open("wb")
-        self._sentences: BinaryIO = (folder / SENTENCE_OFFSETS_FILE).open("wb")
-        self._documents: BinaryIO = (folder / DOCUMENT_OFFSETS_FILE).open("wb")
-        np.zeros(1, np.int64).tofile(self._sentences)
-        np.zeros(1, np.int64).tofile(self._documents)
+        with contextlib.ExitStack() as opened:  # closes those opened if opening the next fails
+            self._tokens, self._sentences, self._documents = (
+                opened.enter_context((folder / name).open("wb"))
+                for name in (TOKENS_FILE, SENTENCE_OFFSETS_FILE, DOCUMENT_OFFSETS_FILE)
+            )
+            self._files = opened.pop_all()  # closed by __exit__ from here
+        _write(self._sentences, np.zeros(1, np.int64))
+        _write(self._documents, np.zeros(1, np.int64))
 
     def __enter__(self) -> _ShardWriter:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for handle in (self._tokens, self._sentences, self._documents):
-            handle.close()
+        self._files.close()  # each file, even when closing another failed
 
     def add(self, documents: list[list[str]], tokenizer: BertTokenizer) -> None:
         sentences = [sentence for document in documents for sentence in document]
@@ -135,12 +163,17 @@ class _ShardWriter:
         sentences_per_document = np.bincount(owner[kept], minlength=len(documents))
         sentences_per_document = sentences_per_document[sentences_per_document > 0]
         tokens = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=int(lengths.sum()))
-        tokens.tofile(self._tokens)
-        (self.num_tokens + np.cumsum(lengths[kept])).tofile(self._sentences)
-        (self.num_sentences + np.cumsum(sentences_per_document)).tofile(self._documents)
+        _write(self._tokens, tokens)
+        _write(self._sentences, self.num_tokens + np.cumsum(lengths[kept]))
+        _write(self._documents, self.num_sentences + np.cumsum(sentences_per_document))
         self.num_tokens += len(tokens)
         self.num_sentences += int(kept.sum())
         self.num_documents += len(sentences_per_document)
+
+
+def _write(handle: BinaryIO, array: np.ndarray) -> None:
+    """Append `array`'s bytes to `handle` (machine byte order, as `np.memmap` reads them)."""
+    handle.write(np.ascontiguousarray(array).data)
 
 
 class TokenShards:
