@@ -225,11 +225,18 @@ def test_parquet_errors(tmp_path, monkeypatch):
     with pytest.raises(BertforgeError, match="column 'id' holds int64, not text"):
         read_documents(path, text_column="id")
     assert "is a Parquet file but the corpus format is 'text'" in error_message(path, "text")
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(path.read_bytes()[:-12])  # its footer cut off
+    with pytest.raises(BertforgeError, match="damaged.parquet is not a readable Parquet file"):
+        read_documents(damaged)
     fake = write(tmp_path / "fake.parquet", "not parquet\n")
-    with pytest.raises(BertforgeError, match="fake.parquet is not a readable Parquet file"):
+    not_parquet = r"fake.parquet is not a Parquet file \(Parquet files start with the bytes PAR1, it starts"
+    with pytest.raises(BertforgeError, match=not_parquet):
         read_documents(fake)
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(BertforgeError, match=not_parquet):  # told without pyarrow, which it needs not
+        read_documents(fake)
     with pytest.raises(
         BertforgeError, match=r"needs pyarrow; install it with `pip install 'bertforge\[parquet\]'`"
     ):

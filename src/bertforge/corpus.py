@@ -194,6 +194,7 @@ class _ParquetRows:
     def __init__(self, path: Path, column: str):
         self.path, self.column = path, column
         self.consumed = 0
+        _check_parquet_magic(path)  # before asking for pyarrow, which a file of another kind needs not
         self._pa = _pyarrow()
         schema = self._open().schema_arrow
         if column not in schema.names:
@@ -230,6 +231,20 @@ class _ParquetRows:
                         yield number, text
         except (OSError, self._pa.ArrowException) as error:
             raise self._unreadable(error) from None
+
+
+_PARQUET_MAGIC = (b"PAR1", b"PARE")  # the first 4 bytes of a Parquet file (PARE: its footer encrypted)
+
+
+def _check_parquet_magic(path: Path) -> None:
+    """Refuse a `.parquet` file that does not start as Parquet files do."""
+    with path.open("rb") as handle:
+        start = handle.read(4)
+    if start not in _PARQUET_MAGIC:
+        raise BertforgeError(
+            f"{path} is not a Parquet file (Parquet files start with the bytes PAR1, it starts with "
+            f"{start!r}); check the file, or name a text corpus with another ending than .parquet"
+        )
 
 
 def _pyarrow():
