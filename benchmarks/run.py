@@ -5,6 +5,7 @@
     python -m benchmarks.run --only step --only e2e
     python -m benchmarks.run --only quality --minutes 10
     python -m benchmarks.run --only glue --glue-model runs/mini-30min   # target: at most 60 min on 2 cores
+    python -m benchmarks.run --only ner    # CoNLL-2003, BERT-Mini, 3 epochs: target at most 10 min on 2 cores
 
 Every ratio is measured in this one run, on this machine, with one thread count.
 """
@@ -20,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import e2e, glue, prep, quality, step
+from benchmarks import e2e, glue, ner, prep, quality, step
 from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
 from bertforge.cache import default_cache_dir
 from bertforge.runtime import resolve_device
 
-MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue")
+MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue", "ner")
+ON_REQUEST = ("ner",)  # run only when --only names them
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -56,6 +58,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Path(glue.GLUE_DATA),
         help="glue: the folder above GLUE's task folders (default $BERTFORGE_GLUE or ../shared/data)",
     )
+    parser.add_argument(
+        "--ner-model", type=Path, help="ner: a pretrained model (default: BERT-Mini from random weights)"
+    )
+    parser.add_argument(
+        "--ner-data",
+        type=Path,
+        default=Path(ner.CONLL_DATA),
+        help="ner: the folder of CoNLL-2003's train.txt and dev.txt (default $BERTFORGE_CONLL)",
+    )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument(
         "--keep-freed-memory",
@@ -78,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
-    only = args.only or [name for name in MEASUREMENTS if name != "glue" or args.glue_model]
+    only = args.only or [
+        name for name in MEASUREMENTS if (name != "glue" or args.glue_model) and name not in ON_REQUEST
+    ]
     if "glue" in only and (why := glue.refusal(args.glue_model, args.glue_data, args.quick)):
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    if "ner" in only and (why := ner.refusal(args.ner_model, args.ner_data)):
         print(f"error: {why}", file=sys.stderr)
         return 2
     device = resolve_device(args.device)
@@ -120,6 +136,8 @@ def run_all(args, only: list[str], precisions: list[str], bench: Bench, results:
         results["quality"] = quality.run(minutes, bench, results.get("step", []))
     if "glue" in only:
         results["glue"] = glue.run(args.glue_model, args.glue_data, bench)
+    if "ner" in only:
+        results["ner"] = ner.run(args.ner_model, args.ner_data, bench)
 
 
 def dtype(precision: str) -> torch.dtype:
@@ -269,6 +287,8 @@ def report(results: dict) -> str:
         out.append(quality_table(q))
     if "glue" in results:
         out += glue_lines(results["glue"])
+    if "ner" in results:
+        out += ner.lines(results["ner"])
     return "\n".join(out)
 
 

@@ -62,6 +62,20 @@ def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
     assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout
 
 
+def test_the_quick_ner_benchmark_times_fine_tuning_a_tagger(tmp_path):
+    out = tmp_path / "ner.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "ner", "--precisions", "fp32"]
+    command += ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--threads", "2"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ner = json.loads(out.read_text(encoding="utf-8"))["ner"]
+    assert ner["epochs"] == 1 and ner["steps"] == 16  # 500 sentences in batches of 32
+    assert ner["wall_minutes"] > ner["fine_tuning_minutes"] > 0
+    assert ner["target_minutes"] == 10 and ner["target_met"] is None  # --quick is not the target's workload
+    assert 0.0 <= ner["dev_f1"] <= 1.0
+    assert "(6) ner" in done.stdout and "target <= 10 min" in done.stdout
+
+
 def test_the_glue_benchmark_without_a_model_is_refused_before_it_starts(tmp_path):
     out = tmp_path / "glue.json"
     command = [sys.executable, "-m", "benchmarks.run", "--only", "glue", "--out", str(out)]
