@@ -144,8 +144,10 @@ def test_a_truncated_optimizer_state_is_named(tmp_path, capsys, tiny_pretrained_
     run = copy_run(tiny_pretrained_run, tmp_path)
     (checkpoint,) = list_checkpoints(run)
     state = json.loads((checkpoint / "state.json").read_text())
-    del state["sha256"]  # as before hashes were recorded: only loading it can find the damage
+    # as written before checkpoints recorded their hashes: only loading it can find the damage
+    del state["sha256"], state["checksums"]
     (checkpoint / "state.json").write_text(json.dumps(state))
+    (checkpoint / "checksums.json").unlink()
     os.truncate(checkpoint / "optimizer.pt", 1000)
     argv = ["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"]
     assert_clean_failure(capsys, argv, "optimizer.pt is damaged")

@@ -7,14 +7,18 @@ A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resu
     optimizer.pt        optimizer and grad-scaler state: tensors and plain values only, so it loads
                         with `torch.load(weights_only=True)`
     state.json          step, data position, elapsed time, RNG states, last metrics, and the
-                        sha256 of each other file (checked on load; older checkpoints lack them)
+                        sha256 of the weights, optimizer and config
     config.json         the effective run config
+    checksums.json      the sha256 of every other file, state.json included, written last; a
+                        checkpoint is checked against it before anything of it is used
 
 A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files;
 `bertforge.folders` finds the folder a path names and opens it with the readers here.
 Every folder is written beside its final name and renamed into place, so a crash never leaves a
 half-written checkpoint that `--resume` would pick up; a checkpoint damaged later (a flipped bit,
-a truncated file) fails its hash check and is reported as `DamagedCheckpoint`.
+a truncated file, a removed file) fails its hash check and is reported as `DamagedCheckpoint`.
+A checkpoint without checksums.json, whose state.json does not say it has one, is of the older
+layout: the hashes in its state.json are checked (if it has any); its state.json cannot be.
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 CONFIG = "config.json"
+CHECKSUMS = "checksums.json"  # a checkpoint's manifest: {"sha256": {file name: hex digest}}
 LABELS = "labels.json"  # a classifier folder's label names, in id order
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
-HASHED = (WEIGHTS, OPTIMIZER, CONFIG)  # a checkpoint's files whose sha256 state.json records
+HASHED = (WEIGHTS, OPTIMIZER, CONFIG)  # the files whose sha256 state.json records
 TIED = {**TIED_KEYS, **GPT_TIED_KEYS}  # aliases of tied tensors, BERT's and GPT's: never saved
 CLASSIFIER_HEADS = ("classifier.", "score.")  # a BERT and a GPT classifier's head: one row per label
 
@@ -201,23 +206,57 @@ def save_checkpoint(
             torch.save(extra, handle)
         save_json(config, tmp / CONFIG)
         hashes = {name: file_sha256(tmp / name) for name in HASHED}
-        payload = dict(state, step=step, rng=rng_states(model_device(model)), sha256=hashes)
-        write_json(tmp / STATE, payload)
+        rng = rng_states(model_device(model))
+        write_json(tmp / STATE, dict(state, step=step, rng=rng, sha256=hashes, checksums=CHECKSUMS))
+        write_checksums(tmp, hashes)
     return target
 
 
-def verify_files(path: Path, state: dict, names: tuple[str, ...] = HASHED) -> None:
-    """Check `names` in checkpoint folder `path` against the sha256 its state.json recorded."""
-    recorded = state.get("sha256") or {}  # absent in checkpoints written before hashes were kept
-    for name in names:
+def write_checksums(folder: Path, known: dict[str, str]) -> None:
+    """Record the sha256 of every file in `folder` (those in `known` already hashed) in its
+    checksums.json, the last file written."""
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
+    hashes = {name: known.get(name) or file_sha256(folder / name) for name in files}
+    write_json(folder / CHECKSUMS, {"sha256": hashes})
+
+
+def verify_checkpoint(path: Path, names: tuple[str, ...] | None = None) -> None:
+    """Check the files of checkpoint folder `path` (all of them, or `names`) against its
+    checksums.json; a checkpoint of the older layout, without one, against its state.json's hashes."""
+    manifest = path / CHECKSUMS
+    if not manifest.is_file():
+        state = read_state(path)
+        if state.get("checksums"):  # written with one, which is gone
+            raise DamagedCheckpoint(f"{manifest} is missing; the checkpoint is incomplete")
+        verify_files(path, state, names or HASHED)
+        return
+    damaged, missing = "use another checkpoint", "the checkpoint is incomplete"
+    recorded = read_json(manifest, damaged=damaged, missing=missing, error=DamagedCheckpoint).get("sha256")
+    if not isinstance(recorded, dict) or STATE not in recorded:
+        raise DamagedCheckpoint(f"{manifest} does not list the checkpoint's files; {damaged}")
+    for name in names or tuple(recorded):
         if name not in recorded:
-            continue
-        if not (path / name).is_file():
-            raise DamagedCheckpoint(f"{path / name} is missing; the checkpoint is incomplete")
-        if file_sha256(path / name) != recorded[name]:
-            raise DamagedCheckpoint(
-                f"checkpoint {path} is damaged: {name} differs from what was written (sha256 mismatch)"
-            )
+            raise DamagedCheckpoint(f"{manifest} does not list {name}; {damaged}")
+        check_hash(path, name, recorded[name])
+
+
+def verify_files(path: Path, state: dict, names: tuple[str, ...] = HASHED) -> None:
+    """Check `names` in checkpoint folder `path` against the sha256 its state.json recorded (none in
+    the oldest checkpoints)."""
+    recorded = state.get("sha256") or {}
+    for name in names:
+        if name in recorded:
+            check_hash(path, name, recorded[name])
+
+
+def check_hash(path: Path, name: str, sha256: str) -> None:
+    """Refuse file `name` of checkpoint `path` unless it is there with this sha256."""
+    if not (path / name).is_file():
+        raise DamagedCheckpoint(f"{path / name} is missing; the checkpoint is incomplete")
+    if file_sha256(path / name) != sha256:
+        raise DamagedCheckpoint(
+            f"checkpoint {path} is damaged: {name} differs from what was written (sha256 mismatch)"
+        )
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -246,8 +285,8 @@ def load_checkpoint(
 
     Every file is checked against its recorded hash before anything is loaded.
     """
+    verify_checkpoint(path)
     state = read_state(path)
-    verify_files(path, state)
     load_weights(model, path / WEIGHTS)
     try:
         extra = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)

@@ -7,7 +7,7 @@ The kinds, as `find_model_folder` tells them apart:
 - a model folder (a run's `final/`, or what `bertforge import-hf` writes): model.safetensors,
   config.json (bertforge's RunConfig) and the tokenizer files;
 - a checkpoint (`checkpoints/step_NNNNNN/`): a model folder whose tokenizer is its run's
-  `tokenizer/`; its weights and config are checked against the hashes in its state.json;
+  `tokenizer/`; its weights and config are checked against the hashes in its checksums.json;
 - a classifier folder (a fine-tuning run's `final/`): a model folder with labels.json;
 - a Hugging Face folder: what `bertforge export` writes, or a BERT or OpenAIGPT model saved by
   `transformers`: config.json with a `model_type`, model.safetensors or pytorch_model.bin
@@ -49,9 +49,8 @@ from bertforge.checkpoint import (
     pretraining_model,
     read_config,
     read_labels,
-    read_state,
     read_weights,
-    verify_files,
+    verify_checkpoint,
 )
 from bertforge.classifier import ENCODER, Classifier, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
@@ -154,7 +153,7 @@ def open_pretrained(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, 
             "and NSP heads; use `bertforge classify` (or bertforge.folders.open_classifier) for it"
         )
     if folder.is_checkpoint:  # its files must be those that were written
-        verify_files(folder.path, read_state(folder.path), (WEIGHTS, CONFIG))
+        verify_checkpoint(folder.path, (WEIGHTS, CONFIG))
     config, tokenizer = read_config_and_tokenizer(folder)
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
