@@ -708,7 +708,7 @@ class Job:
             plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
-        keys = list(dict.fromkeys((*METRICS[self.kind][:-1], self.best_by)))
+        keys = list(dict.fromkeys((*METRICS[self.kind], self.best_by)))
         result = {
             "seed": seed,
             "epochs": self.task.epochs,
