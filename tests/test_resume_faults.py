@@ -1,20 +1,33 @@
-"""What `--resume` must never do: load a checkpoint whose state.json (or any other file) is not
-what was written."""
+"""What `--resume` must never do: train a new model over a finished run's final/, load a checkpoint
+whose state.json (or any other file) is not what was written, forget settings a resume changed,
+touch a folder of another kind, or talk of `--resume` after a Ctrl-C that left nothing to resume."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import signal
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import metrics_lines, tiny_config
+from conftest import assert_clean_failure, metrics_lines, tiny_config
+from test_faults import cli_pretrain
+from test_finetune_cli import finetune_argv, pair_rows, write_csv
 
+from bertforge import pretrain as pretrain_module
 from bertforge.checkpoint import list_checkpoints, read_config, read_weights
+from bertforge.cli import main
+from bertforge.errors import BertforgeError
 from bertforge.pretrain import pretrain
+from bertforge.train import Trainer
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (hidden ones, such as a lock, included) by relative path."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def same_weights(first: Path, second: Path) -> bool:
@@ -25,6 +38,31 @@ def same_weights(first: Path, second: Path) -> bool:
 def trained(run: Path) -> list[dict]:
     """The run's "train" lines without their speed, which no two runs share."""
     return [{k: v for k, v in line.items() if k != "tokens_per_s"} for line in metrics_lines(run, "train")]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ------------------------------------------------------------- a finished run without its checkpoints
+
+
+def test_a_finished_run_whose_checkpoints_are_gone_is_not_trained_over(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "20", "--quiet"]
+    err = assert_clean_failure(capsys, resume, f"{run} holds a finished run whose checkpoints are gone")
+    assert f"--init {run}" in err
+    with pytest.raises(BertforgeError, match="would train a new model over final/"):
+        pretrain(read_config(run), run, resume=True, show_progress=False)
+    assert snapshot(run) == before  # final/, metrics.jsonl and all, byte for byte
+
+    (run / "checkpoints").mkdir()  # an empty checkpoints/ is no checkpoint either
+    assert_clean_failure(capsys, resume, "whose checkpoints are gone")
 
 
 # ---------------------------------------------------------------------- every file of a checkpoint
@@ -97,3 +135,178 @@ def test_a_checkpoint_of_the_older_layout_without_checksums_is_read(tmp_path, si
         warnings.simplefilter("error")  # no checkpoint is reported damaged
         pretrain(read_config(run), run, resume=True, show_progress=False)
     assert same_weights(run / "final", six_step_run / "final")
+
+
+# ------------------------------------------------------------------ settings changed on resume
+
+
+def sigterm_after_step(monkeypatch, step: int) -> None:
+    """SIGTERM to this process as the loop ends step `step`, as `kill` would send it."""
+    original = Trainer.optimizer_step
+
+    def step_then_signal(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.state.step == step:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(Trainer, "optimizer_step", step_then_signal)
+
+
+def test_settings_changed_on_resume_are_the_runs_from_then_on(
+    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    first = tmp_path / "first"
+    every_step = ["--set", "train.log_every=1"]  # log windows that an interruption does not cut
+    assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, first, "--max-steps", "2", *every_step)) == 0
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    shutil.copytree(first, run)
+    shutil.copytree(first, reference)
+    more = ["--resume", "--max-steps", "6", "--seed", "3", "--quiet"]
+
+    with monkeypatch.context() as patch:
+        sigterm_after_step(patch, 4)
+        assert main(["pretrain", "--out", str(run), *more]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.endswith(f"continue with: bertforge pretrain --out {run} --resume\n"), err
+    saved = read_config(run)
+    assert (saved.train.max_steps, saved.runtime.seed) == (6, 3)  # the run folder's config says so
+
+    assert main(["pretrain", "--out", str(run), "--resume", "--quiet"]) == 0  # the printed command
+    assert "trained 6 steps" in capsys.readouterr().out
+    assert main(["pretrain", "--out", str(reference), *more]) == 0  # the same resume, uninterrupted
+    assert trained(run) == trained(reference)
+    assert same_weights(run / "final", reference / "final")
+
+
+def test_a_refused_change_on_resume_leaves_the_runs_config_as_it_was(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    before = (run / "config.json").read_bytes()
+    argv = ["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--quiet"]
+    argv += ["--set", "train.gradient_accumulation_steps=2"]  # micro-batches of 4 where the run has 8
+    assert_clean_failure(capsys, argv, "micro-batches of 8 sequences")
+    assert (run / "config.json").read_bytes() == before
+
+
+# ------------------------------------------------------------------- folders of another kind
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_pretrained_run) -> Path:
+    folder = tmp_path_factory.mktemp("finetuned")
+    train = write_csv(folder / "train.csv", pair_rows(48, 0))
+    valid = write_csv(folder / "valid.csv", pair_rows(16, 1))
+    assert main(finetune_argv(tiny_pretrained_run, train, valid, folder / "run", "--epochs", "1")) == 0
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tiny_pretrained_run) -> Path:
+    out = tmp_path_factory.mktemp("exported") / "hf"
+    assert main(["export", "--model", str(tiny_pretrained_run), "--out", str(out)]) == 0
+    return out
+
+
+def kinds(tiny_pretrained_run: Path, finetuned: Path, exported: Path, tmp_path: Path) -> dict[str, tuple]:
+    """Each kind of folder that is not a pretraining run: (folder, words that must name it)."""
+    glue = tmp_path / "glue"
+    glue.mkdir()
+    (glue / "glue_task.json").write_text("{}")
+    seeds = tmp_path / "seeds"
+    shutil.copytree(finetuned, seeds / "seed_1")
+    shutil.move(seeds / "seed_1" / "finetune.json", seeds / "finetune.json")
+    return {
+        "fine-tuning run": (finetuned, "holds a fine-tuning run (it has finetune.json)"),
+        "its seed": (seeds / "seed_1", f"holds one seed of the fine-tuning run in {seeds}"),
+        "classifier": (finetuned / "final", "holds a fine-tuned classifier (it has labels.json)"),
+        "GLUE benchmark": (glue, "holds a GLUE benchmark (it has glue_task.json)"),
+        "Hugging Face": (exported, "holds a Hugging Face model (its config.json has a model_type)"),
+        "model folder": (tiny_pretrained_run / "final", "holds a model folder (it has model.safetensors"),
+        "checkpoint": (list_checkpoints(tiny_pretrained_run)[-1], "holds a training checkpoint of the"),
+    }
+
+
+def test_pretrain_resume_refuses_a_folder_of_another_kind_before_touching_it(
+    tmp_path, capsys, tiny_pretrained_run, finetuned, exported
+):
+    for name, (folder, words) in kinds(tiny_pretrained_run, finetuned, exported, tmp_path).items():
+        before = snapshot(folder)
+        err = assert_clean_failure(capsys, ["pretrain", "--out", str(folder), "--resume", "--quiet"], words)
+        assert "not a pretraining run to resume" in err, name
+        assert snapshot(folder) == before, name  # not even a lock file
+        with pytest.raises(BertforgeError, match="not a pretraining run"):
+            pretrain(tiny_config(), folder, resume=True, show_progress=False)
+        assert snapshot(folder) == before, name
+    err = assert_clean_failure(capsys, ["pretrain", "--out", str(finetuned), "--resume"], "fine-tuning run")
+    assert err.rstrip().endswith(f"continue it with: bertforge finetune --out {finetuned} --resume")
+
+
+def test_finetune_and_glue_resume_refuse_a_pretraining_run_and_leave_it_alone(
+    tmp_path, capsys, tiny_pretrained_run
+):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    before = snapshot(run)
+    assert_clean_failure(capsys, ["finetune", "--out", str(run), "--resume"], "no fine-tuning run to resume")
+    assert_clean_failure(capsys, ["glue", "--out", str(run), "--resume"], "no glue benchmark to resume")
+    assert snapshot(run) == before
+
+
+# ------------------------------------------------------------------ Ctrl-C with nothing to resume
+
+
+def ctrl_c(*_args, **_kwargs):
+    raise KeyboardInterrupt  # what Python's SIGINT handler raises
+
+
+def test_ctrl_c_before_the_run_folder_exists_says_to_run_the_command_again(
+    tmp_path, capsys, monkeypatch, wiki_slice
+):
+    run = tmp_path / "run"
+    monkeypatch.setattr(pretrain_module, "cached_tokenizer", ctrl_c)  # while the tokenizer is trained
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--out", str(run), "--quiet"]
+    assert main(argv) == 130
+    err = one_error_line(capsys)
+    assert err == (
+        f"bertforge: stopped by SIGINT before the run in {run} started; nothing of it was kept: run the "
+        "same command again (the tokenizer and shards that were complete are reused from the cache)\n"
+    )
+    assert not run.exists()
+
+
+def test_ctrl_c_while_a_resumed_run_prepares_names_its_last_checkpoint(
+    tmp_path, capsys, monkeypatch, tiny_pretrained_run
+):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    before = snapshot(run)
+    monkeypatch.setattr(pretrain_module, "cached_shards", ctrl_c)  # while the shards are read
+    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--quiet"]) == 130
+    assert one_error_line(capsys) == (
+        "bertforge: stopped by SIGINT; continue the run from its last checkpoint (step_000003) with: "
+        f"bertforge pretrain --out {run} --resume\n"
+    )
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("command", ["tokenizer", "prepare"])
+def test_ctrl_c_in_tokenizer_train_or_prepare_says_nothing_was_kept(
+    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir, command
+):
+    from bertforge import shards, tokenizer
+
+    out = tmp_path / "out"
+    if command == "tokenizer":
+        monkeypatch.setattr(tokenizer, "train_tokenizer", ctrl_c)
+        argv = ["tokenizer", "train", "--corpus", str(wiki_slice), "--out", str(out)]
+    else:
+        monkeypatch.setattr(shards, "prepare_shards", ctrl_c)
+        argv = ["prepare", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir)]
+        argv += ["--out", str(out)]
+    assert main(argv) == 130
+    err = one_error_line(capsys)
+    assert "--resume" not in err
+    assert err == (
+        f"bertforge: stopped by SIGINT before {out} was complete; nothing of it was kept: "
+        "run the same command again\n"
+    )

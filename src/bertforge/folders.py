@@ -13,6 +13,10 @@ The kinds, as `find_model_folder` tells them apart:
   `transformers`: config.json with a `model_type`, model.safetensors or pytorch_model.bin
   (sharded or not), tokenizer.json or vocab.txt, and for a classifier its labels in `id2label`.
 
+`folder_kind` names what any folder of bertforge's holds, these and the run folders that no model
+is read from (a GLUE benchmark), so that a command refuses a folder of another kind, naming it,
+before it touches anything there.
+
 Opening (every model on the CPU, in eval mode):
 - `open_pretrained`: model, tokenizer and run config of any folder but one of our classifiers:
   BERT with its MLM and NSP heads, or GPT-1 with its LM head (`model.objective = "clm"`);
@@ -28,6 +32,7 @@ and configs are converted by `bertforge.bert_convert` and `bertforge.gpt_convert
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -65,6 +70,11 @@ BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `
 HF_BIN = "pytorch_model.bin"
 MODEL_HINT = "give a run folder, its final/ or one of its checkpoints"
 CLASSIFIER_HINT = "give a fine-tuned classifier folder, written by `bertforge finetune` or `bertforge export`"
+# The files that mark the run folders of `bertforge finetune` and `bertforge glue` (their modules'
+# TASK and SETTINGS), and a pretraining run's tokenizer folder.
+FINETUNE_TASK = "finetune.json"
+GLUE_SETTINGS = "glue_task.json"
+RUN_TOKENIZER = "tokenizer"
 
 PretrainingModel = BertForPreTraining | GPTLMHeadModel
 
@@ -135,6 +145,49 @@ def check_model_files(path: Path, hint: str) -> None:
         raise BertforgeError(
             f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); {hint}"
         )
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """What a folder holds (see `folder_kind`)."""
+
+    name: str  # "pretraining run", "fine-tuning run", "GLUE benchmark", "checkpoint", "classifier",
+    # "model folder" (what `pretrain --init` starts from)
+    what: str  # for a message: "a fine-tuning run (it has finetune.json)"
+    resume: str = ""  # the command that continues it; "" for a model folder, which nothing resumes
+
+
+def folder_kind(path: str | Path) -> FolderKind | None:
+    """The kind of bertforge folder `path` is, told by the files it holds (nothing is written); None
+    for a folder of none of these kinds (an empty one, say)."""
+    path = Path(path)
+    quoted = shlex.quote(str(path))
+    if (path / GLUE_SETTINGS).is_file():
+        resume = f"bertforge glue --out {quoted} --resume"
+        return FolderKind("GLUE benchmark", f"a GLUE benchmark (it has {GLUE_SETTINGS})", resume)
+    if (path / FINETUNE_TASK).is_file():
+        resume = f"bertforge finetune --out {quoted} --resume"
+        return FolderKind("fine-tuning run", f"a fine-tuning run (it has {FINETUNE_TASK})", resume)
+    if path.name.startswith("seed_") and (path.parent / FINETUNE_TASK).is_file():
+        resume = f"bertforge finetune --out {shlex.quote(str(path.parent))} --resume"
+        return FolderKind("fine-tuning run", f"one seed of the fine-tuning run in {path.parent}", resume)
+    if (path / STATE).is_file():
+        run = path.parent.parent
+        owner = folder_kind(run) if path.parent.name == "checkpoints" else None
+        if owner is None or not owner.resume:  # a checkpoint copied out of its run
+            return FolderKind("checkpoint", f"a training checkpoint outside its run folder (it has {STATE})")
+        what = f"a training checkpoint of the {owner.name} in {run} (it has {STATE})"
+        return FolderKind("checkpoint", what, owner.resume)
+    if is_hf_folder(path):
+        return FolderKind("model folder", "a Hugging Face model (its config.json has a model_type)")
+    if (path / LABELS).is_file():
+        return FolderKind("classifier", f"a fine-tuned classifier (it has {LABELS})")
+    if (path / WEIGHTS).is_file():
+        return FolderKind("model folder", f"a model folder (it has {WEIGHTS}: a run's final/ or an import)")
+    if (path / CONFIG).is_file() and (path / RUN_TOKENIZER).is_dir():
+        resume = f"bertforge pretrain --out {quoted} --resume"
+        return FolderKind("pretraining run", "a pretraining run", resume)
+    return None
 
 
 # ---------------------------------------------------------------------------------------- opening

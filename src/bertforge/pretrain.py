@@ -6,7 +6,9 @@ trained by the same loop.
 Run folder layout (`--out DIR`):
 
     config.json         the effective config (also inside every checkpoint and final/); data
-                        paths absolute, so that `--resume` works from any working directory
+                        paths absolute, so that `--resume` works from any working directory; a
+                        resume that changes a setting (`--resume --max-steps 400`) records it
+                        here, so that a plain `--resume` continues as asked
     data.json           the sha256 of every corpus and validation file (of a shard folder: its
                         meta.json): `--resume` refuses changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
@@ -20,10 +22,14 @@ Run folder layout (`--out DIR`):
 Nothing is written into the run folder until the corpus has been read, tokenized and checked,
 except `.lock`: the running process's PID, held with an OS lock for the whole run (removed at the end).
 
+`--resume` continues only a pretraining run's folder: any other kind (a fine-tuning run, a GLUE
+benchmark, a model or checkpoint folder) is refused, naming it, before anything is written there.
 `--resume` of a run stopped before its first checkpoint starts it afresh in its folder, with a
-notice. A run that SIGINT or SIGTERM stopped, or whose torchrun group lost a process, ends with the
-command that continues it; after `torchrun --max-restarts N` restarts the group, it continues from
-the last checkpoint by itself (see `commands.pretraining`).
+notice; a finished run whose checkpoints are gone is refused, since that would train a new model
+over its final/. A run that SIGINT or SIGTERM stopped, or whose torchrun group lost a process, ends
+with the command that continues it; after `torchrun --max-restarts N` restarts the group, it
+continues from the last checkpoint by itself (see `commands.pretraining`). Ctrl-C before the run
+kept anything (while its tokenizer or shards are built) says to run the command again instead.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import functools
 import os
 import shlex
 import shutil
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -65,7 +72,7 @@ from bertforge.evaluate import (
     pretraining_metrics,
     unigram_entropy,
 )
-from bertforge.folders import open_pretrained
+from bertforge.folders import folder_kind, open_pretrained
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.loader import Ahead
@@ -85,6 +92,7 @@ from bertforge.shards import (
     concat_shards,
     token_counts,
 )
+from bertforge.signals import StoppedEarly
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 from bertforge.window_init import init_window_model
@@ -110,8 +118,10 @@ def pretrain(
     `allow_changed_data`: resume even though a corpus or validation file changed since the run started.
     """
     out = Path(out)
+    if resume:  # a folder of another kind is refused before the lock or anything else touches it
+        check_pretraining_folder(out, resume)
     lock = RunFolderLock(out)
-    resume_command = distributed.launch_command(f"pretrain --out {shlex.quote(str(out))} --resume")
+    resume_command = distributed.launch_command(continue_arguments(out, cache_dir))
     try:
         # One run per folder; under torchrun rank 0 owns it for all ranks.
         with (
@@ -132,6 +142,30 @@ def pretrain(
     except Interrupted as stop:
         stop.resume_command = resume_command
         raise
+    except KeyboardInterrupt:  # Ctrl-C before the loop took signals over, or a second one in it
+        report = distributed.launched().is_main
+        raise StoppedEarly(signal.SIGINT, *after_ctrl_c(out, resume_command), report) from None
+
+
+def continue_arguments(out: Path, cache_dir: Path | None) -> str:
+    """`bertforge pretrain`'s arguments that continue the run in `out` as this call runs it (its
+    settings are in `out`/config.json)."""
+    cache = f" --cache-dir {shlex.quote(str(cache_dir))}" if cache_dir else ""
+    return f"pretrain --out {shlex.quote(str(out))} --resume{cache}"
+
+
+def after_ctrl_c(out: Path, resume_command: str) -> tuple[str, str]:
+    """Where Ctrl-C stopped `pretrain` when the loop saved no checkpoint of its own, and what to do:
+    continue from what the run folder keeps, or, when it keeps nothing, run the command again."""
+    if checkpoints := list_checkpoints(out):
+        last = checkpoints[-1].name
+        return "", f"continue the run from its last checkpoint ({last}) with: {resume_command}"
+    if folder_kind(out) is not None:  # a run folder without a checkpoint: `--resume` starts it afresh
+        return "before the run's first checkpoint", f"start it again with: {resume_command}"
+    return f"before the run in {out} started", (
+        "nothing of it was kept: run the same command again "
+        "(the tokenizer and shards that were complete are reused from the cache)"
+    )
 
 
 def run_pretraining(
@@ -149,7 +183,7 @@ def run_pretraining(
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     remove_orphans(cache_dir)  # what tokenizer and shard builds killed mid-way left
     check_pretraining_folder(out, resume)
-    if resume and not list_checkpoints(out):
+    if resume and not list_checkpoints(out):  # (a finished run was refused above)
         start_afresh(out)
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
     absolute_data_paths(config.data)
@@ -313,7 +347,14 @@ def train_and_save(
         seq_len=config.data.max_seq_length,
         masking_rate=masking_rate_schedule(config.data) if mlm else None,
     )
-    result = train(objective, config, out, resume=resume, show_progress=show_progress)
+    result = train(
+        objective,
+        config,
+        out,
+        resume=resume,
+        show_progress=show_progress,
+        on_resume=functools.partial(save_json, config, out / CONFIG),  # the settings it continues with
+    )
     if distributed.launched().is_main:
         save_model_folder(out / "final", model.cpu(), tokenizer, config)
         plot_pretraining(out / "metrics.jsonl", out / "loss.png")
@@ -414,8 +455,31 @@ def init_word_embeddings(
 
 
 def check_pretraining_folder(out: Path, resume: bool) -> None:
-    """Refuse `out` for this run: resuming needs a run's config.json there, a new run an empty folder."""
+    """Refuse `out` for this run: resuming needs a pretraining run there (not a folder of another
+    kind, nor a finished run whose checkpoints are gone), a new run an empty folder."""
+    if resume:
+        refuse_other_kind(out)
     check_run_folder(out, resume, CONFIG, "bertforge run")
+    if resume and not list_checkpoints(out) and (out / "final").exists():
+        raise BertforgeError(
+            f"{out} holds a finished run whose checkpoints are gone (it has final/ but no checkpoints/"
+            "step_*): `resume=True` would train a new model over final/; to train it further, start a new "
+            f"run from its weights with --init {out}"
+        )
+
+
+def refuse_other_kind(out: Path) -> None:
+    """Refuse to resume in a folder that holds something other than a pretraining run, naming it."""
+    kind = folder_kind(out)
+    if kind is None or kind.name == "pretraining run":
+        return
+    if kind.resume:
+        then = f"; continue it with: {kind.resume}"
+    elif kind.name == "model folder":
+        then = f"; to train it further, start a new run from its weights with --init {out}"
+    else:
+        then = ""
+    raise BertforgeError(f"{out} holds {kind.what}, not a pretraining run to resume{then}")
 
 
 def start_afresh(out: Path) -> None:

@@ -1,12 +1,16 @@
 """SIGINT and SIGTERM during training: recorded, not acted on, so that the loop stops between steps
 with a checkpoint (`StopSignals`); data workers ignore them (`ignore_stop_signals`), the loop
-stops them.
+stops them. Ctrl-C before a loop has saved anything, or in a command without one, is reported as
+`StoppedEarly`, which says what to do instead of `--resume`.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
+
+from bertforge.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -48,3 +52,18 @@ class StopSignals:
 
     def __exit__(self, *_exc) -> None:
         self.restore()
+
+
+class StoppedEarly(Interrupted):
+    """A signal that stopped a command where no checkpoint of the step under way was saved: before a
+    training loop started (a tokenizer or shards being built), or a second signal. `when` says where
+    it stopped ("" when that says nothing), `then` what to do: run the command again, or the command
+    that continues the run from what it kept."""
+
+    def __init__(self, signum: int, when: str, then: str, report: bool = True) -> None:
+        super().__init__(signum, 0, Path(), report)
+        self.when, self.then = when, then
+
+    def __str__(self) -> str:
+        when = f" {self.when}" if self.when else ""
+        return f"stopped by {signal.Signals(self.signum).name}{when}; {self.then}"

@@ -137,12 +137,17 @@ def train(
     run_dir: Path,
     resume: bool = False,
     show_progress: bool = True,
+    on_resume: Callable[[], None] | None = None,
 ) -> dict:
     """Run the loop until the step or time budget is spent; return the last validation metrics.
 
+    `on_resume`: called by rank 0 once a resumed run's checkpoint is restored and accepted, before
+    its first step (where `pretrain` records the settings the run now continues with).
     Raises `Interrupted` after checkpointing when SIGINT or SIGTERM arrives meanwhile.
     """
     trainer = Trainer(objective, config, run_dir, resume)
+    if resume and on_resume is not None and trainer.world.is_main:
+        on_resume()
     with trainer.signals:
         return trainer.run(show_progress)
 

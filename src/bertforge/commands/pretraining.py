@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
+import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
 from bertforge.io import check_new_folder
 from bertforge.reporting import add_report_to_argument, reporting_to
+from bertforge.signals import StoppedEarly
 
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
 TEXT_COLUMN_HELP = (
@@ -220,7 +224,8 @@ def run_tokenizer_train(args) -> int:
     validate(RunConfig(tokenizer=config))
     check_new_folder(args.out)
     files = resolve_corpus_files(args.corpus)
-    tokenizer = train_tokenizer(files, config, args.out, format=args.format, text_column=args.text_column)
+    with nothing_kept_on_ctrl_c(args.out):
+        tokenizer = train_tokenizer(files, config, args.out, format=args.format, text_column=args.text_column)
     print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
     return 0
 
@@ -230,13 +235,14 @@ def run_prepare(args) -> int:
     from bertforge.tokenizer import load_tokenizer
 
     check_new_folder(args.out)
-    meta = prepare_shards(
-        args.corpus,
-        load_tokenizer(args.tokenizer),
-        args.out,
-        format=args.format,
-        text_column=args.text_column,
-    )
+    with nothing_kept_on_ctrl_c(args.out):
+        meta = prepare_shards(
+            args.corpus,
+            load_tokenizer(args.tokenizer),
+            args.out,
+            format=args.format,
+            text_column=args.text_column,
+        )
     print(
         f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
         f"{meta['num_tokens']} tokens written to {args.out}"
@@ -244,6 +250,17 @@ def run_prepare(args) -> int:
     shards, tokenizer = shlex.quote(str(args.out)), shlex.quote(str(args.tokenizer))
     print(f"train on them with: bertforge pretrain --shards {shards} --tokenizer {tokenizer} --out RUN")
     return 0
+
+
+@contextlib.contextmanager
+def nothing_kept_on_ctrl_c(out: Path) -> Iterator[None]:
+    """Ctrl-C in the block (a command that writes `out` whole, or not at all) says so, and to run the
+    command again: there is nothing to resume."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        then = "nothing of it was kept: run the same command again"
+        raise StoppedEarly(signal.SIGINT, f"before {out} was complete", then) from None
 
 
 def pretrain_config(args) -> RunConfig:
