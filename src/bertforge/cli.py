@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             return stop.exit_status
         except KeyboardInterrupt:
             print(
-                "bertforge: interrupted; a run continues from its last checkpoint with --resume",
+                "bertforge: interrupted by Ctrl-C; nothing half-written was kept: run the command again "
+                "(a training run that saved a checkpoint continues with --resume)",
                 file=sys.stderr,
             )
             return 130
