@@ -188,6 +188,15 @@ def test_a_refused_change_on_resume_leaves_the_runs_config_as_it_was(tmp_path, c
     assert (run / "config.json").read_bytes() == before
 
 
+def test_a_resume_to_fewer_steps_than_the_run_has_taken_is_refused(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)  # 3 steps taken
+    before = snapshot(run)
+    argv = ["pretrain", "--out", str(run), "--resume", "--max-steps", "2", "--quiet"]
+    assert_clean_failure(capsys, argv, "is at step 3, past train.max_steps = 2")
+    assert snapshot(run) == before
+
+
 # ------------------------------------------------------------------- folders of another kind
 
 

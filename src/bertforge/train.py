@@ -203,6 +203,11 @@ class Trainer:
                 f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
                 f"or with train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
             )
+        if self.train_cfg.max_steps < self.state.step:
+            raise BertforgeError(
+                f"{path} is at step {self.state.step}, past train.max_steps = {self.train_cfg.max_steps}: "
+                f"resume with max_steps of at least {self.state.step}, or train from it with --init"
+            )
         self.state.world_size = self.world.world_size
         self.restore_rank_rng(saved_state.get("rank_rng"))
         if self.world.is_main:
