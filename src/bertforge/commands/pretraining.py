@@ -207,7 +207,12 @@ def add_evaluate_command(commands) -> None:
     )
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     add_device_argument(p)
-    p.add_argument("--precision", default="fp32", choices=EXPLICIT_PRECISIONS)
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", *EXPLICIT_PRECISIONS),
+        help="auto: the GPU's mixed precision on CUDA, fp32 on a CPU",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--quiet", action="store_true")
