@@ -256,8 +256,14 @@ def test_finetune_and_glue_resume_refuse_a_pretraining_run_and_leave_it_alone(
     run = tmp_path / "run"
     shutil.copytree(tiny_pretrained_run, run)
     before = snapshot(run)
-    assert_clean_failure(capsys, ["finetune", "--out", str(run), "--resume"], "no fine-tuning run to resume")
-    assert_clean_failure(capsys, ["glue", "--out", str(run), "--resume"], "no glue benchmark to resume")
+    continues = f"continue it with: bertforge pretrain --out {run} --resume"
+    err = assert_clean_failure(capsys, ["finetune", "--out", str(run), "--resume"], "not a fine-tuning run")
+    assert "holds a pretraining run" in err and continues in err
+    err = assert_clean_failure(capsys, ["glue", "--out", str(run), "--resume"], "not a GLUE benchmark")
+    assert "holds a pretraining run" in err and continues in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_clean_failure(capsys, ["glue", "--out", str(empty), "--resume"], "no glue benchmark to resume")
     assert snapshot(run) == before
 
 

@@ -59,7 +59,7 @@ from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints,
 from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
-from bertforge.folders import open_encoder
+from bertforge.folders import open_encoder, refuse_other_kind
 from bertforge.io import RunFolderLock, check_run_folder, file_sha256, read_json, write_json
 from bertforge.labeled import (
     FORMATS,
@@ -287,6 +287,8 @@ def with_more_seeds(task: FinetuneTask, seeds: list[int]) -> FinetuneTask:
 
 def check_finetuning_folder(out: Path, resume: bool) -> None:
     """Refuse `out` for this run: resuming needs the run's finetune.json there, a new run an empty folder."""
+    if resume:
+        refuse_other_kind(out, "fine-tuning run", f"; to fine-tune it, give it as --model {out}")
     check_run_folder(out, resume, TASK, "fine-tuning run")
 
 

@@ -428,3 +428,17 @@ def inside(src: Path, path: Path) -> Path:
             "the model folder (copy the file in instead of linking it)"
         )
     return path
+
+
+def refuse_other_kind(out: Path, wanted: str, model_hint: str = "") -> None:
+    """Refuse to resume, in `out`, a run of the kind named `wanted` ("pretraining run", say) when the
+    folder holds something else, naming what it holds and how that continues; `model_hint` follows
+    the name of a model folder (e.g. how to train from it)."""
+    kind = folder_kind(out)
+    if kind is None or kind.name == wanted:
+        return
+    then = f"; continue it with: {kind.resume}" if kind.resume else ""
+    if not kind.resume and kind.name == "model folder":
+        then = model_hint
+    raise BertforgeError(f"{out} holds {kind.what}, not a {wanted} to resume{then}")
+

@@ -51,7 +51,7 @@ from bertforge.finetune import (
     removed_unless_progress,
     start,
 )
-from bertforge.folders import find_model_folder, open_classifier
+from bertforge.folders import find_model_folder, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, load_recipes
 from bertforge.glue_report import build_report, markdown_report, plot_report
@@ -195,6 +195,7 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
     ones when `out` already holds a benchmark (a rerun of the same command continues it)."""
     saved = read_json(out / SETTINGS) if (out / SETTINGS).is_file() else None
     if resume:
+        refuse_other_kind(out, "GLUE benchmark", f"; to benchmark it, give it as --model {out}")
         if saved is None:
             raise BertforgeError(f"{out} holds no glue benchmark to resume; start one without `resume=True`")
         try:

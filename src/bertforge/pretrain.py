@@ -72,7 +72,7 @@ from bertforge.evaluate import (
     pretraining_metrics,
     unigram_entropy,
 )
-from bertforge.folders import folder_kind, open_pretrained
+from bertforge.folders import folder_kind, open_pretrained, refuse_other_kind
 from bertforge.gpt import summarize_clm
 from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
 from bertforge.loader import Ahead
@@ -458,7 +458,8 @@ def check_pretraining_folder(out: Path, resume: bool) -> None:
     """Refuse `out` for this run: resuming needs a pretraining run there (not a folder of another
     kind, nor a finished run whose checkpoints are gone), a new run an empty folder."""
     if resume:
-        refuse_other_kind(out)
+        model_hint = f"; to train it further, start a new run from its weights with --init {out}"
+        refuse_other_kind(out, "pretraining run", model_hint)
     check_run_folder(out, resume, CONFIG, "bertforge run")
     if resume and not list_checkpoints(out) and (out / "final").exists():
         raise BertforgeError(
@@ -466,20 +467,6 @@ def check_pretraining_folder(out: Path, resume: bool) -> None:
             "step_*): `resume=True` would train a new model over final/; to train it further, start a new "
             f"run from its weights with --init {out}"
         )
-
-
-def refuse_other_kind(out: Path) -> None:
-    """Refuse to resume in a folder that holds something other than a pretraining run, naming it."""
-    kind = folder_kind(out)
-    if kind is None or kind.name == "pretraining run":
-        return
-    if kind.resume:
-        then = f"; continue it with: {kind.resume}"
-    elif kind.name == "model folder":
-        then = f"; to train it further, start a new run from its weights with --init {out}"
-    else:
-        then = ""
-    raise BertforgeError(f"{out} holds {kind.what}, not a pretraining run to resume{then}")
 
 
 def start_afresh(out: Path) -> None:
