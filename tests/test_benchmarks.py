@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
     out = tmp_path / "latest.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)]
@@ -32,6 +33,7 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
         assert 0.0 <= results["quality"][model]["mlm_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_the_step_benchmark_sets_both_models_dropout(tmp_path):
     out = tmp_path / "step.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "step", "--precisions", "bf16"]
@@ -43,6 +45,7 @@ def test_the_step_benchmark_sets_both_models_dropout(tmp_path):
     assert "dropout 0" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
     out = tmp_path / "glue.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "glue", "--precisions", "fp32"]
@@ -62,6 +65,7 @@ def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
     assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_quick_ner_benchmark_times_fine_tuning_a_tagger(tmp_path):
     out = tmp_path / "ner.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "ner", "--precisions", "fp32"]
@@ -76,6 +80,7 @@ def test_the_quick_ner_benchmark_times_fine_tuning_a_tagger(tmp_path):
     assert "(6) ner" in done.stdout and "target <= 10 min" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_glue_benchmark_without_a_model_is_refused_before_it_starts(tmp_path):
     out = tmp_path / "glue.json"
     command = [sys.executable, "-m", "benchmarks.run", "--only", "glue", "--out", str(out)]

@@ -309,6 +309,7 @@ def write_parquet(path: Path, columns: dict) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pretrain_on_several_corpora_then_resume(tmp_path, capsys, wiki_slice):
     """WikiText plus a folder of task text (gzipped lines and a Parquet column): all feed the tokenizer."""
     extra = tmp_path / "task"

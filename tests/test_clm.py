@@ -150,6 +150,7 @@ def test_clm_pretraining_lowers_the_held_out_next_token_loss(gpt_run):
     assert (gpt_run / "loss.png").is_file()
 
 
+@pytest.mark.slow
 def test_clm_resume_reproduces_the_uninterrupted_run(
     tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir
 ):
@@ -429,6 +430,7 @@ def test_finetune_a_gpt_refuses_reinit_pooler(tmp_path, capsys, gpt_run, toy):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_finetune_a_gpt_against_scratch(tmp_path, capsys, gpt_run, toy):
     out = tmp_path / "compare"
     argv = finetune_argv(gpt_run, toy, out, "--compare-scratch", "--seeds", "1,2")

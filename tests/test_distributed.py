@@ -84,6 +84,7 @@ def ddp_runs(tmp_path_factory, wiki_slice, wiki_valid_slice, small_tokenizer_dir
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_follow_the_one_process_loss_curve(ddp_runs):
     single, ddp = metrics_lines(ddp_runs / "single", "train"), metrics_lines(ddp_runs / "ddp", "train")
     assert [x["step"] for x in ddp] == [x["step"] for x in single] == list(range(1, 7))  # rank 0 logs, once
@@ -98,6 +99,7 @@ def test_two_processes_follow_the_one_process_loss_curve(ddp_runs):
     assert ddp_valid[-1]["mlm_loss"] == pytest.approx(single_valid[-1]["mlm_loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_two_processes_follow_the_one_process_gpt_curve(ddp_runs):
     single, ddp = (
         metrics_lines(ddp_runs / "single_clm", "train"),
@@ -252,6 +254,7 @@ distributed.leave()
 
 
 @pytest.mark.parametrize("finish_early", [False, True])
+@pytest.mark.slow
 def test_a_silent_process_stops_the_others_with_one_line(finish_early):
     port = free_port()
     ranks = [heartbeat_rank(rank, port, finish_early) for rank in (0, 1)]

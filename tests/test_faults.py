@@ -67,6 +67,7 @@ def flip_bytes(path: Path, count: int = 16) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_a_locked_run_folder_is_refused_and_freed_when_its_owner_is_killed(
     tmp_path, capsys, wiki_slice, small_tokenizer_dir
 ):
@@ -212,6 +213,7 @@ def test_no_intact_checkpoint_is_one_error_and_old_checkpoints_without_hashes_lo
     assert pretrain(config, old, resume=True, show_progress=False)["step"] == 3
 
 
+@pytest.mark.slow
 def test_tokenizer_training_gives_the_same_files_in_two_processes(tmp_path, wiki_slice):
     outs = [tmp_path / "a", tmp_path / "b"]
     argv = ["tokenizer", "train", "--corpus", str(wiki_slice), "--vocab-size", "2000", "--out"]

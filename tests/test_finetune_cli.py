@@ -227,6 +227,7 @@ def test_dropout_flag_sets_the_classifiers_dropout(tmp_path, capsys, tiny_pretra
     assert not bad.exists()
 
 
+@pytest.mark.slow
 def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "cmp"
     argv = finetune_argv(

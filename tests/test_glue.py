@@ -349,6 +349,7 @@ def counting_training(monkeypatch) -> list[Path]:
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
 def test_a_short_benchmark_with_both_arms_writes_its_report(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):
@@ -393,6 +394,7 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
 def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):

@@ -139,6 +139,7 @@ def assert_same_weights(first: Path, second: Path) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_a_signal_saves_the_step_and_the_resumed_run_ends_as_the_uninterrupted_one(
     tmp_path, signum, wiki_slice, small_tokenizer_dir
 ):
@@ -164,6 +165,7 @@ def test_a_signal_saves_the_step_and_the_resumed_run_ends_as_the_uninterrupted_o
     assert_same_weights(run / "final", reference / "final")
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_afresh(
     tmp_path, wiki_slice, small_tokenizer_dir
 ):
@@ -189,6 +191,7 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_afresh(
     assert_same_weights(run / "final", reference / "final")
 
 
+@pytest.mark.slow
 def test_finetune_saves_the_step_at_sigterm_and_resumes_to_the_uninterrupted_run(
     tmp_path, tiny_pretrained_run
 ):
@@ -246,6 +249,7 @@ def rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among the children of {launcher}")
 
 
+@pytest.mark.slow
 def test_the_others_name_a_lost_rank_and_stop(tmp_path, wiki_slice, small_tokenizer_dir):
     """Two ranks started as torchrun would start them; rank 0 (which also holds the rendezvous store)
     is killed and rank 1 stops within a minute with one line naming it."""

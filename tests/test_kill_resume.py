@@ -68,6 +68,7 @@ def hidden_entries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_a_kill_at_a_random_moment_resumes_to_the_uninterrupted_model(
     tmp_path, uninterrupted, wiki_slice, small_tokenizer_dir
 ):
@@ -138,6 +139,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize("point", ["weights", "renaming", "pruning"])
+@pytest.mark.slow
 def test_a_kill_inside_a_checkpoint_write_resumes_to_the_uninterrupted_model(
     tmp_path, point, uninterrupted, wiki_slice, small_tokenizer_dir
 ):

@@ -147,6 +147,7 @@ def test_fine_tuning_on_conll_raises_entity_f1(tagger_run):
     assert [len(s) for s in predictions["true"]] == [len(s) for s in predictions["predicted"]]
 
 
+@pytest.mark.slow
 def test_a_comparison_with_random_weights_tests_entity_f1_over_sentences(
     tmp_path, tiny_pretrained_run, conll
 ):

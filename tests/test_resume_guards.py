@@ -65,6 +65,7 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     assert_clean_failure(capsys, argv, f"{other}, {corpus}, {valid};")  # sorted
 
 
+@pytest.mark.slow
 def test_data_paths_are_absolute_so_a_run_resumes_from_another_folder(
     tmp_path, monkeypatch, capsys, wiki_slice, small_tokenizer_dir
 ):

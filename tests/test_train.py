@@ -50,6 +50,7 @@ def test_no_weight_decay_on_biases_and_layernorm():
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.01
 
 
+@pytest.mark.slow
 def test_validation_loss_falls_on_wikitext(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=80, eval_every=40, batch_size=16)
     config.train.learning_rate = 3e-3
@@ -130,6 +131,7 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_time_budget_progress_counts_the_budget_not_the_step_limit_in_a_few_plain_lines(
     tmp_path, wiki_slice, small_tokenizer_dir, capsys
 ):
