@@ -126,9 +126,7 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert 0 < result["step"] < 1_000_000
     assert 6.0 <= result["elapsed_s"] < 30  # the run lasts its 6-second budget, not much longer
-    lrs = [x["lr"] for x in metrics_lines(tmp_path / "run", "train")]
-    assert lrs[-1] < max(lrs)  # the schedule decayed within the budget
-    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()  # LR decay by time: fake-clock test
 
 
 @pytest.mark.slow
