@@ -18,7 +18,7 @@ ARGS    ?=
 PY       = $(VENV)/bin/python
 STAMP    = $(VENV)/.bertforge-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ test: $(STAMP)
 # `make bench ARGS=--quick` for a CI-sized run; `make bench ARGS="--only step"` and so on.
 bench: $(STAMP)
 	$(PY) -m benchmarks.run $(ARGS)
+
+# The device check (benchmarks/gpu_check.py): the GPU tests, the step against Hugging Face and a minute
+# of pretraining, in at most 8 minutes on one H100 or H200, with the machine's own python3 and torch
+# ($(VENV) holds the CPU build), into $OUT when set, else runs/gpu-check. ARGS=--smoke: on a CPU.
+GPU_OUT ?= $(if $(filter environment command,$(origin OUT)),$(OUT),runs/gpu-check)
+gpu-check:
+	PYTHONPATH=src $(PYTHON) -m benchmarks.gpu_check --out $(GPU_OUT) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

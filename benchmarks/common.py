@@ -1,5 +1,6 @@
-"""What every benchmark shares: the machine, its matmul rate, the FLOPs of a step, timing, and the
-Hugging Face reference model built from the same config (in code, nothing downloaded).
+"""What every benchmark shares: the machine, its matmul rate and GPU peak, timing (with the GPU's
+memory and the attention kernel a step ran), and the Hugging Face reference model built from the
+same config (in code, nothing downloaded). A step's FLOPs are `bertforge.flops`'.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Bench:
     cache_dir: Path  # bertforge's tokenizer and shard cache
     log: Callable[[str], None]
     compile: bool = False  # torch.compile both models in the step benchmark
+    peak_flops: float | None = None  # a GPU's dense bf16 peak (FLOP/s), for MFU; None on CPU
 
 
 def keep_freed_memory() -> None:
@@ -99,50 +101,88 @@ def matmul_rate(dtype: torch.dtype, device: torch.device, seconds: float = 1.0, 
     return 2 * n**3 * count / (time.perf_counter() - start)
 
 
-def step_flops(config: ModelConfig, batch: int, seq_len: int, masked: int) -> float:
-    """FLOPs one training step must do (forward + backward = 6 per weight per token, as Kaplan et al.).
-
-    Weights of the encoder, pooler and MLM transform count for every token; the vocabulary
-    projection only for the `masked` positions; attention scores and mixing add 12 L H T per token.
-    Embedding lookups, LayerNorms, activations and the optimizer are not matmuls and not counted.
-    """
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    layers = config.num_hidden_layers
-    tokens = batch * seq_len
-    encoder = layers * (4 * h * h + 2 * h * i)  # Q, K, V, output; two FFN projections
-    pooler_and_transform = 2 * h * h
-    dense = 6 * (encoder + pooler_and_transform) * tokens
-    vocabulary = 6 * h * v * masked
-    attention = 12 * layers * h * seq_len * tokens
-    return float(dense + vocabulary + attention)
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timing:
+    """What `interleaved` measured of each contender."""
+
+    seconds: dict[str, list[float]]  # per step, one entry per round
+    first_step_s: dict[str, float]  # the first warm-up step (compilation included)
+    peak_memory: dict[str, int]  # CUDA: the most bytes a round's steps added to what was allocated
+
+
 def interleaved(
     steps: dict[str, Callable[[], None]], warmup: int, rounds: int, per_round: int, device: torch.device
-) -> dict[str, list[float]]:
+) -> Timing:
     """Seconds per step of each contender, round by round, alternating so drift hits all alike.
 
     Each round runs `per_round` steps of every contender in turn (the order flips every round).
     """
     names = list(steps)
+    timing = Timing({name: [] for name in names}, {}, {name: 0 for name in names})
     for name in names:
-        for _ in range(warmup):
+        start = time.perf_counter()
+        steps[name]()
+        synchronize(device)
+        timing.first_step_s[name] = time.perf_counter() - start
+        for _ in range(warmup - 1):
             steps[name]()
     synchronize(device)
-    times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
         for name in names if round_index % 2 == 0 else reversed(names):
+            held = reset_peak_memory(device)
             start = time.perf_counter()
             for _ in range(per_round):
                 steps[name]()
             synchronize(device)
-            times[name].append((time.perf_counter() - start) / per_round)
-    return times
+            timing.seconds[name].append((time.perf_counter() - start) / per_round)
+            if device.type == "cuda":
+                added = torch.cuda.max_memory_allocated(device) - held
+                timing.peak_memory[name] = max(timing.peak_memory[name], added)
+    return timing
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """On CUDA, start counting the peak afresh; the bytes allocated now (0 elsewhere)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The bytes a model's weights and its optimizer's state hold between steps."""
+    tensors = list(model.parameters()) + [
+        value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# Which SDPA kernel ran, by the names of the operators and GPU kernels a step launched.
+ATTENTION_KERNELS = (
+    ("flash", ("flash",)),
+    ("memory-efficient", ("efficient_attention", "mem_efficient", "fmha")),
+    ("cuDNN", ("cudnn_attention", "cudnn_fmha")),
+    ("math", ("_scaled_dot_product_attention_math",)),
+)
+
+
+def attention_kernels(step: Callable[[], None], device: torch.device) -> str:
+    """The SDPA kernel(s) one call of `step` ran, from the profiler: flash, memory-efficient, cuDNN,
+    math, or "other" when none of them (an attention of the model's own)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        step()
+        synchronize(device)
+    names = {event.key.lower() for event in profiler.key_averages()}
+    found = [kind for kind, marks in ATTENTION_KERNELS if any(m in name for name in names for m in marks)]
+    return " + ".join(found) or "other"
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:
@@ -153,11 +193,12 @@ def median_ratio(numerator: list[float], denominator: list[float]) -> float:
 def hf_config(config: ModelConfig):
     import transformers
 
-    return transformers.BertConfig(**asdict(config))  # ModelConfig uses BertConfig's field names
+    # ModelConfig uses BertConfig's field names; attention through torch's SDPA, pinned
+    return transformers.BertConfig(**asdict(config), attn_implementation="sdpa")
 
 
 def hf_model(config: ModelConfig, weights: dict[str, torch.Tensor] | None = None) -> nn.Module:
-    """`transformers.BertForPreTraining` of the same size (its default attention), optionally our weights."""
+    """`transformers.BertForPreTraining` of the same size (SDPA attention), optionally our weights."""
     import transformers
 
     model = transformers.BertForPreTraining(hf_config(config))
@@ -178,7 +219,7 @@ def hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     labels, nsp_labels = batch["hf_labels"], batch["nsp_labels"]
     output = model(
         input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
+        attention_mask=batch.get("attention_mask"),  # absent when the batch has no padding
         token_type_ids=batch["token_type_ids"],
         labels=labels,
         next_sentence_label=nsp_labels,

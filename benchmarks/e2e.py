@@ -1,9 +1,11 @@
 """(2) End-to-end pretraining throughput on WikiText-2, as a fraction of the step throughput.
 
-`bertforge.pretrain.pretrain` runs for real (pairs, dynamic masking, collation, DataLoader, the loop,
-its logging) with evaluation off; its own log windows give real (non-padding) tokens per second.
+`bertforge.pretrain.pretrain` runs for real (pairs, dynamic masking, collation, DataLoader workers as
+the run sets them, the loop, its logging) with evaluation off; its own log windows give real
+(non-padding) tokens per second over their time (an epoch's start included), and on CUDA its MFU.
 The step throughput of the same model, precision and batch (full 128-token rows) is measured in the
-same process just before and just after, and the padding fraction is counted on the batches used.
+same process just before and just after, and the padding fraction and the epochs the run went
+through are counted on its batches.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from benchmarks.data import prepared, wikitext
 from bertforge.batches import real_tokens
 from bertforge.config import RunConfig, apply_preset
 from bertforge.pretrain import epoch_batches, pretrain
+from bertforge.runtime import data_workers
 from bertforge.shards import TokenShards
 
 LOG_EVERY = 5
@@ -42,15 +45,18 @@ def run_config(
     return config
 
 
-def padding_fraction(shards: TokenShards, tokenizer, config: RunConfig, micro_batches: int) -> float:
-    """Share of the token slots in the run's first `micro_batches` batches that are padding."""
+def padding_and_epochs(
+    shards: TokenShards, tokenizer, config: RunConfig, micro_batches: int
+) -> tuple[float, float]:
+    """Share of the token slots in the run's first `micro_batches` batches that are padding, and the
+    epochs that many batches make."""
     batches = epoch_batches(shards, tokenizer, config, config.data.max_seq_length)(0)
     real = slots = 0
     for index in range(min(micro_batches, len(batches))):
         batch = batches[index]  # a batch without padding has no attention_mask
         real += real_tokens(batch)
         slots += batch["input_ids"].numel()
-    return 1.0 - real / slots
+    return 1.0 - real / slots, micro_batches / len(batches)
 
 
 def measure(preset: str, precision: str, batch_size: int, steps: int, workers: int, bench: Bench) -> dict:
@@ -61,7 +67,9 @@ def measure(preset: str, precision: str, batch_size: int, steps: int, workers: i
     def step_reference(when: str) -> float:
         bench.log(f"e2e: {preset} {precision}, step reference {when}")
         vocab = tokenizer.vocab_size  # as the model pretrain() builds
-        row = step.measure(preset, precision, batch_size, bench, (1, 2, 2), False, vocab_size=vocab)
+        row = step.measure(
+            preset, precision, batch_size, bench, (1, 2, 2), False, vocab_size=vocab, kernels=False
+        )
         return row["bertforge_tokens_per_s"]
 
     before = step_reference("before")
@@ -71,17 +79,24 @@ def measure(preset: str, precision: str, batch_size: int, steps: int, workers: i
     after = step_reference("after")
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # The first window holds the warm-up (first steps, allocator, DataLoader start).
-    windows = [line["tokens_per_s"] for line in lines if line["split"] == "train"][1:]
-    e2e, step_rate = statistics.median(windows), (before + after) / 2
-    return {
+    train_lines = [line for line in lines if line["split"] == "train"][1:]
+    windows = [line["tokens_per_s"] for line in train_lines]
+    # Windows of equal steps: the harmonic mean of their rates is tokens over time, stalls included.
+    e2e, step_rate = statistics.harmonic_mean(windows), (before + after) / 2
+    padding, epochs = padding_and_epochs(shards, tokenizer, config, steps)
+    row = {
         "preset": preset,
         "precision": precision,
         "batch": batch_size,
         "steps": steps,
-        "num_workers": workers,
+        "num_workers": data_workers(config.runtime, bench.device),
         "e2e_real_tokens_per_s": e2e,
         "step_tokens_per_s": step_rate,
         "fraction_of_step": e2e / step_rate,
-        "padding_fraction": padding_fraction(shards, tokenizer, config, steps),
+        "padding_fraction": padding,
+        "epochs": epochs,
         "windows_tokens_per_s": windows,
     }
+    if train_lines and all("mfu" in line for line in train_lines):  # CUDA, a GPU of known peak
+        row["mfu"] = statistics.mean(line["mfu"] for line in train_lines)
+    return row

@@ -23,6 +23,7 @@ import torch
 
 from benchmarks import e2e, glue, ner, prep, quality, step
 from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
+from bertforge import flops
 from bertforge.cache import default_cache_dir
 from bertforge.runtime import resolve_device
 
@@ -45,7 +46,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models in the step test")
     parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 5)")
     parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
-    parser.add_argument("--workers", type=int, default=0, help="e2e DataLoader workers (runtime.num_workers)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=-1,
+        help="e2e: runtime.num_workers (default -1: 2 on CUDA, none on CPU)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the GPU's dense bf16 peak in TFLOP/s, for MFU (default: bertforge.flops' table of known GPUs)",
+    )
     parser.add_argument(
         "--glue-model",
         type=Path,
@@ -104,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         log("matmul rate")
         rates = {p: matmul_rate(dtype(p), device) for p in precisions}
         cache_dir = args.cache_dir or default_cache_dir()
-        bench = Bench(device, rates, args.quick, Path(workdir), cache_dir, log, args.compile)
+        peak = gpu_peak(device, args.peak_tflops)
+        bench = Bench(device, rates, args.quick, Path(workdir), cache_dir, log, args.compile, peak)
         about = machine() | {"keep_freed_memory": args.keep_freed_memory}
-        results = {"machine": about, "quick": args.quick, "matmul_flops": rates}
+        results = {"machine": about, "quick": args.quick, "matmul_flops": rates, "peak_flops": peak}
         run_all(args, only, precisions, bench, results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -144,6 +156,13 @@ def dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def gpu_peak(device: torch.device, tflops: float | None) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s: given, or from `bertforge.flops`' table; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return tflops * 1e12 if tflops else flops.peak_bf16_flops(torch.cuda.get_device_name(device))
+
+
 def table(columns: dict[str, callable], rows: list[dict]) -> str:
     """A plain-text table: `columns` maps each header to a function of the row giving its cell."""
     cells = [list(columns)] + [[str(cell(row)) for cell in columns.values()] for row in rows]
@@ -163,39 +182,53 @@ def percent(value: float) -> str:
 
 
 def step_table(rows: list[dict]) -> str:
-    return table(
-        {
-            "preset": lambda r: r["preset"],
-            "precision": lambda r: r["precision"],
-            "batch": lambda r: (
-                f"{r['batch']} x {r['seq_len']}"
-                + (" compiled" if r.get("compiled") else "")
-                + (f" dropout {r['dropout']:g}" if r.get("dropout", 0.1) != 0.1 else "")
-            ),
-            "bertforge tok/s": lambda r: f"{r['bertforge_tokens_per_s']:,.0f}",
-            "HF tok/s": lambda r: f"{r['hf_tokens_per_s']:,.0f}",
-            "speed-up": lambda r: f"{r['speedup']:.2f}x",
+    """The step's table: on a GPU with a known peak MFU, peak memory and attention kernel; elsewhere
+    each one's fraction of the matmul probe's rate."""
+    columns = {
+        "preset": lambda r: r["preset"],
+        "precision": lambda r: r["precision"],
+        "batch": lambda r: (
+            f"{r['batch']} x {r['seq_len']}"
+            + (" compiled" if r.get("compiled") else "")
+            + (f" dropout {r['dropout']:g}" if r.get("dropout", 0.1) != 0.1 else "")
+        ),
+        "bertforge tok/s": lambda r: f"{r['bertforge_tokens_per_s']:,.0f}",
+        "HF tok/s": lambda r: f"{r['hf_tokens_per_s']:,.0f}",
+        "speed-up": lambda r: f"{r['speedup']:.2f}x",
+    }
+    if all("bertforge_mfu" in row for row in rows):
+        columns |= {
+            "bertforge MFU": lambda r: percent(r["bertforge_mfu"]),
+            "HF MFU (executed)": lambda r: f"{percent(r['hf_mfu'])} ({percent(r['hf_executed_mfu'])})",
+        }
+    else:
+        columns |= {
             "bertforge of limit": lambda r: percent(r["bertforge_fraction_of_limit"]),
             "HF of limit": lambda r: percent(r["hf_fraction_of_limit"]),
-        },
-        rows,
-    )
+        }
+    if all("bertforge_peak_memory_gib" in row for row in rows):
+        columns["peak GiB"] = lambda r: (
+            f"{r['bertforge_peak_memory_gib']:.1f} / {r['hf_peak_memory_gib']:.1f}"
+        )
+    columns["attention"] = lambda r: f"{r['bertforge_attention']} / {r['hf_attention']}"
+    return table(columns, rows)
 
 
 def e2e_table(rows: list[dict]) -> str:
-    return table(
-        {
-            "preset": lambda r: r["preset"],
-            "precision": lambda r: r["precision"],
-            "batch": lambda r: r["batch"],
-            "workers": lambda r: r["num_workers"],
-            "e2e real tok/s": lambda r: f"{r['e2e_real_tokens_per_s']:,.0f}",
-            "step tok/s": lambda r: f"{r['step_tokens_per_s']:,.0f}",
-            "e2e / step": lambda r: percent(r["fraction_of_step"]),
-            "padding": lambda r: percent(r["padding_fraction"]),
-        },
-        rows,
-    )
+    columns = {
+        "preset": lambda r: r["preset"],
+        "precision": lambda r: r["precision"],
+        "batch": lambda r: r["batch"],
+        "workers": lambda r: r["num_workers"],
+        "epochs": lambda r: f"{r['epochs']:.1f}",
+        "e2e real tok/s": lambda r: f"{r['e2e_real_tokens_per_s']:,.0f}",
+        "step tok/s": lambda r: f"{r['step_tokens_per_s']:,.0f}",
+        "e2e / step": lambda r: percent(r["fraction_of_step"]),
+        "padding": lambda r: percent(r["padding_fraction"]),
+    }
+    if all("mfu" in row for row in rows):
+        columns["MFU"] = lambda r: percent(r["mfu"])
+    return table(columns, rows)
 
 
 def prep_table(result: dict) -> str:
@@ -278,6 +311,9 @@ def report(results: dict) -> str:
     if "step" in results:
         out += ["", "(1) training step: forward, backward, clip, AdamW; full-length rows, 15% masked, NSP"]
         out.append(step_table(results["step"]))
+        if results["machine"]["gpu"] and not results.get("peak_flops"):
+            gpu = results["machine"]["gpu"]
+            out.append(f"MFU: no dense bf16 peak known for {gpu}; give it with --peak-tflops")
     if "e2e" in results:
         out += ["", "(2) end to end: bertforge pretrain on WikiText-2 train, real tokens (padding excluded)"]
         out.append(e2e_table(results["e2e"]))

@@ -5,6 +5,14 @@ and a fused AdamW update (Hugging Face's Trainer default optimizer for torch >= 
 start from the same weights and see the same full-length batch of 128-token pairs with 15% of the
 tokens masked and NSP labels; each computes its own loss the way its library does (bertforge: the
 MLM head on the masked positions; Hugging Face: on every position with -100 labels elsewhere).
+
+Attention follows the same rule for both: the batch has no padding, so neither is given an attention
+mask (Hugging Face would drop an all-ones one itself in eager mode, not under torch.compile), and
+Hugging Face's attention is pinned to torch's SDPA. Each row names the SDPA kernel each one ran.
+On CUDA each is also given as MFU: the FLOPs the step must do (`bertforge.flops`, the MLM head on
+the masked positions) per second over the GPU's dense bf16 peak; Hugging Face's executed MFU counts
+the work its dense head really does, on every position. Peak memory is each one's weights and
+optimizer state plus the most its steps allocated on top.
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ from benchmarks.common import (
     MASK_RATE,
     SEQ_LEN,
     Bench,
+    attention_kernels,
     hf_labels,
     hf_loss,
     hf_model,
     interleaved,
     median_ratio,
     model_config,
-    step_flops,
+    resident_bytes,
 )
+from bertforge import flops
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.masking import MaskingCollator
 from bertforge.model import BertForPreTraining
@@ -53,13 +63,16 @@ def full_length_batch(vocab_size: int, batch_size: int, seq_len: int = SEQ_LEN, 
     )  # fmt: skip
     batch = collate(examples, generator=torch.Generator().manual_seed(seed))
     batch["hf_labels"], _ = hf_labels(batch)
+    if batch["attention_mask"].all():  # no padding: no mask for either model
+        del batch["attention_mask"]
     return batch
 
 
 def make_step(
     model: torch.nn.Module, loss_fn, batch: dict, precision: str, device: torch.device, compile: bool
 ):
-    """One optimizer step of `model` on `batch`, as a closure (the model compiled first if asked)."""
+    """One optimizer step of `model` on `batch`, as a closure (the model compiled first if asked),
+    and its optimizer."""
     optimizer = build_optimizer(model, TrainConfig(), device)
     model.train()
     if compile:
@@ -73,7 +86,7 @@ def make_step(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return step, optimizer
 
 
 def ours_loss(model, batch):
@@ -100,32 +113,50 @@ def measure(
     vocab_size: int = 30522,
     seq_len: int = SEQ_LEN,
     dropout: float | None = None,
+    kernels: bool = True,
 ) -> dict:
-    """Tokens/s of both (or only bertforge), the speed-up and each as a fraction of the machine's limit.
+    """Tokens/s of both (or only bertforge), the speed-up, each as a fraction of the machine's limit
+    and on CUDA as MFU, each one's peak memory and attention kernel.
 
     `timing` is (warm-up steps, rounds, steps per round) for each contender; `dropout`, if given,
-    replaces the preset's hidden and attention dropout (0.1) in both models.
+    replaces the preset's hidden and attention dropout (0.1) in both models; `kernels`: name the
+    attention kernel each ran (one more step each, under the profiler).
     """
     config, device = model_config(preset, vocab_size), bench.device
     if dropout is not None:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     batch = {k: v.to(device) for k, v in full_length_batch(config.vocab_size, batch_size, seq_len).items()}
-    steps = {
-        name: make_step(model.to(device), loss, batch, precision, device, bench.compile)
+    made = {
+        name: (model, *make_step(model.to(device), loss, batch, precision, device, bench.compile))
         for name, (model, loss) in contenders(config, with_reference).items()
     }
-    times = interleaved(steps, *timing, device)
-    flops = step_flops(config, batch_size, seq_len, int(batch["masked_positions"].numel()))
+    steps = {name: step for name, (_, step, _) in made.items()}
+    timing_of = interleaved(steps, *timing, device)
+    useful = flops.bert_step_flops(config, batch_size, seq_len, int(batch["masked_positions"].numel()))
     row = {"preset": preset, "precision": precision, "batch": batch_size, "seq_len": seq_len,
-           "compiled": bench.compile, "vocab_size": config.vocab_size, "flops_per_step": flops,
-           "dropout": config.hidden_dropout_prob}  # fmt: skip
-    for name, seconds in times.items():
+           "compiled": bench.compile, "vocab_size": config.vocab_size, "flops_per_step": useful,
+           "dropout": config.hidden_dropout_prob, "device": str(device)}  # fmt: skip
+    for name, seconds in timing_of.seconds.items():
+        model, step, optimizer = made[name]
         median = statistics.median(seconds)
         row[f"{name}_tokens_per_s"] = batch_size * seq_len / median
-        row[f"{name}_fraction_of_limit"] = flops / median / bench.rates[precision]
+        row[f"{name}_fraction_of_limit"] = useful / median / bench.rates[precision]
         row[f"{name}_seconds_per_step"] = seconds
+        row[f"{name}_first_step_s"] = timing_of.first_step_s[name]
+        if kernels:
+            row[f"{name}_attention"] = attention_kernels(step, device)
+        if bench.peak_flops:
+            row[f"{name}_mfu"] = flops.mfu(useful, median, bench.peak_flops)
+        if device.type == "cuda":
+            held = resident_bytes(model, optimizer) + timing_of.peak_memory[name]
+            row[f"{name}_peak_memory_gib"] = held / 2**30
     if with_reference:
-        row["speedup"] = median_ratio(times["hf"], times["bertforge"])
+        row["speedup"] = median_ratio(timing_of.seconds["hf"], timing_of.seconds["bertforge"])
+        if bench.peak_flops:  # Hugging Face's dense head runs on every position
+            executed = flops.bert_step_flops(config, batch_size, seq_len, batch_size * seq_len)
+            row["hf_executed_mfu"] = flops.mfu(
+                executed, statistics.median(timing_of.seconds["hf"]), bench.peak_flops
+            )
     return row
 
 

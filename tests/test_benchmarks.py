@@ -5,6 +5,7 @@ WikiText-2) measures all four of its parts against `transformers` and writes its
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,32 @@ def test_the_glue_benchmark_without_a_model_is_refused_before_it_starts(tmp_path
     assert done.returncode == 2
     assert "--glue-model" in done.stderr and "mini-30min" in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_on_cpu_in_its_smoke_mode(tmp_path):
+    """`make gpu-check`'s script, as a GPU machine runs it (`PYTHONPATH=src`), on tiny shapes: every
+    part runs and the summary comes first among at most 8 files."""
+    import torch
+
+    out, env = tmp_path / "out", dict(os.environ, PYTHONPATH="src")
+    how = dict(cwd=REPO, capture_output=True, text=True, env=env)
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out)]
+    done = subprocess.run([*command, "--smoke"], timeout=600, **how)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert summary.startswith("# bertforge device check") and len(summary.splitlines()) <= 40
+    assert summary.strip() in done.stdout  # printed too
+    files = {path.name for path in out.iterdir()}
+    assert {"summary.md", "results.json", "tests.log", "pretrain-eager.log", "metrics-eager.jsonl"} <= files
+    assert len(files) <= 8
+    parts = json.loads((out / "results.json").read_text(encoding="utf-8"))["parts"]
+    assert parts["tests"]["counts"]["collected"] > 20  # both GPU test files, collected
+    rows = parts["step"]["rows"]
+    assert [(row["seq_len"], row["batch"]) for row in rows] == [(32, 4), (64, 2)]
+    assert all(row["speedup"] > 0 and row["bertforge_attention"] and row["hf_attention"] for row in rows)
+    run = parts["pretrain"]["runs"]["eager"]
+    assert run["steady_tokens_per_s"] > 0 and run["epochs"] > 0 and 0 <= run["padding"] < 1
+    if not torch.cuda.is_available():  # without --smoke it needs a GPU
+        refused = subprocess.run(command, timeout=120, **how)
+        assert refused.returncode == 2 and "--smoke" in refused.stderr

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import socket
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,18 @@ from conftest import metrics_lines, tiny_config
 from bertforge import train
 from bertforge.checkpoint import read_config
 from bertforge.pretrain import pretrain
+
+if CARRIED := os.environ.get("BERTFORGE_TEST_CORPUS"):
+    # Where ../shared is not beside the checkout (a GPU machine), the device check generates text
+    # (benchmarks/gpu_check.py) and names its folder: it replaces conftest's WikiText slices here.
+    @pytest.fixture(scope="session")
+    def wiki_slice() -> Path:
+        return Path(CARRIED) / "train.txt"
+
+    @pytest.fixture(scope="session")
+    def wiki_valid_slice() -> Path:
+        return Path(CARRIED) / "valid.txt"
+
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -39,6 +53,7 @@ def no_dropout(config):
 def test_pretraining_on_gpu(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, precision, compile):
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=60, eval_every=30, batch_size=16)
     config.train.learning_rate = 3e-3
+    config.train.mlm_bias_init = "zero"  # from ln(V): the frequencies are there to learn in 60 steps
     config.runtime.device, config.runtime.precision, config.runtime.compile = "cuda", precision, compile
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="torch.compile failed")  # on GPU it must really compile

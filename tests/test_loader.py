@@ -99,6 +99,7 @@ def short_corpus(tmp_path, wiki_slice):
     return corpus
 
 
+@pytest.mark.slow
 @forked
 def test_a_run_with_persistent_workers_resumes_exactly_across_epochs(
     tmp_path, short_corpus, small_tokenizer_dir
