@@ -142,8 +142,13 @@ class Result:
         return [line for line in self.err.splitlines() if line.strip()]
 
     def describe(self) -> str:
+        """The exit status and the last line on stderr (for a traceback, its exception)."""
         status = f"killed by {signal.Signals(-self.code).name}" if self.code < 0 else f"exit {self.code}"
         last = self.lines[-1] if self.lines else "(nothing on stderr)"
+        raised = [line for line in self.lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
+        if "Traceback (most recent call last)" in self.err and raised:
+            ignored = "Exception ignored in atexit callback" in self.err
+            last = raised[-1].rstrip(": ") + (" in an atexit callback, as it exits" if ignored else "")
         return f"{status}: {last[:300]}"
 
 
@@ -669,7 +674,8 @@ def build_data(folder: Path) -> None:
     (folder / "few-lines.txt").write_text("\n".join(s[:200] for s in sentences[:12]) + "\n", encoding="utf-8")
     (folder / "many-lines.txt").write_text("\n".join(s[:200] for s in sentences) * 4 + "\n", encoding="utf-8")
     (folder / "recipes.toml").write_text(TINY_RECIPES + "max_train_examples = 32\n", encoding="utf-8")
-    (folder / "recipes-long.toml").write_text(TINY_RECIPES + "max_train_examples = 64\n", encoding="utf-8")
+    long = TINY_RECIPES.replace("epochs = 1", "epochs = 3") + "max_train_examples = 64\n"
+    (folder / "recipes-long.toml").write_text(long, encoding="utf-8")
     M.fixture_commands.append(
         f"$W/fixtures/data: slices of $DATA's wikitext-2, sst-2, glue/stsb and conll2003 ({folder})"
     )
@@ -1731,11 +1737,7 @@ def newest(run: Path) -> Path:
     return sorted((run / "checkpoints").glob("step_*"))[-1]
 
 
-def oldest(run: Path) -> Path:
-    return sorted((run / "checkpoints").glob("step_*"))[0]
-
-
-def resume_to_reference(trace: Trace, run: Path, warned: bool, expected_words: tuple = ()) -> None:
+def resume_to_reference(trace: Trace, run: Path, warned: bool) -> None:
     """`pretrain --resume` of a damaged copy of ref-bert must end as ref-bert (with a warning when the
     damaged checkpoint was set aside)."""
     result = trace.bf("pretrain", "--out", run, "--resume", "--quiet")
@@ -2228,7 +2230,7 @@ def pretrain_signal_case(name: str, signum: int, twice: bool = False, objective:
         if result.code != code:
             raise Fail(f"expected exit {code}, got {result.describe()}")
         if "Traceback" in result.err:
-            raise Fail("a traceback")
+            raise Fail(f"a traceback ({result.describe()})")
         if twice and "continue with" not in result.err:
             resumed = ["pretrain", "--out", str(run), "--resume", "--quiet"]
         else:
@@ -2361,8 +2363,10 @@ def glue_signal_case(signum: int) -> Case:
         out = trace.path("g")
         argv = glue_argv(out, recipes="recipes-long.toml", seeds="1,2")
         proc = trace.start(*argv)
-        delay = trace.rng.uniform(0.3, 2.0)
-        trace.note(f"# {name} {delay:.1f} s after the start")
+        delay = trace.rng.uniform(0.0, 1.5)
+        trace.note(f"# {name} {delay:.2f} s after the first seed's folder appears")
+        if not wait_until(lambda: (out / "RTE" / "seed_1").is_dir(), proc, tick=0.01):
+            raise Skip("glue ended before the signal")
         time.sleep(delay)
         if proc.poll() is not None:
             raise Skip("glue ended before the signal")
