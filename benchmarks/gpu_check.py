@@ -200,11 +200,12 @@ def run_step(args, work: Path, deadline: float, done: dict) -> dict:
     command += (["--smoke"] if args.smoke else []) + (
         ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else []
     )
-    status, seconds = run_child(command + ["--budget-s", str(budget)], work / "step.log", budget + 30)
+    # The child plans within its budget; stopped at the end of it, it leaves the shapes it finished.
+    status, seconds = run_child(command + ["--budget-s", str(budget - 15)], work / "step.log", budget)
     rows = json.loads(rows_file.read_text(encoding="utf-8")) if rows_file.exists() else []
-    failed = status != 0 or not rows or any("error" in row for row in rows)
+    failed = not rows or any("error" in row for row in rows)
     result = {
-        "status": "failed" if failed else "ok",
+        "status": "failed" if failed else ("ok" if status == 0 else "partial"),
         "exit": status,
         "seconds": seconds,
         "rows": rows,
