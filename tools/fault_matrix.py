@@ -2231,7 +2231,8 @@ def pretrain_signal_case(
     def body(trace: Trace) -> None:
         run = trace.path("run")
         extra = GPT if objective == "clm" else []
-        proc = trace.start(*pretrain_argv(run, *extra, *STEADY, "--max-steps", str(STEADY_STEPS)))
+        argv = pretrain_argv(run, *extra, *STEADY, "--max-steps", str(STEADY_STEPS))
+        proc = trace.start(*argv)
         target = trace.rng.randint(2, STEADY_STEPS - 30)
         trace.note(
             f"# {signal.Signals(signum).name} once {target} steps are logged" + (", twice" if twice else "")
@@ -2255,10 +2256,12 @@ def pretrain_signal_case(
             problem = f"a traceback ({result.describe()})"
         if problem and not twice:
             raise Fail(problem)
-        if problem or (twice and "continue with" not in result.err):
-            resumed = ["pretrain", "--out", str(run), "--resume", "--quiet"]
-        else:
+        if "continue with" in result.err and not problem:
             resumed = [*continue_command(result), "--quiet"]
+        elif "run the same command again" in result.err:  # no checkpoint was complete: nothing kept
+            resumed = argv
+        else:
+            resumed = ["pretrain", "--out", str(run), "--resume", "--quiet"]
         succeeded(trace.bf(*resumed))
         same_run(run, M.world[reference])
         if problem:
