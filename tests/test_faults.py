@@ -222,3 +222,38 @@ def test_tokenizer_training_gives_the_same_files_in_two_processes(tmp_path, wiki
         assert process.wait(120) == 0, process.stderr.read().decode()
     for name in ("vocab.txt", "tokenizer.json", "bertforge_tokenizer.json"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+# ------------------------------------------------- one writer per output of the one-shot commands
+
+
+@pytest.mark.parametrize("command", ["tokenizer train", "export", "import-hf", "embed"])
+def test_a_second_writer_of_one_out_is_refused(command, tmp_path, capsys, wiki_slice, tiny_pretrained_run):
+    """Two processes started together on one --out would both report success, the output holding only
+    the one written last: the second is refused while the first holds the output's lock."""
+    from bertforge.export import export_model
+    from bertforge.io import builder_lock
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the first text .\nthe second text .\n", encoding="utf-8")
+    exported = tmp_path / "hf"
+    if command == "import-hf":
+        export_model(tiny_pretrained_run, exported)
+    out = tmp_path / ("vectors.npy" if command == "embed" else "out")
+    argv = {
+        "tokenizer train": ["tokenizer", "train", "--corpus", str(wiki_slice), "--vocab-size", "200"],
+        "export": ["export", "--model", str(tiny_pretrained_run)],
+        "import-hf": ["import-hf", "--from", str(exported)],
+        "embed": ["embed", "--model", str(tiny_pretrained_run), "--input", str(texts)],
+    }[command] + ["--out", str(out)]
+    first = builder_lock(out)
+    assert first.acquire(wait=False)  # as a first process on the same --out would hold it
+    try:
+        assert_clean_failure(capsys, argv, f"{out} is being written by another bertforge process")
+    finally:
+        first.release()
+    assert not out.exists()
+    from bertforge.cli import main
+
+    assert main([*argv, "--quiet"] if command == "embed" else argv) == 0  # alone, it writes
+    assert out.exists()

@@ -44,11 +44,17 @@ from bertforge.checkpoint import (
 from bertforge.classifier import sequence_classifier
 from bertforge.config import RunConfig, save_json
 from bertforge.errors import BertforgeError
-from bertforge.folders import BERTFORGE_CONFIG, find_model_folder, open_hf_folder, read_config_and_tokenizer
+from bertforge.folders import (
+    BERTFORGE_CONFIG,
+    ModelFolder,
+    find_model_folder,
+    open_hf_folder,
+    read_config_and_tokenizer,
+)
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
 from bertforge.gpt_convert import write_hf_folder
-from bertforge.io import atomic_directory, check_new_folder, write_json
+from bertforge.io import atomic_directory, building_new_folder, write_json
 from bertforge.tagger import ARCHITECTURE as TAGGER_ARCHITECTURE
 from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, is_tagger_folder, token_classifier
 from bertforge.tokenizer import BertTokenizer
@@ -68,7 +74,12 @@ def export_model(model_dir: str | Path, out_dir: str | Path) -> dict:
             "(`bertforge import-hf` turns it into one)"
         )
     out = Path(out_dir)
-    check_new_folder(out)
+    with building_new_folder(out):
+        return write_export(source, out)
+
+
+def write_export(source: ModelFolder, out: Path) -> dict:
+    """`export_model`'s writing, for the holder of `out`'s lock."""
     config, tokenizer = read_config_and_tokenizer(source)
     labels = read_labels(source.path) if source.has_labels else None
     model = checked_model(source.path, config, labels)
@@ -128,7 +139,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
     Hugging Face does) and task heads it had that pretraining does not use.
     """
     out = Path(out_dir)
-    check_new_folder(out)
-    model, tokenizer, config, report = open_hf_folder(src_dir)
-    save_model_folder(out, model, tokenizer, config)
+    with building_new_folder(out):
+        model, tokenizer, config, report = open_hf_folder(src_dir)
+        save_model_folder(out, model, tokenizer, config)
     return {"out": out, **report}

@@ -423,26 +423,34 @@ def entry_lock(folder: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def building_new_folder(folder: Path) -> Iterator[None]:
     """Be the one process that builds the new folder `folder` (whole, with `atomic_directory`) while
-    the block runs: hold its `builder_lock`, refusing with one line that names the owner while another
-    process holds it; then remove what a killed build of it left beside it, and refuse `folder` unless
-    it is new (checked under the lock: of two processes started together, the second finds the
-    first's folder)."""
+    the block runs (`sole_writer`); remove what a killed build of it left beside it, and refuse
+    `folder` unless it is new (checked under the lock: of two processes started together, the second
+    finds the first's folder)."""
     folder = Path(folder)
     check_new_folder(folder)
-    lock = builder_lock(folder)
+    with sole_writer(folder):
+        remove_leftovers_of(folder)
+        check_new_folder(folder)
+        yield
+
+
+@contextlib.contextmanager
+def sole_writer(path: Path) -> Iterator[None]:
+    """Hold the `builder_lock` of `path` (a folder written whole, or a file) while the block runs,
+    refusing with one line that names the owner while another process holds it."""
+    path = Path(path)
+    lock = builder_lock(path)
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         taken = lock.acquire(wait=False)
     except OSError as error:
-        raise write_error(folder, error) or error from None
+        raise write_error(path, error) or error from None
     if not taken:
         raise BertforgeError(
-            f"{folder} is being written by another bertforge process (process {lock.owner()}); wait for "
+            f"{path} is being written by another bertforge process (process {lock.owner()}); wait for "
             "it to finish or choose another `out`"
         )
     try:
-        remove_leftovers_of(folder)
-        check_new_folder(folder)
         yield
     finally:
         lock.release()

@@ -292,23 +292,26 @@ def run_embed(args) -> int:
     import numpy as np
 
     from bertforge.infer import embed
-    from bertforge.io import atomic_write_bytes
+    from bertforge.io import atomic_write_bytes, sole_writer
 
     if args.out.is_dir():
         raise BertforgeError(f"--out {args.out} is a folder; give a file name ending in .npy")
     if args.out.suffix != ".npy":
         raise BertforgeError(f"--out {args.out} must end in .npy (a NumPy array file)")
     texts = read_lines(args.input, "one text per line")
-    model, tokenizer, _ = load_on_device(args)
-    show_progress = not args.quiet and len(texts) >= PROGRESS_FROM
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        vectors = embed(model, tokenizer, texts, args.pooling, args.batch_size, show_progress=show_progress)
-    for warning in caught:
-        print(f"bertforge: warning: {warning.message}", file=sys.stderr)
-    buffer = io.BytesIO()
-    np.save(buffer, vectors)
-    atomic_write_bytes(args.out, buffer.getvalue())
+    with sole_writer(args.out):
+        model, tokenizer, _ = load_on_device(args)
+        show_progress = not args.quiet and len(texts) >= PROGRESS_FROM
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            vectors = embed(
+                model, tokenizer, texts, args.pooling, args.batch_size, show_progress=show_progress
+            )
+        for warning in caught:
+            print(f"bertforge: warning: {warning.message}", file=sys.stderr)
+        buffer = io.BytesIO()
+        np.save(buffer, vectors)
+        atomic_write_bytes(args.out, buffer.getvalue())
     print(
         f"embeddings: {vectors.shape[0]} x {vectors.shape[1]} ({args.pooling} pooling) written to {args.out}"
     )

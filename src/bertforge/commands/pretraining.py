@@ -29,7 +29,7 @@ from bertforge.config import (
 )
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
-from bertforge.io import check_new_folder
+from bertforge.io import building_new_folder, check_new_folder
 from bertforge.reporting import add_report_to_argument, reporting_to
 from bertforge.signals import StoppedEarly
 
@@ -229,7 +229,7 @@ def run_tokenizer_train(args) -> int:
     validate(RunConfig(tokenizer=config))
     check_new_folder(args.out)
     files = resolve_corpus_files(args.corpus)
-    with nothing_kept_on_ctrl_c(args.out):
+    with building_new_folder(args.out), nothing_kept_on_ctrl_c(args.out):
         tokenizer = train_tokenizer(files, config, args.out, format=args.format, text_column=args.text_column)
     print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
     return 0
