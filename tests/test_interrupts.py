@@ -334,3 +334,22 @@ def test_torchrun_restarts_a_group_that_lost_a_rank_and_it_resumes_by_itself(
     assert steps(run) == list(range(1, DDP_STEPS + 1))
     assert metrics(run) == metrics(ddp_reference)
     assert_same_weights(run / "final", ddp_reference / "final")
+
+
+@pytest.mark.parametrize("status", [130, 143])
+def test_after_a_stop_by_a_signal_the_ending_process_ignores_ctrl_c(monkeypatch, status):
+    """A second Ctrl-C after the stop's checkpoint and line must not break torch's exit handlers into
+    a traceback while the interpreter shuts down."""
+    import signal
+
+    from bertforge import cli
+
+    monkeypatch.setattr(cli, "main", lambda: status)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.run() == status
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    assert cli.run() == 0 and signal.getsignal(signal.SIGINT) is before  # a run that ended well: untouched

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -42,6 +43,15 @@ EXAMPLES = """examples:
   bertforge pretrain --out runs/mini --resume
   bertforge evaluate --model runs/mini --corpus wiki.valid.tokens --json
 """
+
+
+def run() -> int:
+    """The `bertforge` program: `main`, and after a stop by a signal, Ctrl-C ignored while the process
+    ends (a second one would break an exit handler of torch's into a traceback; the stop is saved)."""
+    status = main()
+    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
