@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,9 +68,16 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+# Where ../shared is not beside the checkout (a GPU machine), the device check generates text
+# (benchmarks/gpu_check.py) and names its folder: its train.txt and valid.txt replace the slices.
+CARRIED_CORPUS = os.environ.get("BERTFORGE_TEST_CORPUS")
+
+
 @pytest.fixture(scope="session")
 def wiki_slice(tmp_path_factory) -> Path:
     """The first ~40 WikiText-2 training articles (about 0.6 MB) as a corpus file."""
+    if CARRIED_CORPUS:
+        return Path(CARRIED_CORPUS) / "train.txt"
     lines = WIKI_TRAIN.read_text(encoding="utf-8").splitlines(keepends=True)[:2400]
     path = tmp_path_factory.mktemp("corpus") / "wiki.slice.tokens"
     path.write_text("".join(lines), encoding="utf-8")
@@ -78,6 +86,8 @@ def wiki_slice(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def wiki_valid_slice(tmp_path_factory) -> Path:
+    if CARRIED_CORPUS:
+        return Path(CARRIED_CORPUS) / "valid.txt"
     lines = WIKI_VALID.read_text(encoding="utf-8").splitlines(keepends=True)[:800]
     path = tmp_path_factory.mktemp("corpus") / "wiki.valid.slice.tokens"
     path.write_text("".join(lines), encoding="utf-8")

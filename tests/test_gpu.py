@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,18 +20,6 @@ from conftest import metrics_lines, tiny_config
 from bertforge import train
 from bertforge.checkpoint import read_config
 from bertforge.pretrain import pretrain
-
-if CARRIED := os.environ.get("BERTFORGE_TEST_CORPUS"):
-    # Where ../shared is not beside the checkout (a GPU machine), the device check generates text
-    # (benchmarks/gpu_check.py) and names its folder: it replaces conftest's WikiText slices here.
-    @pytest.fixture(scope="session")
-    def wiki_slice() -> Path:
-        return Path(CARRIED) / "train.txt"
-
-    @pytest.fixture(scope="session")
-    def wiki_valid_slice() -> Path:
-        return Path(CARRIED) / "valid.txt"
-
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -230,8 +217,6 @@ def test_steady_state_steps_never_wait_for_the_gpu(tmp_path, wiki_slice, small_t
 
 
 def nccl_rank(rank, port, corpus, tokenizer_dir, out):
-    import os
-
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )

@@ -10,7 +10,6 @@ import os
 import shutil
 import warnings
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -29,18 +28,6 @@ from bertforge.losses import NO_LABEL, Summary, pretraining_sums
 from bertforge.masking import pretraining_collator
 from bertforge.model import BertForPreTraining, BertForSequenceClassification
 from bertforge.tokenizer import load_tokenizer
-
-if CARRIED := os.environ.get("BERTFORGE_TEST_CORPUS"):
-    # Where ../shared is not beside the checkout (a GPU machine), the device check generates text
-    # (benchmarks/gpu_check.py) and names its folder: it replaces conftest's WikiText slices here.
-    @pytest.fixture(scope="session")
-    def wiki_slice() -> Path:
-        return Path(CARRIED) / "train.txt"
-
-    @pytest.fixture(scope="session")
-    def wiki_valid_slice() -> Path:
-        return Path(CARRIED) / "valid.txt"
-
 
 CUDA0 = torch.device("cuda", 0)
 
@@ -425,7 +412,6 @@ def test_compiled_training_compiles_once(tmp_path, wiki_slice, small_tokenizer_d
 
 
 def has_cpp_compiler() -> bool:
-    import os
 
     return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if name)
 
