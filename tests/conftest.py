@@ -94,6 +94,16 @@ def wiki_valid_slice(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def short_corpus(tmp_path, wiki_slice):
+    """Four documents' openings: epochs of a few steps."""
+    corpus = tmp_path / "short.tokens"
+    lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
+    heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
+    corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
+    return corpus
+
+
 @pytest.fixture(scope="session")
 def small_tokenizer_dir(tmp_path_factory, wiki_slice) -> Path:
     """A 2,000-token WordPiece vocabulary trained on the slice."""

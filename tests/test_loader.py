@@ -89,16 +89,6 @@ def test_the_next_epoch_is_built_ahead_in_the_background():
         ahead(3)
 
 
-@pytest.fixture
-def short_corpus(tmp_path, wiki_slice):
-    """Four documents' openings: epochs of a few steps."""
-    corpus = tmp_path / "short.tokens"
-    lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
-    heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
-    corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
-    return corpus
-
-
 @pytest.mark.slow
 @forked
 def test_a_run_with_persistent_workers_resumes_exactly_across_epochs(

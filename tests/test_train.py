@@ -278,16 +278,6 @@ def test_sequence_length_warmup_must_be_shorter_than_the_full_length():
             validate(config)
 
 
-@pytest.fixture
-def short_corpus(tmp_path, wiki_slice):
-    """Four documents' openings: epochs of a few steps."""
-    corpus = tmp_path / "short.tokens"
-    lines = wiki_slice.read_text(encoding="utf-8").splitlines(True)
-    heads = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = =")]
-    corpus.write_text("".join(line for h in heads[:4] for line in lines[h : h + 12]), encoding="utf-8")
-    return corpus
-
-
 def assert_resumes_exactly(tmp_path, full, checkpoint_steps: tuple[int, ...]) -> None:
     """Resuming `full` from each of its checkpoints but the last logs the same losses and ends with
     the same weights."""
