@@ -478,7 +478,7 @@ def pretrain_lines(part: dict) -> list[str]:
 
 
 def target_lines(parts: dict) -> list[str]:
-    """The issue's targets on one H100, each met or not, where measured."""
+    """The fast path's targets on one H100, each met or not, where measured."""
     rows = {
         (r["seq_len"], r["compiled"]): r for r in parts.get("step", {}).get("rows", []) if "error" not in r
     }

@@ -153,7 +153,7 @@ class Result:
 
 
 class Proc:
-    """One bertforge command in a session of its own: forked from this process, or a new Python."""
+    """One bertforge command in its own process group: forked from this process, or a new Python."""
 
     def __init__(self, argv: list[str], log: Path, cwd: Path, env: dict[str, str]) -> None:
         self.argv, self.log, self.code = argv, log, None
