@@ -16,6 +16,7 @@ from conftest import HF_TINY_SIZES, SHARED_DATA, assert_clean_failure, metrics_l
 from bertforge.checkpoint import read_weights, save_model_folder
 from bertforge.classifier import save_classifier
 from bertforge.cli import main
+from bertforge.commands.finetuning import comparison_table
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
@@ -135,6 +136,7 @@ def test_fine_tuning_on_conll_raises_entity_f1(tagger_run):
     assert [e["epoch"] for e in entities] == [0, 1, 2, 3, 4] and set(entities[-1]["per_type"]) >= {"PER"}
     train = metrics_lines(out, "train")
     assert train[-1]["tagging_loss"] < train[0]["tagging_loss"]
+    assert (out / "curves.png").stat().st_size > 10_000
 
     final = out / "final"
     assert json.loads((final / "labels.json").read_text())["task"] == TOKEN_TASK
@@ -156,6 +158,8 @@ def test_a_comparison_with_random_weights_tests_entity_f1_over_sentences(
     )
     comparison = compare_with_scratch(task, ner_config(), tmp_path / "cmp", show_progress=False)
     assert comparison["metric"] == "f1" and comparison["bootstrap"]["examples"] == 150
+    assert comparison["bootstrap"]["unit"] == "sentences"
+    assert "paired bootstrap over 150 validation sentences (" in comparison_table(comparison)
     pairs = comparison["pairs"]
     assert [p["seed"] for p in pairs] == [1, 2]
     assert all(p["difference"] == pytest.approx(p["pretrained"] - p["scratch"]) for p in pairs)

@@ -201,6 +201,7 @@ def test_finetune_learns_stsb_scores(regressor, stsb):
     assert result["best"]["pearson"] > 0.25 and result["best"]["pearson"] > valid[0]["pearson"] + 0.1
     assert set(result["best"]) == {"pearson", "spearman", "mse"} and result["task_type"] == "regression"
     assert best["mse"] < valid[0]["mse"]
+    assert (regressor / "curves.png").stat().st_size > 10_000
     predictions = json.loads((regressor / "valid_predictions.json").read_text())
     scores = [float(line.split("\t")[-1]) for line in stsb[1].read_text().splitlines()[1:]]
     assert predictions["true"] == scores and len(predictions["predicted"]) == VALID_PAIRS

@@ -29,7 +29,14 @@ from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.metrics_log import MetricsLog
 from bertforge.model import BertForPreTraining, BertSelfAttention
-from bertforge.plots import attention_figure, comparison_figure, plot_runs, run_curves
+from bertforge.plots import (
+    FINETUNING_CURVES,
+    attention_figure,
+    comparison_figure,
+    finetuning_figure,
+    plot_runs,
+    run_curves,
+)
 from bertforge.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -310,6 +317,29 @@ def test_comparison_figure_has_one_line_per_run_in_each_panel(tmp_path):
             np.testing.assert_allclose(line.get_xdata(), getattr(run, x), rtol=1e-5, atol=1e-8)
             np.testing.assert_allclose(line.get_ydata(), getattr(run, y), rtol=1e-5, atol=1e-8)
     assert "minutes" in loss_minutes.get_xlabel() and "tokens" in loss_tokens.get_xlabel()
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression", "ner"])
+def test_finetuning_figure_draws_the_task_kinds_loss_and_metrics_per_epoch(kind):
+    loss_key, _, metrics = FINETUNING_CURVES[kind]
+    records = []
+    for step in (0, 5, 10):  # 5 steps an epoch: a "valid" line per epoch, "train" lines between
+        records.append({"split": "valid", "step": step, loss_key: 1.0 / (step + 1),
+                        **{key: 0.1 + step / 20 for _, key, _ in metrics}})
+        if step:
+            records.append({"split": "train", "step": step - 2, loss_key: 2.0 / step,
+                            **{key: step / 30 for _, key, _ in metrics}})
+    fig = finetuning_figure(records, steps_per_epoch=5, kind=kind)
+    loss, scores = fig.axes
+    train, valid = loss.lines
+    np.testing.assert_allclose(valid.get_xdata(), [0, 1, 2])
+    np.testing.assert_allclose(valid.get_ydata(), [1.0, 1 / 6, 1 / 11])
+    np.testing.assert_allclose(train.get_xdata(), [0.6, 1.6])
+    assert [line.get_label() for line in scores.lines] == [label for _, _, label in metrics]
+    for line, (split, _, _) in zip(scores.lines, metrics, strict=True):
+        expected = [0.1, 0.35, 0.6] if split == "valid" else [5 / 30, 10 / 30]
+        np.testing.assert_allclose(line.get_ydata(), expected)
+    assert scores.get_ylim()[0] == (-1 if kind == "regression" else 0)
 
 
 @pytest.fixture(scope="module")

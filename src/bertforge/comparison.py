@@ -100,6 +100,7 @@ def compare_runs(
     differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
     pairs = zip(seeds, pretrained, scratch, differences, strict=True)
     bootstrap = paired_bootstrap_of(kind, best_records(out, seeds), resamples, bootstrap_seed)
+    bootstrap["unit"] = "sentences" if kind == TAGGING else "examples"  # what the bootstrap resamples
     return {
         "metric": metric,  # of each run's best epoch on the validation set
         "seeds": list(seeds),

@@ -121,28 +121,57 @@ def mark_warmup_end(axes, end: WarmupEnd | None) -> None:
             ax.axvline(end.step, color="grey", linestyle=":", label=label)
 
 
-def plot_finetuning(metrics_path: Path, out_png: Path, steps_per_epoch: int) -> None:
-    """Two panels against epochs: classification loss (train and validation), and validation accuracy
-    and macro F1 with the training accuracy."""
+# What a fine-tuning run's curves draw, by task kind: (its loss, the metrics panel's title,
+# [(split, metric, label), ...]).
+FINETUNING_CURVES = {
+    "classification": (
+        "classification_loss",
+        "accuracy and macro F1",
+        [("valid", "accuracy", "validation accuracy"), ("valid", "macro_f1", "validation macro F1"),
+         ("train", "accuracy", "training accuracy")],
+    ),
+    "regression": (
+        "mse",
+        "Pearson and Spearman correlation",
+        [("valid", "pearson", "validation Pearson"), ("valid", "spearman", "validation Spearman")],
+    ),
+    "ner": (
+        "tagging_loss",
+        "entity F1, precision and recall",
+        [("valid", "f1", "validation entity F1"), ("valid", "precision", "validation entity precision"),
+         ("valid", "recall", "validation entity recall"), ("train", "accuracy", "training token accuracy")],
+    ),
+}
+
+
+def plot_finetuning(
+    metrics_path: Path, out_png: Path, steps_per_epoch: int, kind: str = "classification"
+) -> None:
+    """Write `finetuning_figure` of a fine-tuning run's `metrics.jsonl` as a PNG."""
     records = MetricsLog(Path(metrics_path)).read()
+    save_png(finetuning_figure(records, steps_per_epoch, kind), out_png)
+
+
+def finetuning_figure(records: list[dict], steps_per_epoch: int, kind: str) -> Figure:
+    """Two panels against epochs: the task's loss (train and validation), and its validation metrics
+    (accuracy and macro F1; Pearson and Spearman; entity F1, precision and recall) with the training
+    ones."""
+    loss_key, title, metrics = FINETUNING_CURVES[kind]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for split, style in (("train", "-"), ("valid", "o-")):
-        steps, values = series(records, split, "classification_loss")
+        steps, values = series(records, split, loss_key)
         axes[0].plot([s / steps_per_epoch for s in steps], values, style, label=split, markersize=3)
-    axes[0].set(title="classification loss", xlabel="epoch", ylabel="loss")
-    for split, key, label in (
-        ("valid", "accuracy", "validation accuracy"),
-        ("valid", "macro_f1", "validation macro F1"),
-        ("train", "accuracy", "training accuracy"),
-    ):
+    axes[0].set(title=loss_key.replace("_", " "), xlabel="epoch", ylabel="loss")
+    for split, key, label in metrics:
         steps, values = series(records, split, key)
         style = "o-" if split == "valid" else "-"
         axes[1].plot([s / steps_per_epoch for s in steps], values, style, label=label, markersize=3)
-    axes[1].set(title="accuracy and macro F1", xlabel="epoch", ylabel="score", ylim=(0, 1))
+    low = -1 if kind == "regression" else 0  # a correlation can fall below 0
+    axes[1].set(title=title, xlabel="epoch", ylabel="score", ylim=(low, 1))
     for ax in axes:
         ax.legend()
     fig.tight_layout()
-    save_png(fig, out_png)
+    return fig
 
 
 # ------------------------------------------------------------------------------- several runs
