@@ -26,7 +26,7 @@ from bertforge.checkpoint import save_model_folder
 from bertforge.config import RunConfig, TokenizerConfig
 from bertforge.errors import BertforgeError
 from bertforge.finetune import FinetuneTask, finetune, finetuning_config
-from bertforge.folders import find_model_folder
+from bertforge.folders import find_model_folder, model_width
 from bertforge.model import BertForPreTraining
 
 CONLL_DATA = os.environ.get(
@@ -87,7 +87,7 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
     data = sliced(data, bench.workdir / "ner-data") if bench.quick else Path(data)
     epochs = 1 if bench.quick else EPOCHS
     task = FinetuneTask(str(model), str(data / "train.txt"), str(data / "dev.txt"), None, None, epochs=epochs)
-    config = finetuning_config()
+    config = finetuning_config(model_width(model))  # finetune's defaults, as a user gets them
     config.runtime.device = str(bench.device)
     if bench.quick:
         config.runtime.precision = "fp32"

@@ -13,6 +13,7 @@ import torch
 from conftest import assert_clean_failure
 
 from bertforge.cli import main
+from bertforge.finetune import default_learning_rate, finetuning_config
 
 WORDS = {
     "yes": ("album", "song", "single", "music"),
@@ -225,6 +226,35 @@ def test_dropout_flag_sets_the_classifiers_dropout(tmp_path, capsys, tiny_pretra
     argv = finetune_argv(tiny_pretrained_run, *data, bad, "--dropout", "1.5")
     assert_clean_failure(capsys, argv, "--dropout")
     assert not bad.exists()
+
+
+def test_defaults_follow_the_model_learning_rate_by_width_dropout_for_one_pretrained_without(
+    tmp_path, tiny_pretrained_run, data
+):
+    model = tmp_path / "no-dropout"
+    shutil.copytree(tiny_pretrained_run, model)
+    config_path = model / "final" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["model"]["hidden_dropout_prob"] = config["model"]["attention_probs_dropout_prob"] = 0.0
+    config_path.write_text(json.dumps(config))
+    out = tmp_path / "defaults"
+    argv = finetune_argv(model, *data, out, "--epochs", "1")
+    del argv[argv.index("--lr") : argv.index("--lr") + 2]  # the helper's own rate left out
+    assert main(argv) == 0
+    saved = json.loads((out / "finetune.json").read_text())["config"]
+    assert saved["model"]["hidden_size"] == 32 and saved["train"]["learning_rate"] == 3e-4
+    assert saved["model"]["hidden_dropout_prob"] == saved["model"]["attention_probs_dropout_prob"] == 0.1
+    out = tmp_path / "given"
+    assert main(finetune_argv(model, *data, out, "--epochs", "1", "--lr", "1e-4", "--dropout", "0")) == 0
+    saved = json.loads((out / "finetune.json").read_text())["config"]
+    assert saved["train"]["learning_rate"] == 1e-4 and saved["model"]["hidden_dropout_prob"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "width, rate", [(128, 3e-4), (256, 3e-4), (257, 1e-4), (512, 1e-4), (768, 5e-5), (None, 5e-5)]
+)
+def test_default_learning_rate_by_width(width, rate):
+    assert default_learning_rate(width) == rate == finetuning_config(width).train.learning_rate
 
 
 @pytest.mark.slow

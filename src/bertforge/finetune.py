@@ -31,7 +31,7 @@ Run folder (`--out DIR`; with `--seeds`, one per seed in `DIR/seed_N/` and `DIR/
     result.json     best and last epoch's metrics, the time it took; its presence marks a finished run
     valid_predictions.json  the best epoch's prediction for every validation example, in file order
                     (label ids, a regression's scores, or per sentence its words' tag ids)
-    curves.png      loss, accuracy and macro F1 per epoch (classification)
+    curves.png      loss and the task's metrics per epoch
 
 Nothing is written until the model folder and both data files have been read and checked.
 """
@@ -139,8 +139,8 @@ class FinetuneTask:
     # the pretrained pooler left out: it starts as the from-scratch arm's (Zhang et al. 2021); NSP
     # trains it for NSP, which measured worse on SST-2 than a fresh one
     reinit_pooler: bool = False
-    # hidden and attention dropout while fine-tuning; None: the pretrained model's. A model pretrained
-    # without dropout (Cramming) is fine-tuned with it, as BERT's 0.1.
+    # hidden and attention dropout while fine-tuning; None: the pretrained model's, or BERT's 0.1 for
+    # a model pretrained without it (Cramming)
     dropout: float | None = None
     # "regression": one output and the squared error on real-valued labels; "ner": a tag per word of
     # a tagged file; "auto": tagging for a file `tagged.is_tagged_file` recognises, else a regression
@@ -150,16 +150,32 @@ class FinetuneTask:
     best_by: str | None = None
 
 
-def finetuning_config() -> RunConfig:
-    """Defaults after Devlin et al. 2019 (appendix A.3): batch 32, LR 5e-5, warmup 10%, linear decay;
-    batches grouped by length.
+# Peak fine-tuning learning rate by the encoder's hidden size: (largest width, rate). Small BERTs
+# want larger rates (Turc et al. 2019 search 3e-5 to 3e-4): BERT-Mini on SST-2 measured 3e-4 above
+# 1e-4 at every training-set size (docs/records/downstream.md); 5e-5 is Devlin et al.'s for base.
+LEARNING_RATE_BY_WIDTH = ((256, 3e-4), (512, 1e-4))
+BASE_LEARNING_RATE = 5e-5
+FINETUNING_DROPOUT = 0.1  # BERT's, for a model pretrained without dropout (Cramming)
+
+
+def default_learning_rate(hidden_size: int | None) -> float:
+    """`LEARNING_RATE_BY_WIDTH`'s rate for an encoder this wide (None: Devlin et al.'s 5e-5)."""
+    for width, rate in LEARNING_RATE_BY_WIDTH:
+        if hidden_size is not None and hidden_size <= width:
+            return rate
+    return BASE_LEARNING_RATE
+
+
+def finetuning_config(hidden_size: int | None = None) -> RunConfig:
+    """Defaults after Devlin et al. 2019 (appendix A.3): batch 32, warmup 10%, linear decay, the
+    peak learning rate by the encoder's width (`default_learning_rate`); batches grouped by length.
 
     The model and tokenizer sections are replaced by the pretrained model's.
     """
     config = RunConfig()
     config.train = TrainConfig(
         batch_size=32,
-        learning_rate=5e-5,
+        learning_rate=default_learning_rate(hidden_size),
         warmup_ratio=0.1,
         log_every=50,
         keep_checkpoints=1,
@@ -214,8 +230,11 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
-    if task.dropout is not None:
-        config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = task.dropout
+    dropout = task.dropout
+    if dropout is None and config.model.hidden_dropout_prob == config.model.attention_probs_dropout_prob == 0:
+        dropout = FINETUNING_DROPOUT
+    if dropout is not None:
+        config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = dropout
     config.data.corpus, config.data.valid = [task.train], task.valid
     if task.reinit_pooler and config.model.objective == "clm":
         raise BertforgeError(f"{task.model} is a GPT, which has no pooler; drop task.reinit_pooler")
@@ -700,14 +719,13 @@ class Job:
         return self.finish(seed, run_dir, last)
 
     def finish(self, seed: int, run_dir: Path, last: dict) -> dict:
-        """Make the best epoch the run's model, plot (a classification), record the result, drop the
+        """Make the best epoch the run's model, plot its curves, record the result, drop the
         checkpoints."""
         if (run_dir / "best").is_dir():
             if (run_dir / "final").exists():
                 shutil.rmtree(run_dir / "final")
             os.replace(run_dir / "best", run_dir / "final")
-        if self.kind == "classification":
-            plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch)
+        plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch, self.kind)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
         keys = list(dict.fromkeys((*METRICS[self.kind], self.best_by)))

@@ -126,6 +126,17 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
     return folder
 
 
+def model_width(path: str | Path) -> int | None:
+    """The hidden size of the model that `path` names, from its config alone (no weights read); None
+    for a Hugging Face config that names none (opening the model then says what is wrong)."""
+    folder = find_model_folder(path)
+    if folder.hugging_face:
+        hf = read_hf_config(folder.path)
+        width = hf.get("hidden_size", hf.get("n_embd"))
+        return width if isinstance(width, int) else None
+    return read_config(folder.path).model.hidden_size
+
+
 def is_hf_folder(path: Path) -> bool:
     """A folder whose config.json is a Hugging Face config (it has `model_type`; ours has sections)."""
     try:

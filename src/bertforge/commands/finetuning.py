@@ -98,7 +98,10 @@ def add_finetune_command(commands) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5)")
+    p.add_argument(
+        "--lr", type=float, help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
+        "1e-4 up to 512, else 5e-5)"
+    )
     p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32)")
     p.add_argument(
         "--max-length",
@@ -117,7 +120,8 @@ def add_finetune_command(commands) -> None:
     p.add_argument(
         "--dropout",
         type=float,
-        help="hidden and attention dropout while fine-tuning (default: the pretrained model's)",
+        help="hidden and attention dropout while fine-tuning (default: the pretrained model's; 0.1 for "
+        "one pretrained without dropout)",
     )
     p.add_argument(
         "--compare-scratch",
@@ -185,6 +189,7 @@ def finetune_inputs(args):
     """(task, config) from the arguments, or the saved ones with --resume."""
     from bertforge.config import apply_mapping, apply_overrides
     from bertforge.finetune import FinetuneTask, finetuning_config, read_task, with_more_seeds
+    from bertforge.folders import model_width
 
     if args.resume:
         given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False, [])]
@@ -221,7 +226,7 @@ def finetune_inputs(args):
         dropout=args.dropout,
         task_type=args.task or "auto",
     )
-    config = finetuning_config()
+    config = finetuning_config(model_width(args.model))
     flags = {
         "train": {"learning_rate": args.lr, "batch_size": args.batch_size},
         "data": {"max_seq_length": args.max_length},
@@ -324,7 +329,8 @@ def comparison_table(comparison: dict) -> str:
         f"{sign['losses']}, {sign['ties']} ties dropped: p = {sign['p_value']:.4f}"
     )
     lines.append(
-        f"paired bootstrap over {boot['examples']:,} validation examples ({boot['resamples']:,} resamples): "
+        f"paired bootstrap over {boot['examples']:,} validation {boot.get('unit', 'examples')} "
+        f"({boot['resamples']:,} resamples): "
         f"gain {boot['gain']:+.4f}, {boot['confidence']:.0%} interval {boot['low']:+.4f} to "
         f"{boot['high']:+.4f}, p {format_p(boot['p_value'], boot['resamples'])}"
     )
