@@ -306,8 +306,11 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
     for table, message in (
         ({"squad": {}}, r"\[squad\] is not a GLUE task"),
         ({"RTE": {"lr": 1e-4}}, r"\[RTE\]: unknown setting 'lr'"),
-        ({"rte": {"epochs": 1.5}}, r"\[RTE\]: epochs must be an integer of at least 1, got 1.5"),
-        ({"default": {"warmup": 1.0}}, r"\[default\]: warmup must be a number in \[0, 1\)"),
+        ({"rte": {"epochs": 1.5}}, r"\[RTE\]: epochs must be a whole number, got 1.5"),
+        ({"default": {"warmup": 1.0}}, r"\[default\]: warmup must be in \[0, 1\), got 1.0"),
+        ({"SST-2": {"batch_size": "32"}}, r"\[SST-2\]: batch_size must be a whole number, got '32'"),
+        ({"MRPC": {"learning_rate": 0}}, r"\[MRPC\]: learning_rate must be in \(0, 1\], got 0"),
+        ({"MRPC": {"max_length": 2}}, r"\[MRPC\]: max_length must be at least 4, got 2"),
         ({"sweep": {"batch_size": 16}}, r"\[sweep\]: batch_size must be a list"),
     ):
         with pytest.raises(BertforgeError, match=message):

@@ -386,6 +386,8 @@ def test_generation_settings_are_checked_and_the_mode_restored():
     prompt = random_ids(1, 3)
     for bad, match in [
         (dict(temperature=0.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
         (dict(top_k=-1), "top_k"),
         (dict(top_p=0.0), "top_p"),
         (dict(max_new_tokens=-1), "max_new_tokens"),

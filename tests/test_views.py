@@ -448,6 +448,14 @@ def test_no_reporting_unless_asked(tmp_path, stub_writer):
     assert stub_writer.opened == []
 
 
+def test_the_command_that_continues_a_reported_run_goes_on_reporting(tmp_path, stub_writer):
+    from bertforge.pretrain import continue_arguments
+
+    with reporting.reporting_to(tmp_path, "tensorboard"):
+        assert continue_arguments(tmp_path, None).endswith(" --resume --report-to tensorboard")
+    assert continue_arguments(tmp_path, None).endswith(" --resume")  # nothing reported, no flag
+
+
 @pytest.mark.parametrize("command", ["pretrain", "finetune"])
 def test_report_to_tensorboard_without_the_package_is_one_line(
     tmp_path, capsys, monkeypatch, tiny_pretrained_run, command

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertforge import distributed
+from bertforge import distributed, reporting
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
 from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
@@ -269,7 +269,9 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
         yield
     except BaseException as error:
         if isinstance(error, Interrupted):
-            error.resume_command = f"bertforge finetune --out {shlex.quote(str(out))} --resume"
+            error.resume_command = (
+                f"bertforge finetune --out {shlex.quote(str(out))} --resume{reporting.continue_flag()}"
+            )
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
             shutil.rmtree(out, ignore_errors=True)
         raise

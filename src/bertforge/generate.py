@@ -11,6 +11,8 @@ seeded by `seed` so that a seeded call repeats itself exactly on the same device
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -57,9 +59,9 @@ def check_settings(
         raise BertforgeError("the prompt must hold at least one token (ids of shape (T,) or (B, T))")
     if max_new_tokens < 0:
         raise BertforgeError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
-    if temperature <= 0:
+    if not (temperature > 0 and math.isfinite(temperature)):  # NaN fails every comparison
         raise BertforgeError(
-            f"temperature must be positive, got {temperature} (for greedy decoding, do not sample)"
+            f"temperature must be positive and finite, got {temperature} (for greedy decoding, do not sample)"
         )
     if top_k < 0:
         raise BertforgeError(f"top_k must be 0 (off) or more, got {top_k}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bertforge.config import load_toml
+from bertforge.config_rules import FRACTION, RANGES, count
 from bertforge.errors import BertforgeError
 from bertforge.glue_data import TASKS, task_spec
 
@@ -94,22 +95,26 @@ def recipe_values(values: dict, base: dict, origin: str) -> dict:
     return merged
 
 
+# Each setting's range, as a run config's (`bertforge.config_rules`).
 LIMITS = {
-    "learning_rate": (lambda v: v > 0, "a positive number"),
-    "epochs": (lambda v: v >= 1, "an integer of at least 1"),
-    "batch_size": (lambda v: v >= 1, "an integer of at least 1"),
-    "max_length": (lambda v: v >= 4, "an integer of at least 4"),
-    "warmup": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "max_train_examples": (lambda v: v >= 0, "an integer of at least 0 (0: every example)"),
+    "learning_rate": RANGES["train.learning_rate"],
+    "epochs": count(),
+    "batch_size": count(),
+    "max_length": count(4),
+    "warmup": FRACTION,
+    "dropout": FRACTION,
+    "max_train_examples": count(0),  # 0: every example
 }
 
 
 def checked_setting(key: str, value, kind: str, origin: str):
-    test, requirement = LIMITS[key]
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not numeric or (kind == "int" and not isinstance(value, int)) or not test(value):
-        raise BertforgeError(f"{origin}: {key} must be {requirement}, got {value!r}")
+    allowed = LIMITS[key]
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if not numeric or (kind == "int" and not isinstance(value, int)):
+        kind_said = "a whole number" if kind == "int" else "a number"
+        raise BertforgeError(f"{origin}: {key} must be {kind_said}, got {value!r}")
+    if not allowed.holds(value):
+        raise BertforgeError(f"{origin}: {key} {allowed.requirement(value)}, got {value!r}")
     return float(value) if kind == "float" else value
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertforge import distributed
+from bertforge import distributed, reporting
 from bertforge.batches import Batches, SeededBatches
 from bertforge.cache import (
     cached_shards,
@@ -151,7 +151,7 @@ def continue_arguments(out: Path, cache_dir: Path | None) -> str:
     """`bertforge pretrain`'s arguments that continue the run in `out` as this call runs it (its
     settings are in `out`/config.json)."""
     cache = f" --cache-dir {shlex.quote(str(cache_dir))}" if cache_dir else ""
-    return f"pretrain --out {shlex.quote(str(out))} --resume{cache}"
+    return f"pretrain --out {shlex.quote(str(out))} --resume{cache}{reporting.continue_flag()}"
 
 
 def after_ctrl_c(out: Path, resume_command: str) -> tuple[str, str]:

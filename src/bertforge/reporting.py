@@ -98,6 +98,12 @@ def reporting_to(out: Path, target: str) -> Iterator[None]:
         reporter.close()
 
 
+def continue_flag() -> str:
+    """The ` --report-to` flag of a command that continues this one, so that it goes on reporting
+    ("" when nothing is reported)."""
+    return " --report-to tensorboard" if _reporters else ""
+
+
 def report(run_dir: Path, record: dict) -> None:
     """Hand a record just appended to `run_dir`/metrics.jsonl to the active reporters."""
     for reporter in _reporters:
