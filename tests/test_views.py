@@ -10,6 +10,7 @@ the sublayer's own output, which must equal the weights times its values.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -449,11 +450,20 @@ def test_no_reporting_unless_asked(tmp_path, stub_writer):
 
 
 def test_the_command_that_continues_a_reported_run_goes_on_reporting(tmp_path, stub_writer):
+    from bertforge.errors import Interrupted
+    from bertforge.finetune import removed_unless_progress
     from bertforge.pretrain import continue_arguments
+
+    def finetune_continue_command() -> str:
+        with pytest.raises(Interrupted) as stop, removed_unless_progress(tmp_path, False, run_dirs=[]):
+            raise Interrupted(signal.SIGINT, 3, tmp_path / "checkpoints" / "step_000003", report=True)
+        return stop.value.resume_command
 
     with reporting.reporting_to(tmp_path, "tensorboard"):
         assert continue_arguments(tmp_path, None).endswith(" --resume --report-to tensorboard")
+        assert finetune_continue_command().endswith(" --resume --report-to tensorboard")
     assert continue_arguments(tmp_path, None).endswith(" --resume")  # nothing reported, no flag
+    assert finetune_continue_command().endswith(" --resume")
 
 
 @pytest.mark.parametrize("command", ["pretrain", "finetune"])
