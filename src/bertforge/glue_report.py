@@ -100,27 +100,33 @@ def arm_summary(runs: list[dict]) -> dict:
 
 
 def compare_arms(name: str, task: dict) -> dict:
-    """The task score's paired statistics: per-seed differences, the sign test over seeds and a paired
-    bootstrap over the first dev file's examples."""
-    by_arm = {
-        arm: sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS
-    }
-    pretrained, scratch = ([r["score"] for r in by_arm[arm]] for arm in ARMS)
-    differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
-    labels = [] if task["kind"] == "regression" else sorted(TASKS[name].labels)
+    """The task score's paired statistics of the pretrained arm against the scratch arm."""
+    by_arm = [sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS]
+    return paired_comparison(name, task["kind"], task["true"], *by_arm, names=ARMS)
+
+
+def paired_comparison(
+    name: str, kind: str, true: list, runs_a: list[dict], runs_b: list[dict], names: tuple[str, str]
+) -> dict:
+    """Runs a against runs b (the same seeds in the same order) in the task score: per-seed
+    differences, the sign test over seeds and a paired bootstrap over the first dev file's examples
+    (`true`: its labels; each run's "predicted" holds its predictions)."""
+    a_scores, b_scores = [r["score"] for r in runs_a], [r["score"] for r in runs_b]
+    differences = [a - b for a, b in zip(a_scores, b_scores, strict=True)]
+    labels = [] if kind == "regression" else sorted(TASKS[name].labels)
     bootstrap = paired_bootstrap_score(
         name,
-        task["true"],
-        [r["predicted"] for r in by_arm["pretrained"]],
-        [r["predicted"] for r in by_arm["scratch"]],
+        true,
+        [r["predicted"] for r in runs_a],
+        [r["predicted"] for r in runs_b],
         labels,
         resamples=BOOTSTRAP_RESAMPLES,
     )
     return {
         "metric": "task score on the first dev file",
         "pairs": [
-            {"seed": r["seed"], "pretrained": a, "scratch": b, "difference": a - b}
-            for r, a, b in zip(by_arm["pretrained"], pretrained, scratch, strict=True)
+            {"seed": r["seed"], names[0]: a, names[1]: b, "difference": a - b}
+            for r, a, b in zip(runs_a, a_scores, b_scores, strict=True)
         ],
         "difference": summary(differences),
         "sign_test": sign_test(differences),
@@ -326,6 +332,14 @@ def plot_report(report: dict, out_png: Path) -> None:
     for model, row in report["published"]["models"].items():
         values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]
         series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))
+    settings = report["settings"]
+    title = f"GLUE: {Path(settings['model']).name}, median of {len(settings['seeds'])} seeds"
+    save_png(score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
+
+
+def score_bars(groups: list[str], series: list[tuple], ylabel: str, title: str) -> plt.Figure:
+    """Grouped bars: per group one bar of each series (label, values, lows, highs; lows and highs
+    None for no whisker)."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)) + 3, 4.5))
     width = 0.8 / len(series)
     x = np.arange(len(groups))
@@ -336,11 +350,9 @@ def plot_report(report: dict, out_png: Path) -> None:
             errors = [np.subtract(values, lows), np.subtract(highs, values)]
         ax.bar(positions, values, width, label=label, yerr=errors, capsize=2)
     ax.set_xticks(x, groups)
-    ax.set_ylabel("score (dev; published: test)")
-    ax.set_title(
-        f"GLUE: {Path(report['settings']['model']).name}, median of {len(report['settings']['seeds'])} seeds"
-    )
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    save_png(fig, Path(out_png))
+    return fig

@@ -1,8 +1,9 @@
-"""The `glue` command: a pretrained model benchmarked on the GLUE tasks found in --data.
+"""The `glue` commands: a pretrained model benchmarked on the GLUE tasks found in --data, and two
+finished benchmarks compared (`glue-compare`).
 
-The handler builds the benchmark's settings from the arguments (or, with --resume, reads the saved
-ones) and calls `bertforge.glue.run_glue`; it prints the skipped tasks as they are found and, at the
-end, the table of `bertforge.glue_report`.
+`glue`'s handler builds the benchmark's settings from the arguments (or, with --resume, reads the
+saved ones) and calls `bertforge.glue.run_glue`; it prints the skipped tasks as they are found and,
+at the end, the table of `bertforge.glue_report`. `glue-compare` prints `bertforge.glue_versus`'s.
 """
 
 from __future__ import annotations
@@ -82,6 +83,30 @@ def register(commands) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(handler=run_glue_command, setting_flags=SETTING_FLAGS)
+    register_compare(commands)
+
+
+def register_compare(commands) -> None:
+    p = commands.add_parser(
+        "glue-compare",
+        help="compare two finished glue benchmarks, model against model, with paired tests",
+        description="Compare the models of two finished `bertforge glue` benchmarks (two pretraining "
+        "recipes, say) on the tasks and seeds both ran: per task each one's median score, the per-seed "
+        "difference, the sign test over seeds and a paired bootstrap over the dev examples, and each one's "
+        "GLUE average. Writes OUT/compare.json, compare.md and compare.png.",
+    )
+    p.add_argument("first", type=Path, help="a benchmark folder (a finished `bertforge glue --out`)")
+    p.add_argument("second", type=Path, help="the benchmark folder to compare it with")
+    p.add_argument(
+        "--arm",
+        choices=("pretrained", "scratch"),
+        default="pretrained",
+        help="the arms to compare: the models (default), or their random-weights arms (the tokenizers alone)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder for compare.json, compare.md and compare.png"
+    )
+    p.set_defaults(handler=run_compare_command)
 
 
 def glue_settings(args):
@@ -118,4 +143,13 @@ def run_glue_command(args) -> int:
     print()
     print(text_report(report))
     print(f"\nreport: {args.out / 'glue.json'}, {args.out / 'glue.md'}, {args.out / 'glue.png'}")
+    return 0
+
+
+def run_compare_command(args) -> int:
+    from bertforge.glue_versus import compare_benchmarks, text_comparison
+
+    comparison = compare_benchmarks(args.first, args.second, args.out, args.arm)
+    print(text_comparison(comparison))
+    print(f"\nreport: {args.out / 'compare.json'}, {args.out / 'compare.md'}, {args.out / 'compare.png'}")
     return 0

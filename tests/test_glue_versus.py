@@ -1,0 +1,130 @@
+"""`bertforge glue-compare`: two finished benchmarks paired seed for seed on the tasks both ran, the
+figures against their runs and an independent Pearson and Spearman, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+from conftest import assert_clean_failure
+from scipy import stats as scipy_stats
+from test_glue import tiny_bench, write_glue
+
+from bertforge.errors import BertforgeError
+from bertforge.glue import run_glue
+from bertforge.glue_versus import arm_runs, compare_benchmarks
+
+
+@pytest.fixture(scope="module")
+def two_benchmarks(tmp_path_factory, tiny_pretrained_run) -> tuple[Path, Path]:
+    """A: RTE and STS-B, seeds 1-2, both arms; B: STS-B and MRPC, seeds 1-3, the model arm alone and
+    another learning rate (so its scores differ)."""
+    root = tmp_path_factory.mktemp("versus")
+    data = write_glue(root / "glue_data")
+    first = root / "first"
+    run_glue(tiny_bench(tiny_pretrained_run, data, root), first, show_progress=False, say=lambda line: None)
+    other = root / "other"
+    other.mkdir()
+    second = root / "second"
+    bench = tiny_bench(
+        tiny_pretrained_run, data, other, tasks=["STS-B", "MRPC"], seeds=[1, 2, 3], compare_scratch=False
+    )
+    for recipe in bench.recipes.values():
+        recipe["learning_rate"] = 1e-3
+    run_glue(bench, second, show_progress=False, say=lambda line: None)
+    return first, second
+
+
+def test_the_shared_task_is_compared_seed_for_seed(two_benchmarks, tmp_path):
+    first, second = two_benchmarks
+    comparison = compare_benchmarks(first, second, tmp_path / "cmp")
+    assert list(comparison["tasks"]) == ["STS-B"] and comparison["seeds"] == [1, 2]
+    assert comparison["not_compared"] == ["MRPC", "RTE"] and comparison["names"] == ["first", "second"]
+    reports = [json.loads((folder / "glue.json").read_text(encoding="utf-8")) for folder in two_benchmarks]
+    scores = [
+        {r["seed"]: r["score"] for r in report["tasks"]["STS-B"]["arms"]["pretrained"]["runs"]}
+        for report in reports
+    ]
+    task = comparison["tasks"]["STS-B"]
+    differences = [scores[0][seed] - scores[1][seed] for seed in (1, 2)]
+    assert [p["difference"] for p in task["comparison"]["pairs"]] == pytest.approx(differences)
+    assert task["comparison"]["difference"]["median"] == pytest.approx(statistics.median(differences))
+    assert task["arms"]["second"]["median"] == pytest.approx(statistics.median([scores[1][1], scores[1][2]]))
+    # The bootstrap's observed gain: the seeds' mean score of one minus the other's.
+    gain = statistics.fmean(scores[0][s] for s in (1, 2)) - statistics.fmean(scores[1][s] for s in (1, 2))
+    assert task["comparison"]["bootstrap"]["gain"] == pytest.approx(gain)
+    assert task["recipes"]["first"]["learning_rate"] != task["recipes"]["second"]["learning_rate"]
+    assert comparison["average"]["first"] == pytest.approx(task["arms"]["first"]["median"])
+    markdown = (tmp_path / "cmp" / "compare.md").read_text(encoding="utf-8")
+    assert "| STS-B |" in markdown and "different recipes (learning_rate)" in markdown
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_each_runs_predictions_score_as_its_report_says(two_benchmarks):
+    """The predictions paired are each run's own: Pearson and Spearman recomputed by scipy."""
+    for folder in two_benchmarks:
+        report = json.loads((folder / "glue.json").read_text(encoding="utf-8"))
+        lines = (folder / "data" / "STS-B" / "dev.jsonl").read_text(encoding="utf-8").splitlines()
+        true = [float(json.loads(line)["label"]) for line in lines]
+        for run in arm_runs("STS-B", folder, report, [1, 2], "pretrained"):
+            pearson = scipy_stats.pearsonr(true, run["predicted"])[0]
+            spearman = scipy_stats.spearmanr(true, run["predicted"])[0]
+            assert run["score"] == pytest.approx(50 * (pearson + spearman), abs=1e-6)
+
+
+def test_the_command_prints_the_table_and_refuses_what_it_cannot_compare(two_benchmarks, tmp_path, capsys):
+    from bertforge.cli import main
+
+    first, second = two_benchmarks
+    assert main(["glue-compare", str(second), str(first), "--out", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out
+    header = ["task", "second", "first", "difference", "p", "sign", "p", "boot"]
+    assert printed.split("\n")[0].split() == header
+    assert printed.split("\n")[1].startswith("STS-B") and "average" in printed
+    assert_clean_failure(
+        capsys, ["glue-compare", str(first), str(first), "--out", str(tmp_path / "d")], "two different"
+    )
+    assert_clean_failure(
+        capsys, ["glue-compare", str(first), str(tmp_path), "--out", str(tmp_path / "d")], "no finished GLUE"
+    )
+    damaged = tmp_path / "damaged"
+    shutil.copytree(second, damaged)
+    dev = damaged / "data" / "STS-B" / "dev.jsonl"
+    dev.write_text(dev.read_text(encoding="utf-8").replace("4.", "3.", 1), encoding="utf-8")
+    assert_clean_failure(
+        capsys, ["glue-compare", str(first), str(damaged), "--out", str(tmp_path / "d")], "different dev"
+    )
+    assert not (tmp_path / "d").exists()  # nothing is written for a refused comparison
+
+
+def test_benchmarks_without_a_shared_task_or_seed_are_refused(two_benchmarks, tmp_path):
+    first, second = two_benchmarks
+    lone = tmp_path / "lone"
+    shutil.copytree(second, lone)
+    report = json.loads((lone / "glue.json").read_text(encoding="utf-8"))
+    del report["tasks"]["STS-B"]
+    (lone / "glue.json").write_text(json.dumps(report), encoding="utf-8")
+    with pytest.raises(BertforgeError, match="share no GLUE task"):
+        compare_benchmarks(first, lone, tmp_path / "x")
+    report = json.loads((second / "glue.json").read_text(encoding="utf-8"))
+    report["settings"]["seeds"] = [7]
+    (lone / "glue.json").write_text(json.dumps(report), encoding="utf-8")
+    with pytest.raises(BertforgeError, match="share no fine-tuning seed"):
+        compare_benchmarks(first, lone, tmp_path / "x")
+
+
+def test_the_random_weights_arms_compare_alike_and_need_a_scratch_arm(two_benchmarks, tmp_path):
+    first, second = two_benchmarks
+    with pytest.raises(BertforgeError, match="ran no scratch arm; benchmark it with --compare-scratch"):
+        compare_benchmarks(first, second, tmp_path / "x", arm="scratch")
+    twin = tmp_path / "twin"
+    shutil.copytree(first, twin)
+    comparison = compare_benchmarks(first, twin, tmp_path / "s", arm="scratch")
+    task = comparison["tasks"]["RTE"]["comparison"]
+    assert list(comparison["tasks"]) == ["RTE", "STS-B"] and comparison["arm"] == "scratch"
+    assert [p["difference"] for p in task["pairs"]] == [0.0, 0.0]  # the same runs: no difference
+    assert task["bootstrap"]["p_value"] == 1.0 and task["sign_test"]["ties"] == 2
+    assert "--arm scratch" in (tmp_path / "s" / "compare.md").read_text(encoding="utf-8")
