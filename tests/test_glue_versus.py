@@ -128,3 +128,31 @@ def test_the_random_weights_arms_compare_alike_and_need_a_scratch_arm(two_benchm
     assert [p["difference"] for p in task["pairs"]] == [0.0, 0.0]  # the same runs: no difference
     assert task["bootstrap"]["p_value"] == 1.0 and task["sign_test"]["ties"] == 2
     assert "--arm scratch" in (tmp_path / "s" / "compare.md").read_text(encoding="utf-8")
+
+
+def test_damaged_reports_dev_files_and_scores_are_one_clear_error(two_benchmarks, tmp_path):
+    first, damaged = tmp_path / "first", tmp_path / "damaged"  # copies: the module's stay as they are
+    shutil.copytree(two_benchmarks[0], first)
+    shutil.copytree(two_benchmarks[1], damaged)
+    report_text = (damaged / "glue.json").read_text(encoding="utf-8")
+    (damaged / "glue.json").write_text('{"tasks": []}', encoding="utf-8")
+    with pytest.raises(BertforgeError, match=r"glue.json is damaged \(not a GLUE report\); run `bertforge"):
+        compare_benchmarks(first, damaged, tmp_path / "x")
+    (damaged / "glue.json").write_text(report_text, encoding="utf-8")
+    scores = damaged / "STS-B" / "seed_2" / "glue_scores.json"
+    saved = scores.read_text(encoding="utf-8")
+    record = json.loads(saved)
+    record["predicted"] = record["predicted"][:-1]
+    scores.write_text(json.dumps(record), encoding="utf-8")
+    with pytest.raises(BertforgeError, match="predictions do not match its 24 dev examples; delete its"):
+        compare_benchmarks(first, damaged, tmp_path / "x")
+    scores.unlink()
+    with pytest.raises(BertforgeError, match="glue_scores.json is missing; continue"):
+        compare_benchmarks(first, damaged, tmp_path / "x")
+    scores.write_text(saved, encoding="utf-8")
+    for folder in (first, damaged):
+        dev = folder / "data" / "STS-B" / "dev.jsonl"
+        dev.write_text(dev.read_text(encoding="utf-8") + "not json\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match=r"dev.jsonl is damaged \(a line without a label\)"):
+        compare_benchmarks(first, damaged, tmp_path / "x")
+    assert not (tmp_path / "x").exists()

@@ -93,12 +93,24 @@ def shared_tasks_and_seeds(first: Path, second: Path, reports: list[dict]) -> tu
 
 
 def finished_report(folder: Path) -> dict:
-    return read_json(
+    """glue.json of `folder`, with what a comparison reads of it."""
+    rewrite = f"run `bertforge glue --out {folder} --resume` to write it again"
+    report = read_json(
         folder / REPORT,
         missing=f"{folder} holds no finished GLUE benchmark; run `bertforge glue --out {folder}` to the end "
         "(or continue it with --resume)",
-        damaged=f"run `bertforge glue --out {folder} --resume` to write it again",
+        damaged=rewrite,
     )
+    try:
+        settings, tasks = report["settings"], report["tasks"]
+        readable = all(key in settings for key in ("model", "seeds", "compare_scratch")) and all(
+            {"kind", "recipe", "arms"} <= set(task) for task in tasks.values()
+        )
+    except (KeyError, TypeError, AttributeError):
+        readable = False
+    if not readable or not {"command", "machine"} <= set(report):
+        raise BertforgeError(f"{folder / REPORT} is damaged (not a GLUE report); {rewrite}")
+    return report
 
 
 def column_names(first: Path, second: Path) -> tuple[str, str]:
@@ -127,7 +139,13 @@ def compare_task(
     entries = [report["tasks"][task] for report in reports]
     runs = [arm_runs(task, folder, reports[i], seeds, arm) for i, folder in enumerate(folders)]
     kind = entries[0]["kind"]
-    true = [example_label(line, kind) for line in texts[0].splitlines() if line.strip()]
+    true = dev_labels(dev[0], texts[0], kind)
+    for folder, arm_of_one in zip(folders, runs, strict=True):
+        if any(len(run["predicted"]) != len(true) for run in arm_of_one):
+            raise BertforgeError(
+                f"{folder}: a {task} run's predictions do not match its {len(true):,} dev examples; delete "
+                f"its {SCORES} and continue with `bertforge glue --out {folder} --resume`"
+            )
     result = paired_comparison(task, kind, true, *runs, names=names)
     return {
         "arms": {name: spread([r["score"] for r in arm]) for name, arm in zip(names, runs, strict=True)},
@@ -143,23 +161,30 @@ def read_dev(path: Path) -> str:
         raise BertforgeError(f"{path} is missing; rerun that benchmark with --resume to write it") from None
 
 
-def example_label(line: str, kind: str):
-    label = json.loads(line)["label"]
-    return float(label) if kind == "regression" else label
+def dev_labels(path: Path, text: str, kind: str) -> list:
+    """The label of each line of a benchmark's dev.jsonl (a regression's as a float)."""
+    try:
+        labels = [json.loads(line)["label"] for line in text.splitlines() if line.strip()]
+        return [float(label) for label in labels] if kind == "regression" else labels
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise BertforgeError(
+            f"{path} is damaged (a line without a label); rerun that benchmark with --resume to write it"
+        ) from None
 
 
 def arm_runs(task: str, folder: Path, report: dict, seeds: list[int], arm: str) -> list[dict]:
     """The runs of `task`'s `arm` on `seeds`, each with its score and its dev predictions."""
     compare = report["settings"]["compare_scratch"]
-    runs = {run["seed"]: run for run in report["tasks"][task]["arms"][arm]["runs"]}
+    runs = {run.get("seed"): run for run in report["tasks"][task]["arms"].get(arm, {}).get("runs", [])}
+    again = f"continue {folder} with `bertforge glue --out {folder} --resume`"
     out = []
     for seed in seeds:
         if seed not in runs:
-            raise BertforgeError(f"{folder}: {task} has no run of seed {seed}; continue it with --resume")
-        scores = read_json(
-            arm_folder(folder / task, arm, seed, compare) / SCORES,
-            damaged=f"continue {folder} with `bertforge glue --out {folder} --resume`",
-        )
+            raise BertforgeError(f"{folder}: {task} has no {arm} run of seed {seed}; {again}")
+        path = arm_folder(folder / task, arm, seed, compare) / SCORES
+        scores = read_json(path, damaged=again, missing=again)
+        if "predicted" not in scores or "score" not in runs[seed]:
+            raise BertforgeError(f"{path} is damaged (no predictions); delete it and {again}")
         out.append({"seed": seed, "score": runs[seed]["score"], "predicted": scores["predicted"]})
     return out
 
