@@ -153,6 +153,6 @@ def test_damaged_reports_dev_files_and_scores_are_one_clear_error(two_benchmarks
     for folder in (first, damaged):
         dev = folder / "data" / "STS-B" / "dev.jsonl"
         dev.write_text(dev.read_text(encoding="utf-8") + "not json\n", encoding="utf-8")
-    with pytest.raises(BertforgeError, match=r"dev.jsonl is damaged \(a line without a label\)"):
+    with pytest.raises(BertforgeError, match=r"dev.jsonl line 25 is not valid JSON"):
         compare_benchmarks(first, damaged, tmp_path / "x")
     assert not (tmp_path / "x").exists()

@@ -14,13 +14,12 @@ compare.md (the table, its notes and the command) and compare.png (each task's s
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from bertforge.comparison import ARMS
 from bertforge.errors import BertforgeError
-from bertforge.glue import REPORT, SCORES, arm_folder
+from bertforge.glue import REPORT, SCORES, arm_folder, truth
 from bertforge.glue_report import (
     comparison_cells,
     markdown_table,
@@ -32,6 +31,7 @@ from bertforge.glue_report import (
 )
 from bertforge.glue_scores import glue_average
 from bertforge.io import atomic_write_text, read_json, write_json
+from bertforge.labeled import read_labeled
 from bertforge.plots import save_png
 
 
@@ -139,7 +139,7 @@ def compare_task(
     entries = [report["tasks"][task] for report in reports]
     runs = [arm_runs(task, folder, reports[i], seeds, arm) for i, folder in enumerate(folders)]
     kind = entries[0]["kind"]
-    true = dev_labels(dev[0], texts[0], kind)
+    true = truth(read_labeled(dev[0], "text", "label", format="jsonl"), kind == "regression")
     for folder, arm_of_one in zip(folders, runs, strict=True):
         if any(len(run["predicted"]) != len(true) for run in arm_of_one):
             raise BertforgeError(
@@ -159,17 +159,6 @@ def read_dev(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BertforgeError(f"{path} is missing; rerun that benchmark with --resume to write it") from None
-
-
-def dev_labels(path: Path, text: str, kind: str) -> list:
-    """The label of each line of a benchmark's dev.jsonl (a regression's as a float)."""
-    try:
-        labels = [json.loads(line)["label"] for line in text.splitlines() if line.strip()]
-        return [float(label) for label in labels] if kind == "regression" else labels
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        raise BertforgeError(
-            f"{path} is damaged (a line without a label); rerun that benchmark with --resume to write it"
-        ) from None
 
 
 def arm_runs(task: str, folder: Path, report: dict, seeds: list[int], arm: str) -> list[dict]:
