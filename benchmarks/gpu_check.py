@@ -9,7 +9,8 @@ tests, which are reported as not run where it is missing), no network and no dat
 repository: it generates its text (`benchmarks.synthetic`). In order, each part within what is left
 of the time budget (`--budget-s`; a part that no longer fits is reported as skipped):
 
-1. tests: `tests/test_gpu.py` and `tests/test_gpu_paths.py` (not the slow CPU-compile ones) on the
+1. tests: `tests/test_gpu.py`, `tests/test_gpu_paths.py` (not the slow CPU-compile ones) and
+   `tests/test_unpadded.py` (variable-length attention against the masked one) on the
    GPU, on a generated corpus (`BERTFORGE_TEST_CORPUS`);
 2. step: BERT-base, bf16, sequence 128 (batch 256) and 512 (batch 64), eager and compiled:
    bertforge's step against `transformers.BertForPreTraining` (SDPA), same weights and batch,
@@ -48,6 +49,7 @@ TESTS_S = 110  # at most, for the tests
 STARTUP_S = 40  # a pretraining run's start (imports, data) and end (checkpoint, model, plot)
 SMOKE_STEPS_RUN = 6  # --smoke: the pretraining run's steps, 3 log windows
 PARTS = ("tests", "step", "pretrain")
+GPU_TESTS = ("tests/test_gpu.py", "tests/test_gpu_paths.py", "tests/test_unpadded.py")
 GPU_STEPS = [("eager", 128, 256), ("compiled", 128, 256), ("compiled", 512, 64), ("eager", 512, 64)]
 SMOKE_STEPS = [("eager", 32, 4), ("eager", 64, 2)]
 SMOKE_VOCAB = 1000
@@ -155,7 +157,7 @@ def run_tests(args, work: Path, deadline: float, done: dict) -> dict:
     write_corpus(corpus / "train.txt", 0.6, seed=1)
     write_corpus(corpus / "valid.txt", 0.1, seed=2)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
-    command += ["tests/test_gpu.py", "tests/test_gpu_paths.py"] + (["--collect-only"] if args.smoke else [])
+    command += list(GPU_TESTS) + (["--collect-only"] if args.smoke else [])
     status, seconds = run_child(
         command, args.out / "tests.log", min(left, TESTS_S), child_env(BERTFORGE_TEST_CORPUS=str(corpus))
     )
@@ -423,7 +425,7 @@ def not_ok(part: dict) -> list[str]:
 
 
 def tests_lines(part: dict) -> list[str]:
-    head = "## Tests: tests/test_gpu.py, tests/test_gpu_paths.py (not slow), on generated text"
+    head = f"## Tests: {', '.join(GPU_TESTS)} (not slow), on generated text"
     if "counts" not in part:
         return [head, *not_ok(part)]
     counts = ", ".join(f"{n} {kind}" for kind, n in part["counts"].items())

@@ -47,15 +47,23 @@ SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK], as bertforge's 
 CLS, SEP, MASK = 2, 3, 4
 
 
-def full_length_batch(vocab_size: int, batch_size: int, seq_len: int = SEQ_LEN, seed: int = 0) -> dict:
-    """`[CLS] A [SEP] B [SEP]` of random ordinary tokens filling `seq_len`, masked by bertforge's collator."""
+def full_length_batch(
+    vocab_size: int, batch_size: int, seq_len: int = SEQ_LEN, seed: int = 0, padding: float = 0.0
+) -> dict:
+    """`[CLS] A [SEP] B [SEP]` of random ordinary tokens filling `seq_len`, masked by bertforge's collator.
+
+    `padding` > 0 shortens the rows (all but the first) by a uniform draw of up to twice that share
+    of `seq_len`, so that about that share of the batch's positions is padding.
+    """
     rng = np.random.default_rng(seed)
-    half = (seq_len - 3) // 2
     examples = []
     for row in range(batch_size):
-        words = rng.integers(len(SPECIAL_IDS), vocab_size, seq_len - 3)
+        cut = 0 if row == 0 else int(rng.integers(0, int(2 * padding * seq_len) + 1))
+        length = max(seq_len - cut, 8)
+        half = (length - 3) // 2
+        words = rng.integers(len(SPECIAL_IDS), vocab_size, length - 3)
         ids = [CLS, *words[:half], SEP, *words[half:], SEP]
-        types = [0] * (half + 2) + [1] * (seq_len - half - 2)
+        types = [0] * (half + 2) + [1] * (length - half - 2)
         examples.append({"input_ids": ids, "token_type_ids": types, "nsp_label": row % 2})
     collate = MaskingCollator(
         vocab_size, pad_id=0, mask_id=MASK, special_ids=SPECIAL_IDS, mlm_probability=MASK_RATE,

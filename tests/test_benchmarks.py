@@ -118,3 +118,26 @@ def test_the_device_check_runs_on_cpu_in_its_smoke_mode(tmp_path):
     if not torch.cuda.is_available():  # without --smoke it needs a GPU
         refused = subprocess.run(command, timeout=120, **how)
         assert refused.returncode == 2 and "--smoke" in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_padding_benchmark_times_every_attention_path_on_the_same_batch(tmp_path):
+    """`benchmarks.padding --smoke` on a CPU: one row per path, the padded batch about as padded as
+    asked, the full-length batch without padding."""
+    from benchmarks.padding import PATHS
+    from benchmarks.step import full_length_batch
+
+    batch = full_length_batch(1000, 64, 128, seed=0, padding=0.25)
+    share = 1 - batch["attention_mask"].float().mean().item()
+    assert 0.2 < share < 0.3 and batch["attention_mask"][0].all()
+    assert "attention_mask" not in full_length_batch(1000, 4, 32)
+    env = dict(os.environ, PYTHONPATH="src")
+    command = [sys.executable, "-m", "benchmarks.padding", "--out", str(tmp_path), "--smoke"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "padding.json").read_text(encoding="utf-8"))["rows"]
+    assert [row["path"] for row in rows] == list(PATHS)
+    assert all(row["tokens_per_s"] > 0 and len(row["seconds_per_step"]) == 2 for row in rows)
+    padded = {row["path"]: row["padding"] for row in rows}
+    assert padded["no padding"] == 0 and padded["varlen"] == padded["key mask"] > 0.1
+    assert (tmp_path / "padding.md").read_text(encoding="utf-8").startswith("# Attention for a padded batch")

@@ -102,17 +102,19 @@ def test_a_batch_with_short_rows_reaches_attention_without_a_mask(monkeypatch):
     assert calls == [(True, None)] * HF_TINY_SIZES["num_hidden_layers"]
 
 
-def test_the_attention_path_by_device():
-    """CUDA takes the segments by default, the CPU its masked attention (the faster there); no mask
-    at all without padding."""
+def test_the_attention_path_for_padding():
+    """The key-padding mask by default (the faster on CPU, and on an H200 in eager and compiled
+    mode: benchmarks/padding.py), the segments when `varlen` is on; no mask at all without padding."""
     bert = BertForPreTraining(no_dropout_config()).bert
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    assert isinstance(bert.attention_padding(mask, torch.device("cuda")), Segments)
-    on_cpu = bert.attention_padding(mask, torch.device("cpu"))
-    assert on_cpu.dtype == torch.bool and on_cpu.shape == (2, 1, 1, 3)
-    assert bert.attention_padding(None, torch.device("cuda")) is None
-    bert.varlen = False
-    assert not isinstance(bert.attention_padding(mask, torch.device("cuda")), Segments)
+    masked = bert.attention_padding(mask)
+    assert masked.dtype == torch.bool and masked.shape == (2, 1, 1, 3)
+    assert masked[:, 0, 0].tolist() == [[True, True, False], [True, True, True]]
+    assert bert.attention_padding(None) is None
+    bert.varlen = True
+    cut = bert.attention_padding(mask)
+    assert isinstance(cut, Segments) and cut.offsets.tolist() == [0, 0, 2, 3, 3, 6, 6]
+    assert bert.attention_padding(None) is None
 
 
 @pytest.mark.parametrize("lengths", [[12, 7, 4], [12, 12, 12], [3, 1, 9]])
@@ -205,7 +207,7 @@ def test_on_the_gpu_variable_length_attention_equals_the_masked_one(dtype):
     masked = BertForPreTraining(config).cuda()
     varlen = BertForPreTraining(config).cuda()
     varlen.load_state_dict(masked.state_dict())
-    masked.bert.varlen, varlen.bert.varlen = False, None  # the default on CUDA
+    masked.bert.varlen, varlen.bert.varlen = False, True
     batch = {k: v.cuda() for k, v in pretraining_batch([64, 40, 64, 9], width=64).items()}
     with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
         loss, gradients = loss_and_gradients(masked, batch)
@@ -225,6 +227,7 @@ def test_on_the_gpu_bf16_variable_length_attention_runs_the_flash_kernel():
     config = no_dropout_config(hidden_size=128, num_attention_heads=2, intermediate_size=256)
     config.attention_probs_dropout_prob = 0.1
     model = BertForPreTraining(config).cuda()
+    model.bert.varlen = True
     batch = {k: v.cuda() for k, v in pretraining_batch([64, 40, 64, 9], width=64).items()}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         with torch.autocast("cuda", dtype=torch.bfloat16):
