@@ -44,9 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def contenders(preset: str, device: torch.device, batches: dict, precision: str, compiled: bool) -> dict:
-    """path -> (step closure, its model): the same initial weights for every path."""
-    config = model_config(preset, 30522 if device.type == "cuda" else 1000)
+def contenders(config, device: torch.device, batches: dict, precision: str, compiled: bool) -> dict:
+    """path -> its step closure, every path from the same initial weights."""
     torch.manual_seed(0)
     weights = BertForPreTraining(config).state_dict()
     steps = {}
@@ -64,8 +63,8 @@ def contenders(preset: str, device: torch.device, batches: dict, precision: str,
 
 def measure(args: argparse.Namespace, device: torch.device) -> list[dict]:
     preset, precision = ("tiny", "fp32") if args.smoke else ("base", "bf16")
-    vocab = 30522 if device.type == "cuda" else 1000
-    shape = (vocab, args.batch_size, args.seq_len, 0)
+    config = model_config(preset, 30522 if device.type == "cuda" else 1000)
+    shape = (config.vocab_size, args.batch_size, args.seq_len, 0)
     batches = {
         name: {k: v.to(device) for k, v in full_length_batch(*shape, share).items()}
         for name, share in (("padded", args.padding), ("full", 0.0))
@@ -74,7 +73,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> list[dict]:
     timing = (2, 2, 2) if args.smoke else (3, 5, 5)
     rows = []
     for mode in args.modes:
-        steps = contenders(preset, device, batches, precision, mode == "compiled")
+        steps = contenders(config, device, batches, precision, mode == "compiled")
         seconds = interleaved(steps, *timing, device).seconds
         for path, step in steps.items():
             median = statistics.median(seconds[path])
