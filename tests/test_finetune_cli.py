@@ -13,7 +13,14 @@ import torch
 from conftest import assert_clean_failure
 
 from bertforge.cli import main
-from bertforge.finetune import default_learning_rate, finetuning_config
+from bertforge.finetune import (
+    PAIR_BATCH_SIZE,
+    PAIR_EPOCHS,
+    PAIR_LEARNING_RATE,
+    default_learning_rate,
+    finetuning_config,
+)
+from bertforge.glue_recipes import load_recipes
 
 WORDS = {
     "yes": ("album", "song", "single", "music"),
@@ -228,7 +235,7 @@ def test_dropout_flag_sets_the_classifiers_dropout(tmp_path, capsys, tiny_pretra
     assert not bad.exists()
 
 
-def test_defaults_follow_the_model_learning_rate_by_width_dropout_for_one_pretrained_without(
+def test_defaults_follow_the_model_learning_rate_by_width_and_pairs_dropout_for_one_pretrained_without(
     tmp_path, tiny_pretrained_run, data
 ):
     model = tmp_path / "no-dropout"
@@ -237,13 +244,18 @@ def test_defaults_follow_the_model_learning_rate_by_width_dropout_for_one_pretra
     config = json.loads(config_path.read_text())
     config["model"]["hidden_dropout_prob"] = config["model"]["attention_probs_dropout_prob"] = 0.0
     config_path.write_text(json.dumps(config))
-    out = tmp_path / "defaults"
-    argv = finetune_argv(model, *data, out, "--epochs", "1")
-    del argv[argv.index("--lr") : argv.index("--lr") + 2]  # the helper's own rate left out
-    assert main(argv) == 0
-    saved = json.loads((out / "finetune.json").read_text())["config"]
-    assert saved["model"]["hidden_size"] == 32 and saved["train"]["learning_rate"] == 3e-4
-    assert saved["model"]["hidden_dropout_prob"] == saved["model"]["attention_probs_dropout_prob"] == 0.1
+    for pairs, rate, batch_size, epochs in ((True, 1e-4, 16, 4), (False, 3e-4, 32, 3)):
+        out = tmp_path / f"defaults-{pairs}"
+        argv = finetune_argv(model, *data, out)
+        for flag in ("--lr", "--batch-size") + (() if pairs else ("--text-pair-column",)):
+            del argv[argv.index(flag) : argv.index(flag) + 2]  # the helper's own value left out
+        assert main(argv) == 0
+        saved = json.loads((out / "finetune.json").read_text())
+        config = saved["config"]
+        assert config["model"]["hidden_size"] == 32 and config["train"]["learning_rate"] == rate
+        assert config["train"]["batch_size"] == batch_size and saved["task"]["epochs"] == epochs
+        model_config = config["model"]
+        assert model_config["hidden_dropout_prob"] == model_config["attention_probs_dropout_prob"] == 0.1
     out = tmp_path / "given"
     assert main(finetune_argv(model, *data, out, "--epochs", "1", "--lr", "1e-4", "--dropout", "0")) == 0
     saved = json.loads((out / "finetune.json").read_text())["config"]
@@ -255,6 +267,17 @@ def test_defaults_follow_the_model_learning_rate_by_width_dropout_for_one_pretra
 )
 def test_default_learning_rate_by_width(width, rate):
     assert default_learning_rate(width) == rate == finetuning_config(width).train.learning_rate
+    pair_rate = finetuning_config(width, pairs=True).train.learning_rate
+    assert pair_rate == default_learning_rate(width, pairs=True) == min(rate, 1e-4)
+
+
+def test_sentence_pairs_get_the_glue_pair_recipe():
+    recipe = load_recipes(None)[0]["STS-B"]  # the built-in [default], which MRPC and RTE share
+    config = finetuning_config(256, pairs=True)
+    pair_recipe = (recipe.learning_rate, recipe.batch_size, recipe.epochs)
+    assert pair_recipe == (PAIR_LEARNING_RATE, PAIR_BATCH_SIZE, PAIR_EPOCHS)
+    assert config.train.batch_size == PAIR_BATCH_SIZE and config.train.learning_rate == PAIR_LEARNING_RATE
+    assert finetuning_config(256).train.batch_size == 32
 
 
 @pytest.mark.slow

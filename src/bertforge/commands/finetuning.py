@@ -97,12 +97,12 @@ def add_finetune_command(commands) -> None:
         "not integers, such as 3.8)",
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
-    p.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    p.add_argument("--epochs", type=int, help="passes over the training data (default 3; pairs 4)")
     p.add_argument(
         "--lr", type=float, help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
-        "1e-4 up to 512, else 5e-5)"
+        "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4)"
     )
-    p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32)")
+    p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32; pairs 16)")
     p.add_argument(
         "--max-length",
         type=int,
@@ -218,7 +218,7 @@ def finetune_inputs(args):
         label_column=args.label_column,
         text_pair_column=args.text_pair_column,
         format=args.format or "auto",
-        epochs=FinetuneTask.epochs if args.epochs is None else args.epochs,
+        epochs=default_epochs(args) if args.epochs is None else args.epochs,
         seeds=args.seeds,
         from_scratch=args.from_scratch,
         compare_scratch=args.compare_scratch,
@@ -226,7 +226,7 @@ def finetune_inputs(args):
         dropout=args.dropout,
         task_type=args.task or "auto",
     )
-    config = finetuning_config(model_width(args.model))
+    config = finetuning_config(model_width(args.model), pairs=args.text_pair_column is not None)
     flags = {
         "train": {"learning_rate": args.lr, "batch_size": args.batch_size},
         "data": {"max_seq_length": args.max_length},
@@ -239,6 +239,13 @@ def finetune_inputs(args):
     )
     apply_overrides(config, args.set)
     return task, config
+
+
+def default_epochs(args) -> int:
+    """3 (Devlin et al.'s), for sentence pairs GLUE's pair recipe's `PAIR_EPOCHS`."""
+    from bertforge.finetune import PAIR_EPOCHS, FinetuneTask
+
+    return PAIR_EPOCHS if args.text_pair_column is not None else FinetuneTask.epochs
 
 
 def tagged_task(args) -> bool:
