@@ -60,6 +60,7 @@ from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder, refuse_other_kind
+from bertforge.glue_recipes import DEFAULT_RECIPES
 from bertforge.io import RunFolderLock, check_run_folder, file_sha256, read_json, write_json
 from bertforge.labeled import (
     FORMATS,
@@ -155,12 +156,12 @@ class FinetuneTask:
 # 1e-4 at every training-set size (docs/records/downstream.md); 5e-5 is Devlin et al.'s for base.
 LEARNING_RATE_BY_WIDTH = ((256, 3e-4), (512, 1e-4))
 BASE_LEARNING_RATE = 5e-5
-# Sentence pairs get GLUE's pair recipe (configs/glue.toml's [default]): at most 1e-4, batch 16, 4
-# epochs. BERT-Mini on STS-B: Pearson 53.5 against 42.4 at 3e-4 and 48-51 at batch 32 for 3 epochs
+# Sentence pairs get GLUE's pair recipe (the built-in [default]: at most 1e-4, batch 16, 4 epochs).
+# BERT-Mini on STS-B: Pearson 53.5 against 42.4 at 3e-4 and 48-51 at batch 32 for 3 epochs
 # (docs/records/glue.md).
-PAIR_LEARNING_RATE = 1e-4
-PAIR_BATCH_SIZE = 16
-PAIR_EPOCHS = 4
+PAIR_LEARNING_RATE = DEFAULT_RECIPES["default"]["learning_rate"]
+PAIR_BATCH_SIZE = DEFAULT_RECIPES["default"]["batch_size"]
+PAIR_EPOCHS = DEFAULT_RECIPES["default"]["epochs"]
 FINETUNING_DROPOUT = 0.1  # BERT's, for a model pretrained without dropout (Cramming)
 
 
