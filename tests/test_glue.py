@@ -440,6 +440,43 @@ def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
         )
 
 
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
+def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_later(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch, capsys
+):
+    from bertforge.cli import main
+
+    bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, seeds=[1], compare_scratch=False)
+    out, started = tmp_path / "b", []
+
+    def stopped_in_sts_b(objective, config, run_dir, **kwargs):
+        started.append(Path(run_dir))
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        return train(objective, config, run_dir, **kwargs)
+
+    monkeypatch.setattr("bertforge.finetune.train", stopped_in_sts_b)
+    with pytest.raises(KeyboardInterrupt):
+        run_glue(bench, out, show_progress=False)
+    assert started == [out / "RTE" / "seed_1", out / "STS-B" / "seed_1"]
+
+    trained = counting_training(monkeypatch)
+    assert main(["glue", "--out", str(out), "--resume", "--tasks", "rte", "--quiet"]) == 0
+    assert trained == []
+    table = capsys.readouterr().out
+    assert "\nRTE " in table and "STS-B" not in table
+    saved = json.loads((out / "glue.json").read_text(encoding="utf-8"))
+    assert saved["tasks"].keys() == {"RTE"} and saved["settings"]["tasks"] == ["RTE"]
+    assert json.loads((out / "glue_task.json").read_text(encoding="utf-8"))["tasks"] == ["RTE", "STS-B"]
+    other = ["glue", "--out", str(out), "--resume", "--tasks", "mrpc"]
+    assert_clean_failure(capsys, other, "has no MRPC (its tasks: RTE, STS-B)")
+
+    report = run_glue(None, out, resume=True, show_progress=False)  # all of its tasks again
+    assert trained == [out / "STS-B" / "seed_1"]
+    assert report["tasks"].keys() == {"RTE", "STS-B"}
+
+
 def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table(
     tmp_path, tiny_pretrained_run, glue_dir, capsys
 ):

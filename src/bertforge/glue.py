@@ -19,6 +19,7 @@ Benchmark folder (`out`):
     glue.json, glue.md, glue.png
 
 A run whose result.json exists is not run again; an interrupted run continues from its checkpoint.
+A continued benchmark may keep only some of its tasks (`only_tasks`): the report then covers those.
 Each run's best epoch is chosen on the first dev file, which also scores it (as `finetune`'s).
 """
 
@@ -123,18 +124,26 @@ def benchmark(
 
 
 def run_glue(
-    bench: GlueBenchmark | None, out: Path, resume: bool = False, show_progress: bool = True, say=print
+    bench: GlueBenchmark | None,
+    out: Path,
+    resume: bool = False,
+    show_progress: bool = True,
+    say=print,
+    only_tasks: list[str] | None = None,
 ) -> dict:
     """Run (or continue) the benchmark in `out` and return its report (what glue.json holds).
 
-    `bench` None with `resume`: the saved settings. `say` receives the lines for the user: a task
-    skipped, a test file without labels, the sweep's choice.
+    `bench` None with `resume`: the saved settings; `only_tasks` then narrows them to some of the
+    saved tasks, so that a benchmark stopped in a task can be reported without it. `say` receives the
+    lines for the user: a task skipped, a test file without labels, the sweep's choice.
     """
     out = Path(out)
     lock = RunFolderLock(out).acquire()
     began = time.time()
     try:
         bench = settled(bench, out, resume)
+        if only_tasks:
+            bench = narrowed(bench, only_tasks, out)
         found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
         for line in skipped:
             say(line)
@@ -162,7 +171,8 @@ def run_glue(
             for name, data in datas.items():
                 tasks[name] = run_task(bench, data, files[name], out, progress, say)
         except Interrupted as stop:
-            stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume"
+            kept = f" --tasks {','.join(bench.tasks)}" if only_tasks else ""
+            stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
             raise
         finally:
             progress.close()
@@ -219,6 +229,19 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
             "`resume=True` (its own settings), or choose a new `out`"
         )
     return bench
+
+
+def narrowed(bench: GlueBenchmark, tasks: list[str], out: Path) -> GlueBenchmark:
+    """The benchmark with only those of its tasks that `tasks` names (the saved settings keep all)."""
+    names = {task_spec(name).name for name in tasks}
+    outside = sorted(names - set(bench.tasks))
+    if outside:
+        raise BertforgeError(
+            f"the benchmark in {out} has no {', '.join(outside)} (its tasks: {', '.join(bench.tasks)}); with "
+            "--resume, --tasks keeps some of them: start a new benchmark for other tasks"
+        )
+    kept = [name for name in bench.tasks if name in names]
+    return replace(bench, tasks=kept, recipes={name: bench.recipes[name] for name in kept})
 
 
 def same_setting(key: str, given, saved) -> bool:

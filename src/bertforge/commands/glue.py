@@ -26,10 +26,9 @@ SETTING_FLAGS = {
     "task.epochs": "the recipe's epochs",
     "task.dropout": "the recipe's dropout",
 }
-RESUME_IGNORES = (
+RESUME_IGNORES = (  # --tasks with --resume keeps some of the benchmark's tasks
     "model",
     "data",
-    "tasks",
     "seeds",
     "compare_scratch",
     "sweep",
@@ -61,7 +60,9 @@ def register(commands) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="benchmark folder (new, or one to continue)")
     p.add_argument(
-        "--tasks", help="tasks to run, comma-separated, e.g. sst-2,mrpc,sts-b,rte (default: all found)"
+        "--tasks",
+        help="tasks to run, comma-separated, e.g. sst-2,mrpc,sts-b,rte (default: all found); with --resume, "
+        "finish and report only these of the benchmark's tasks",
     )
     p.add_argument("--seeds", type=seed_list, help="fine-tuning seeds (default 1,2,3,4,5)")
     p.add_argument(
@@ -125,7 +126,7 @@ def glue_settings(args):
     return benchmark(
         args.model,
         args.data,
-        tasks=[name.strip() for name in args.tasks.split(",") if name.strip()] if args.tasks else None,
+        tasks=task_names(args),
         seeds=args.seeds,
         compare_scratch=args.compare_scratch,
         sweep=args.sweep,
@@ -135,11 +136,19 @@ def glue_settings(args):
     )
 
 
+def task_names(args) -> list[str] | None:
+    """The tasks --tasks names, None without it."""
+    return [name.strip() for name in args.tasks.split(",") if name.strip()] if args.tasks else None
+
+
 def run_glue_command(args) -> int:
     from bertforge.glue import run_glue
     from bertforge.glue_report import text_report
 
-    report = run_glue(glue_settings(args), args.out, resume=args.resume, show_progress=not args.quiet)
+    only = task_names(args) if args.resume else None
+    report = run_glue(
+        glue_settings(args), args.out, resume=args.resume, show_progress=not args.quiet, only_tasks=only
+    )
     print()
     print(text_report(report))
     print(f"\nreport: {args.out / 'glue.json'}, {args.out / 'glue.md'}, {args.out / 'glue.png'}")
