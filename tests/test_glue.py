@@ -351,6 +351,20 @@ def counting_training(monkeypatch) -> list[Path]:
     return trained
 
 
+def interrupted_at(monkeypatch, run: int) -> list[Path]:
+    """Fine-tuning that raises KeyboardInterrupt as run number `run` starts; the runs started, in order."""
+    started = []
+
+    def interrupting(objective, config, run_dir, **kwargs):
+        started.append(Path(run_dir))
+        if len(started) == run:
+            raise KeyboardInterrupt
+        return train(objective, config, run_dir, **kwargs)
+
+    monkeypatch.setattr("bertforge.finetune.train", interrupting)
+    return started
+
+
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
 @pytest.mark.slow
 def test_a_short_benchmark_with_both_arms_writes_its_report(
@@ -405,15 +419,7 @@ def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
         tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1, 2, 3]),
         tmp_path / "b",
     )
-    started = []
-
-    def interrupting(objective, config, run_dir, **kwargs):
-        started.append(Path(run_dir))
-        if len(started) == 4:
-            raise KeyboardInterrupt
-        return train(objective, config, run_dir, **kwargs)
-
-    monkeypatch.setattr("bertforge.finetune.train", interrupting)
+    interrupted_at(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         run_glue(bench, out, show_progress=False)
     finished = {p: p.stat().st_mtime_ns for p in out.glob("RTE/*/seed_*/result.json")}
@@ -448,15 +454,7 @@ def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_la
     from bertforge.cli import main
 
     bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, seeds=[1], compare_scratch=False)
-    out, started = tmp_path / "b", []
-
-    def stopped_in_sts_b(objective, config, run_dir, **kwargs):
-        started.append(Path(run_dir))
-        if len(started) == 2:
-            raise KeyboardInterrupt
-        return train(objective, config, run_dir, **kwargs)
-
-    monkeypatch.setattr("bertforge.finetune.train", stopped_in_sts_b)
+    out, started = tmp_path / "b", interrupted_at(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         run_glue(bench, out, show_progress=False)
     assert started == [out / "RTE" / "seed_1", out / "STS-B" / "seed_1"]
