@@ -244,7 +244,7 @@ def test_defaults_follow_the_model_learning_rate_by_width_and_pairs_dropout_for_
     config = json.loads(config_path.read_text())
     config["model"]["hidden_dropout_prob"] = config["model"]["attention_probs_dropout_prob"] = 0.0
     config_path.write_text(json.dumps(config))
-    for pairs, rate, batch_size, epochs in ((True, 1e-4, 16, 4), (False, 3e-4, 32, 3)):
+    for pairs, rate, batch_size, epochs, dropout in ((True, 1e-4, 16, 4, 0.0), (False, 3e-4, 32, 3, 0.1)):
         out = tmp_path / f"defaults-{pairs}"
         argv = finetune_argv(model, *data, out)
         for flag in ("--lr", "--batch-size") + (() if pairs else ("--text-pair-column",)):
@@ -255,11 +255,11 @@ def test_defaults_follow_the_model_learning_rate_by_width_and_pairs_dropout_for_
         assert config["model"]["hidden_size"] == 32 and config["train"]["learning_rate"] == rate
         assert config["train"]["batch_size"] == batch_size and saved["task"]["epochs"] == epochs
         model_config = config["model"]
-        assert model_config["hidden_dropout_prob"] == model_config["attention_probs_dropout_prob"] == 0.1
+        assert model_config["hidden_dropout_prob"] == model_config["attention_probs_dropout_prob"] == dropout
     out = tmp_path / "given"
-    assert main(finetune_argv(model, *data, out, "--epochs", "1", "--lr", "1e-4", "--dropout", "0")) == 0
+    assert main(finetune_argv(model, *data, out, "--epochs", "1", "--lr", "1e-4", "--dropout", "0.2")) == 0
     saved = json.loads((out / "finetune.json").read_text())["config"]
-    assert saved["train"]["learning_rate"] == 1e-4 and saved["model"]["hidden_dropout_prob"] == 0.0
+    assert saved["train"]["learning_rate"] == 1e-4 and saved["model"]["hidden_dropout_prob"] == 0.2
 
 
 @pytest.mark.parametrize(

@@ -140,8 +140,8 @@ class FinetuneTask:
     # the pretrained pooler left out: it starts as the from-scratch arm's (Zhang et al. 2021); NSP
     # trains it for NSP, which measured worse on SST-2 than a fresh one
     reinit_pooler: bool = False
-    # hidden and attention dropout while fine-tuning; None: the pretrained model's, or BERT's 0.1 for
-    # a model pretrained without it (Cramming)
+    # hidden and attention dropout while fine-tuning; None: the pretrained model's, or for a model
+    # pretrained without it BERT's 0.1 (Cramming), sentence pairs `PAIR_DROPOUT`
     dropout: float | None = None
     # "regression": one output and the squared error on real-valued labels; "ner": a tag per word of
     # a tagged file; "auto": tagging for a file `tagged.is_tagged_file` recognises, else a regression
@@ -156,12 +156,13 @@ class FinetuneTask:
 # 1e-4 at every training-set size (docs/records/downstream.md); 5e-5 is Devlin et al.'s for base.
 LEARNING_RATE_BY_WIDTH = ((256, 3e-4), (512, 1e-4))
 BASE_LEARNING_RATE = 5e-5
-# Sentence pairs get GLUE's pair recipe (the built-in [default]: at most 1e-4, batch 16, 4 epochs).
-# BERT-Mini on STS-B: Pearson 53.5 against 42.4 at 3e-4 and 48-51 at batch 32 for 3 epochs
-# (docs/records/glue.md).
+# Sentence pairs get GLUE's pair recipe (the built-in [default]: at most 1e-4, batch 16, 4 epochs, no
+# dropout). BERT-Mini on STS-B: Pearson 53.5 against 42.4 at 3e-4 and 48-51 at batch 32 for 3 epochs;
+# without dropout the same figures in a fifth less time (docs/records/glue.md).
 PAIR_LEARNING_RATE = DEFAULT_RECIPES["default"]["learning_rate"]
 PAIR_BATCH_SIZE = DEFAULT_RECIPES["default"]["batch_size"]
 PAIR_EPOCHS = DEFAULT_RECIPES["default"]["epochs"]
+PAIR_DROPOUT = DEFAULT_RECIPES["default"]["dropout"]
 FINETUNING_DROPOUT = 0.1  # BERT's, for a model pretrained without dropout (Cramming)
 
 
@@ -242,7 +243,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
     dropout = task.dropout
     if dropout is None and config.model.hidden_dropout_prob == config.model.attention_probs_dropout_prob == 0:
-        dropout = FINETUNING_DROPOUT
+        dropout = FINETUNING_DROPOUT if task.text_pair_column is None else PAIR_DROPOUT
     if dropout is not None:
         config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = dropout
     config.data.corpus, config.data.valid = [task.train], task.valid

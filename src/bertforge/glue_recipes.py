@@ -23,7 +23,7 @@ DEFAULT_RECIPES: dict[str, dict] = {
         "batch_size": 16,
         "max_length": 128,
         "warmup": 0.1,
-        "dropout": 0.1,
+        "dropout": 0.0,
         "max_train_examples": 0,
     },
     "CoLA": {"max_length": 64},

@@ -120,8 +120,8 @@ def add_finetune_command(commands) -> None:
     p.add_argument(
         "--dropout",
         type=float,
-        help="hidden and attention dropout while fine-tuning (default: the pretrained model's; 0.1 for "
-        "one pretrained without dropout)",
+        help="hidden and attention dropout while fine-tuning (default: the pretrained model's; for one "
+        "pretrained without dropout 0.1, sentence pairs 0)",
     )
     p.add_argument(
         "--compare-scratch",
