@@ -121,7 +121,7 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
     )
     bench.log(f"glue: {', '.join(settings.tasks)}, seeds {settings.seeds}, both arms, model {model}")
     start = time.perf_counter()
-    report = run_glue(settings, bench.workdir / "glue", show_progress=True, say=bench.log)
+    report = run_glue(settings, bench.workdir / "glue", show_progress=True, say=bench.log, jobs=None)  # None: the command's default
     minutes = (time.perf_counter() - start) / 60
     return {
         "model": str(model),
@@ -134,6 +134,7 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
         "target_minutes": TARGET_MINUTES,
         "target_met": None if bench.quick else minutes <= TARGET_MINUTES,  # quick is not its workload
         "fine_tuning_minutes": report["runs_elapsed_s"] / 60,
+        "jobs": report["machine"]["jobs"],
         "per_task": task_rows(report),
         "average": {arm: report["average"][arm]["score"] for arm in ARMS},
         "skipped": report["skipped"],

@@ -551,3 +551,60 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretr
         "| RTE† | acc |" in markdown
         and "chosen on dev by --sweep: its dev figures are optimistic" in markdown
     )
+
+
+def run_figures(report: dict) -> dict:
+    """Every run's dev figures and predictions, by task, arm and seed."""
+    return {
+        (name, arm, run["seed"]): (run["dev"], run["best_epoch"], scored_predictions(run["folder"]))
+        for name, task in report["tasks"].items()
+        for arm, summary in task["arms"].items()
+        for run in summary["runs"]
+    }
+
+
+def scored_predictions(run_folder: str) -> list:
+    return json.loads((Path(run_folder) / "glue_scores.json").read_text(encoding="utf-8"))["predicted"]
+
+
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
+def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    import os
+    import signal
+
+    import torch
+
+    from bertforge.errors import Interrupted
+    from bertforge.glue import Progress
+
+    bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
+    try:
+        serial = run_figures(run_glue(bench, tmp_path / "serial", show_progress=False))
+    finally:
+        torch.set_num_threads(threads)
+    torch.set_num_threads(2)
+    try:
+        report = run_glue(bench, tmp_path / "parallel", show_progress=False, jobs=2)
+        assert run_figures(report) == serial and report["machine"]["jobs"] == 2
+
+        advance = Progress.advance
+
+        def signal_after_the_first_run(self, *args):
+            advance(self, *args)
+            if self.runs_done == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        monkeypatch.setattr(Progress, "advance", signal_after_the_first_run)
+        out = tmp_path / "stopped"
+        with pytest.raises(Interrupted, match=rf"continue with: bertforge glue --out {out} --resume"):
+            run_glue(bench, out, show_progress=False, jobs=2)
+        assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 8 and not (out / "glue.json").exists()
+        monkeypatch.setattr(Progress, "advance", advance)
+        assert run_figures(run_glue(None, out, resume=True, show_progress=False, jobs=2)) == serial
+    finally:
+        torch.set_num_threads(threads)

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from bertforge.classifier import classify
@@ -48,7 +49,9 @@ from bertforge.finetune import (
     RESULT,
     TASK,
     FinetuneTask,
+    Job,
     finetuning_config,
+    prepare,
     removed_unless_progress,
     start,
 )
@@ -61,6 +64,7 @@ from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupie
 from bertforge.labeled import LabeledExamples
 from bertforge.progress import is_terminal
 from bertforge.runtime import resolve_device
+from bertforge.worker_pool import WorkerPool
 
 SETTINGS = "glue_task.json"
 REPORT = "glue.json"
@@ -130,12 +134,14 @@ def run_glue(
     show_progress: bool = True,
     say=print,
     only_tasks: list[str] | None = None,
+    jobs: int | None = 1,
 ) -> dict:
     """Run (or continue) the benchmark in `out` and return its report (what glue.json holds).
 
     `bench` None with `resume`: the saved settings; `only_tasks` then narrows them to some of the
     saved tasks, so that a benchmark stopped in a task can be reported without it. `say` receives the
-    lines for the user: a task skipped, a test file without labels, the sweep's choice.
+    lines for the user: a task skipped, a test file without labels, the sweep's choice. `jobs`: the
+    fine-tuning runs at once, each in a worker process with a share of the threads (None: `auto_jobs`).
     """
     out = Path(out)
     lock = RunFolderLock(out).acquire()
@@ -166,17 +172,19 @@ def run_glue(
             for name, data in datas.items()
         }
         progress = Progress(plan(bench, datas, out), show_progress)
+        jobs = auto_jobs(bench.device) if jobs is None else jobs
         tasks = {}
         try:
-            for name, data in datas.items():
-                tasks[name] = run_task(bench, data, files[name], out, progress, say)
+            with worker_pool(jobs) as pool:
+                for name, data in datas.items():
+                    tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
         except Interrupted as stop:
             kept = f" --tasks {','.join(bench.tasks)}" if only_tasks else ""
             stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
             raise
         finally:
             progress.close()
-        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began)
+        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, jobs)
         write_json(out / REPORT, report)
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
@@ -187,6 +195,23 @@ def run_glue(
         raise
     finally:
         lock.release()
+
+
+def auto_jobs(device: str | None) -> int:
+    """The fine-tuning runs at once by default: two on a CPU with two or more threads (one small
+    model's step leaves them half idle: docs/records/glue.md), else one."""
+    if resolve_device(device or "auto").type != "cpu" or torch.get_num_threads() < 2:
+        return 1
+    return 2
+
+
+def worker_pool(jobs: int) -> contextlib.AbstractContextManager:
+    """`jobs` workers sharing this process's threads; for one job, none (the runs run here)."""
+    if jobs < 1:
+        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
+    if jobs == 1:
+        return contextlib.nullcontext()
+    return WorkerPool(jobs, max(1, torch.get_num_threads() // jobs))
 
 
 def clear_folder(out: Path) -> None:
@@ -334,13 +359,19 @@ def finetune_config(bench: GlueBenchmark, recipe: Recipe) -> RunConfig:
 
 
 def run_task(
-    bench: GlueBenchmark, data: TaskData, files: TaskFiles, out: Path, progress: Progress, say
+    bench: GlueBenchmark,
+    data: TaskData,
+    files: TaskFiles,
+    out: Path,
+    progress: Progress,
+    say,
+    pool: WorkerPool | None,
 ) -> dict:
     """A task's sweep (when asked), then its runs: each seed, and with `compare_scratch` each seed of
     both arms; returns the task's part of the report."""
     name, recipe, grid = data.spec.name, recipe_of(bench, data.spec.name), []
     if bench.sweep:
-        recipe, grid = sweep_task(bench, data, files, recipe, out / "sweep" / name, progress)
+        recipe, grid = sweep_task(bench, data, files, recipe, out / "sweep" / name, progress, pool)
         say(
             f"{name}: --sweep chose learning rate {recipe.learning_rate:g}, batch size {recipe.batch_size} "
             f"on dev (seed {bench.seeds[0]}); its dev figures are optimistic"
@@ -353,7 +384,7 @@ def run_task(
         for seed in bench.seeds
         for arm in arms
     ]
-    scored = run_seeds(task, finetune_config(bench, recipe), folder, runs, data, progress)
+    scored = run_seeds(task, finetune_config(bench, recipe), folder, runs, data, progress, pool)
     return {
         "folder": str(data.folder),
         "kind": data.spec.kind,
@@ -373,26 +404,90 @@ def arm_folder(folder: Path, arm: str, seed: int, compare: bool) -> Path:
     return run_folder(folder, arm, seed) if compare else folder / f"seed_{seed}"
 
 
+@dataclass
+class RunOrder:
+    """One fine-tuning run of a task, as a worker process receives it: what `finetune.prepare` needs to
+    open the task's folder, the run, and the task's files to score it with."""
+
+    task: FinetuneTask
+    config: RunConfig
+    folder: Path  # the task's fine-tuning folder (its finetune.json)
+    seed: int
+    arm: str
+    run_dir: Path
+    task_name: str
+    task_folder: Path  # the task's GLUE folder
+
+
 def run_seeds(
-    task: FinetuneTask, config: RunConfig, folder: Path, runs: list, data: TaskData, progress: Progress
+    task: FinetuneTask,
+    config: RunConfig,
+    folder: Path,
+    runs: list,
+    data: TaskData,
+    progress: Progress,
+    pool: WorkerPool | None,
 ) -> list[dict]:
-    """Fine-tune and score each (seed, arm, run folder) of one task's fine-tuning folder."""
+    """Fine-tune and score each (seed, arm, run folder) of one task's fine-tuning folder: in this
+    process, or the unfinished ones in `pool`'s workers."""
     try:
         job, created = start(task, config, folder, (folder / TASK).is_file(), show_progress=False)
     except BertforgeError as error:
         raise BertforgeError(f"{data.spec.name}: {error}") from None
-    scored = []
-    with removed_unless_progress(folder, created, [run_dir for _, _, run_dir in runs]):
-        for seed, arm, run_dir in runs:
-            label = f"{data.spec.name} {arm} seed {seed}"
-            finished = (run_dir / RESULT).is_file()
-            # The loop writes a line per epoch to stdout even without a bar: the benchmark shows its own.
-            with contextlib.redirect_stdout(io.StringIO()):
-                result = job.run(seed, run_dir, from_scratch=arm == "scratch")
-            figures = score_run(run_dir, data, config)
-            scored.append({"seed": seed, "arm": arm, "folder": str(run_dir), **run_record(result), **figures})
-            progress.advance(label, job.steps_per_epoch * task.epochs, finished, figures["score"])
-    return scored
+    # The workers take the precision chosen here, not one measured again with their share of threads.
+    config = replace(config, runtime=replace(config.runtime, precision=job.config.runtime.precision))
+    orders = [
+        RunOrder(task, config, folder, seed, arm, run_dir, data.spec.name, data.folder)
+        for seed, arm, run_dir in runs
+    ]
+    finished = [(order.run_dir / RESULT).is_file() for order in orders]
+    steps = job.steps_per_epoch * task.epochs
+
+    def done(index: int, scored: dict) -> None:
+        order = orders[index]
+        label = f"{data.spec.name} {order.arm} seed {order.seed}"
+        progress.advance(label, steps, finished[index], scored["score"])
+
+    scored: dict[int, dict] = {}
+    with removed_unless_progress(folder, created, [order.run_dir for order in orders]):
+        here = [i for i in range(len(orders)) if pool is None or finished[i]]
+        for index in here:
+            scored[index] = fine_tune_and_score(orders[index], job, data)
+            done(index, scored[index])
+        elsewhere = [i for i in range(len(orders)) if i not in scored]
+        if elsewhere:
+            values = pool.map(
+                run_in_worker, [(orders[i],) for i in elsewhere], lambda k, v: done(elsewhere[k], v)
+            )
+            scored.update(zip(elsewhere, values, strict=True))
+    return [scored[index] for index in range(len(orders))]
+
+
+def fine_tune_and_score(order: RunOrder, job: Job, data: TaskData) -> dict:
+    # The loop writes a line per epoch to stdout even without a bar: the benchmark shows its own.
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = job.run(order.seed, order.run_dir, from_scratch=order.arm == "scratch")
+    figures = score_run(order.run_dir, data, order.config)
+    return {
+        "seed": order.seed,
+        "arm": order.arm,
+        "folder": str(order.run_dir),
+        **run_record(result),
+        **figures,
+    }
+
+
+_worker_jobs: dict[Path, tuple[Job, TaskData]] = {}  # a worker's opened fine-tuning folders
+
+
+def run_in_worker(order: RunOrder) -> dict:
+    """`fine_tune_and_score` in a worker process, which opens each task's folder once (the parent made
+    it and owns it)."""
+    if order.folder not in _worker_jobs:
+        job = prepare(order.task, order.config, order.folder, resume=True, show_progress=False)
+        _worker_jobs[order.folder] = job, read_task(TASKS[order.task_name], order.task_folder)
+    job, data = _worker_jobs[order.folder]
+    return fine_tune_and_score(order, job, data)
 
 
 def run_record(result: dict) -> dict:
@@ -443,7 +538,13 @@ def dev_truth(data: TaskData) -> list:
 
 
 def sweep_task(
-    bench: GlueBenchmark, data: TaskData, files: TaskFiles, recipe: Recipe, folder: Path, progress: Progress
+    bench: GlueBenchmark,
+    data: TaskData,
+    files: TaskFiles,
+    recipe: Recipe,
+    folder: Path,
+    progress: Progress,
+    pool: WorkerPool | None,
 ) -> tuple[Recipe, list[dict]]:
     """One run (the first seed, pretrained) per point of the grid; the recipe of the best dev score
     (the first in grid order among equals) and every point's result."""
@@ -461,6 +562,7 @@ def sweep_task(
                 [(seed, "pretrained", point_folder / f"seed_{seed}")],
                 data,
                 progress,
+                pool,
             )[0]
             points.append(
                 {"learning_rate": lr, "batch_size": batch_size, "score": run["score"], "dev": run["dev"]}

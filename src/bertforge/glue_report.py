@@ -50,12 +50,12 @@ BOOTSTRAP_RESAMPLES = 1000
 
 
 def build_report(
-    settings: dict, out: Path, tasks: dict[str, dict], skipped: list[str], wall_s: float
+    settings: dict, out: Path, tasks: dict[str, dict], skipped: list[str], wall_s: float, jobs: int = 1
 ) -> dict:
     """glue.json: the settings, the machine, every run's figures, each arm's median and spread per
     task, the paired comparison per task, the GLUE averages and the published figures. `tasks`: per
     task its record with "runs" (each run's figures and first-dev-file predictions) and "true" (that
-    file's labels), as `bertforge.glue` gathers them."""
+    file's labels), as `bertforge.glue` gathers them. `jobs`: the runs that ran at once."""
     arms = list(ARMS if settings["compare_scratch"] else ARMS[:1])
     report_tasks = {}
     for name, task in tasks.items():
@@ -76,7 +76,7 @@ def build_report(
         "wall_s": wall_s,
         "runs_elapsed_s": sum(run["elapsed_s"] for run in every_run),
         "sweep_runs": len(sweep_runs),
-        "machine": machine(settings["device"]),
+        "machine": {**machine(settings["device"]), "jobs": jobs},
         "skipped": skipped,
         "tasks": report_tasks,
         "average": {arm: average(report_tasks, arm) for arm in arms},
@@ -269,9 +269,17 @@ def notes(report: dict) -> list[str]:
             )
     lines += report["skipped"]
     machine = report["machine"]
+    jobs = machine.get("jobs", 1)
+    share = max(1, machine["threads"] // jobs)
+    threads = (
+        f"{machine['threads']} threads"
+        if jobs == 1
+        else f"{jobs} runs at a time, {share} thread{'s' * (share > 1)} each"
+    )
+    where = machine["gpu"] or machine["cpu"]
     lines.append(
-        f"{report['runs_elapsed_s'] / 60:.1f} min of fine-tuning ({report['wall_s'] / 60:.1f} min this "
-        f"invocation) on {machine['gpu'] or machine['cpu']}, {machine['threads']} threads, "
+        f"{report['runs_elapsed_s'] / 60:.1f} min of fine-tuning by the runs' clocks "
+        f"({report['wall_s'] / 60:.1f} min this invocation) on {where}, {threads}, "
         f"torch {machine['torch']}"
     )
     return lines

@@ -58,7 +58,7 @@ class StoppedEarly(Interrupted):
     """A signal that stopped a command where no checkpoint of the step under way was saved: before a
     training loop started (a tokenizer or shards being built), or a second signal. `when` says where
     it stopped ("" when that says nothing), `then` what to do: run the command again, or the command
-    that continues the run from what it kept."""
+    that continues the run from what it kept (`resume_command`, where the command sets it)."""
 
     def __init__(self, signum: int, when: str, then: str, report: bool = True) -> None:
         super().__init__(signum, 0, Path(), report)
@@ -66,4 +66,5 @@ class StoppedEarly(Interrupted):
 
     def __str__(self) -> str:
         when = f" {self.when}" if self.when else ""
-        return f"stopped by {signal.Signals(self.signum).name}{when}; {self.then}"
+        then = f"continue with: {self.resume_command}" if self.resume_command else self.then
+        return f"stopped by {signal.Signals(self.signum).name}{when}; {then}"

@@ -1,0 +1,213 @@
+"""Independent jobs (fine-tuning runs) in parallel worker processes, each with a share of the threads.
+
+A small model's step cannot keep a CPU's cores busy from one process: its matmuls are too small to
+split well between threads, so two runs of one thread each finish sooner than the same two runs one
+after the other with two threads each (`docs/records/glue.md`). `WorkerPool` starts its workers
+(spawned, so that nothing of the parent's threads or devices is inherited) when it is first used;
+each takes the next job, calls it and sends back what it returned.
+
+Signals: the workers leave the terminal's process group, so that Ctrl-C reaches the parent alone.
+The parent records the signal (`bertforge.signals.StopSignals`), starts no more jobs and forwards it
+once to every worker, whose training loop stops at its next step with a checkpoint; then it raises
+`Interrupted` for the first run that stopped. A second signal is forwarded too and stops them at
+once. A job's `BertforgeError` stops the others the same way and is raised in the parent with its
+message; any other exception is a bug and is raised with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bertforge.errors import BertforgeError, Interrupted
+from bertforge.signals import STOP_SIGNALS, StoppedEarly, StopSignals
+
+POLL_S = 0.2  # how often the parent looks at its signals and its workers while it waits
+STOP_WAIT_S = 30.0  # how long a worker has to finish after the pool is closed
+
+
+@dataclass
+class Outcome:
+    """A job's end, as a worker reports it. `kind` and `value`: "done" (what the job returned),
+    "stopped" (the signal, the step and the checkpoint; None for the last two outside a training
+    loop), "error" (a `BertforgeError`'s message), "crash" (a traceback), "skipped" (not started: the
+    pool stops)."""
+
+    index: int
+    kind: str
+    value: object = None
+
+
+class WorkerPool:
+    """`jobs` worker processes of `threads` threads each, started on first use; `map` runs calls."""
+
+    def __init__(self, jobs: int, threads: int) -> None:
+        self.jobs, self.threads = jobs, threads
+        self.workers: list = []
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.todo, self.done, self.stopping = context.Queue(), context.Queue(), context.Event()
+        self.workers = [
+            context.Process(
+                target=work,
+                args=(self.todo, self.done, self.stopping, self.threads, os.getpid()),
+                daemon=True,  # ended with the parent, whatever ends it
+            )
+            for _ in range(self.jobs)
+        ]
+        for worker in self.workers:
+            worker.start()
+
+    def map(self, function: Callable, arguments: list[tuple], on_done: Callable[[int, object], None]) -> list:
+        """`function(*args)` for each of `arguments`, `jobs` at a time; `on_done(index, value)` as each
+        finishes; the values in the order of `arguments`. `function` must be importable by name."""
+        if not self.workers or not all(worker.is_alive() for worker in self.workers):
+            self.close()  # a pool that was stopped starts afresh
+            self.start()
+        for index, args in enumerate(arguments):
+            self.todo.put((index, function, args))
+        waiting = Waiting(len(arguments))
+        with StopSignals() as signals:
+            try:
+                self.collect(waiting, signals, on_done)
+            except KeyboardInterrupt:  # a second signal: the workers stop at once too
+                self.stop(signal.SIGINT)
+                raise
+        return waiting.values(signals.received, [worker.exitcode for worker in self.workers])
+
+    def collect(self, waiting: Waiting, signals: StopSignals, on_done: Callable[[int, object], None]) -> None:
+        """Receive outcomes until every job has one, or, once stopping, until the workers have ended.
+        A signal, a failed job or a worker that ended stops them."""
+        while not waiting.complete():
+            ended = any(worker.exitcode is not None for worker in self.workers)
+            if (signals.received or waiting.failed() or ended) and not waiting.stopping:
+                waiting.stopping = self.stop(signals.received or signal.SIGTERM)
+            try:
+                outcome = self.done.get(timeout=POLL_S)
+            except queue.Empty:
+                if not any(worker.is_alive() for worker in self.workers):
+                    return
+                continue
+            waiting.outcomes[outcome.index] = outcome
+            if outcome.kind == "done":
+                on_done(outcome.index, outcome.value)
+
+    def stop(self, signum: int) -> int:
+        """Start no more jobs, forward `signum` to every live worker and let each end after its job."""
+        self.stopping.set()
+        for worker in self.workers:
+            if worker.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signum)
+            self.todo.put(None)
+        return signum
+
+    def close(self) -> None:
+        if not self.workers:
+            return
+        for _ in self.workers:
+            self.todo.put(None)
+        for worker in self.workers:
+            worker.join(STOP_WAIT_S)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+        self.workers = []
+
+
+class Waiting:
+    """The parent's account of one `map`: each job's outcome, and the signal forwarded, if any."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.outcomes = count, {}
+        self.stopping = 0
+
+    def complete(self) -> bool:
+        return len(self.outcomes) == self.count
+
+    def failed(self) -> bool:
+        return any(outcome.kind in ("error", "crash") for outcome in self.outcomes.values())
+
+    def values(self, signum: int, exit_codes: list) -> list:
+        """The jobs' values in order, or the first failure raised: a bug, a user's error, a signal."""
+        ended = sorted(self.outcomes.values(), key=lambda outcome: outcome.index)
+        if signum:
+            ended.append(Outcome(self.count, "stopped", (signum, None, None)))
+        elif not self.complete():
+            why = f"it ended before its job did (the workers' exit codes: {', '.join(map(str, exit_codes))})"
+            ended.append(Outcome(self.count, "crash", why))
+        for kind in ("crash", "error", "stopped"):
+            failed = [outcome for outcome in ended if outcome.kind == kind]
+            if kind == "crash" and failed:
+                raise RuntimeError(f"a fine-tuning worker failed:\n{failed[0].value}")
+            if kind == "error" and failed:
+                raise BertforgeError(failed[0].value)
+            if failed:
+                raise stopped(failed)
+        return [self.outcomes[index].value for index in range(self.count)]
+
+
+def stopped(failed: list[Outcome]) -> Interrupted:
+    """`Interrupted` for the first run that saved a checkpoint when it stopped, else `StoppedEarly`."""
+    for outcome in failed:
+        signum, step, checkpoint = outcome.value
+        if step is not None:
+            return Interrupted(signum, step, Path(checkpoint), report=True)
+    return StoppedEarly(failed[0].value[0], "between fine-tuning runs", "run the same command again")
+
+
+# ------------------------------------------------------------------------------------ in a worker
+
+
+def work(todo, done, stopping, threads: int, parent: int) -> None:
+    """A worker's life: take a job, run it, report its outcome; end at None or when the parent is gone."""
+    os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which forwards it once
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler)  # outside a training loop: KeyboardInterrupt
+    torch.set_num_threads(threads)
+    try:
+        while True:
+            try:
+                job = todo.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    return
+                continue
+            if job is None:
+                return
+            index, function, args = job
+            if stopping.is_set():
+                done.put(Outcome(index, "skipped"))
+                continue
+            done.put(outcome(index, function, args))
+    except KeyboardInterrupt:
+        return  # a signal between jobs: the parent knows, and stops
+
+
+def outcome(index: int, function: Callable, args: tuple) -> Outcome:
+    try:
+        return Outcome(index, "done", function(*args))
+    except Interrupted as stop:
+        return Outcome(index, "stopped", (stop.signum, stop.step, str(stop.checkpoint)))
+    except KeyboardInterrupt:
+        return Outcome(index, "stopped", (signal.SIGINT, None, None))
+    except BertforgeError as error:
+        return Outcome(index, "error", str(error))
+    except Exception:
+        return Outcome(index, "crash", traceback.format_exc())

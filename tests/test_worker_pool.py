@@ -1,0 +1,112 @@
+"""The worker pool: jobs run in spawned workers of their own threads and come back in order; a user's
+error, a bug and a worker that dies each end `map` with one clear exception; a signal to the parent
+stops the workers' jobs once, starts no more, and is raised as `Interrupted`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.errors import BertforgeError, Interrupted
+from bertforge.signals import StopSignals
+from bertforge.worker_pool import WorkerPool
+
+# ------------------------------------------------------------- jobs (module level: workers import them)
+
+
+def where_and_what(value: int) -> tuple[int, int, int, int]:
+    return os.getpid(), os.getpgrp(), torch.get_num_threads(), value * value
+
+
+def refuse(value: int) -> None:
+    raise BertforgeError(f"value {value} is not allowed; give another")
+
+
+def divide(value: int) -> float:
+    return 1 / value
+
+
+def die(code: int) -> None:
+    os._exit(code)
+
+
+def train_until_stopped(marks: str, index: int) -> str:
+    """A training loop's way with signals: note the start, run until a signal, then 'save' and stop."""
+    Path(marks, f"started_{index}").touch()
+    with StopSignals() as signals:
+        deadline = time.monotonic() + 60
+        while not signals.received and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if not signals.received:
+        return "never stopped"
+    checkpoint = Path(marks, f"checkpoint_{index}")
+    checkpoint.touch()
+    raise Interrupted(signals.received, 7, checkpoint, report=True)
+
+
+# ---------------------------------------------------------------------------------------- tests
+
+
+def test_jobs_run_in_workers_with_their_share_of_threads_and_come_back_in_order():
+    finished = []
+    with WorkerPool(2, 1) as pool:
+        results = pool.map(where_and_what, [(v,) for v in range(6)], lambda i, value: finished.append(i))
+        again = pool.map(where_and_what, [(10,)], lambda i, value: None)
+    assert [r[3] for r in results] == [v * v for v in range(6)] and again[0][3] == 100
+    assert sorted(finished) == list(range(6))
+    pids = {r[0] for r in results}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert again[0][0] in pids  # the same workers serve every map
+    assert all(r[1] == r[0] for r in results)  # each leads its own process group: Ctrl-C reaches the parent
+    assert {r[2] for r in results} == {1}
+    assert multiprocessing.active_children() == []
+
+
+def test_a_users_error_in_a_job_is_raised_with_its_message():
+    with (
+        WorkerPool(2, 1) as pool,
+        pytest.raises(BertforgeError, match="value 3 is not allowed; give another"),
+    ):
+        pool.map(refuse, [(3,)], lambda i, value: None)
+
+
+def test_a_bug_in_a_job_is_raised_with_the_workers_traceback():
+    with WorkerPool(1, 1) as pool, pytest.raises(RuntimeError, match="(?s)in divide.*ZeroDivisionError"):
+        pool.map(divide, [(1,), (0,)], lambda i, value: None)
+
+
+def test_a_worker_that_dies_is_reported_with_its_exit_code():
+    with (
+        WorkerPool(2, 1) as pool,
+        pytest.raises(RuntimeError, match=r"ended before its job did \(the workers' exit codes: .*\b3\b"),
+    ):
+        pool.map(die, [(3,)], lambda i, value: None)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(tmp_path):
+    def signal_once_both_started() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started_*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with WorkerPool(2, 1) as pool:
+        threading.Thread(target=signal_once_both_started, daemon=True).start()
+        with pytest.raises(Interrupted) as stop:
+            pool.map(train_until_stopped, [(str(tmp_path), i) for i in range(5)], lambda i, value: None)
+    assert stop.value.signum == signal.SIGTERM and stop.value.step == 7
+    started = sorted(p.name for p in tmp_path.glob("started_*"))
+    assert len(started) == 2  # the queued jobs were not started
+    # each running job received one signal: it "saved" and stopped instead of dying at a second one
+    assert sorted(p.name for p in tmp_path.glob("checkpoint_*")) == [
+        s.replace("started", "checkpoint") for s in started
+    ]
+    assert multiprocessing.active_children() == []
