@@ -121,7 +121,8 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
     )
     bench.log(f"glue: {', '.join(settings.tasks)}, seeds {settings.seeds}, both arms, model {model}")
     start = time.perf_counter()
-    report = run_glue(settings, bench.workdir / "glue", show_progress=True, say=bench.log, jobs=None)  # None: the command's default
+    # jobs None: the command's default (two runs at a time on a CPU)
+    report = run_glue(settings, bench.workdir / "glue", show_progress=True, say=bench.log, jobs=None)
     minutes = (time.perf_counter() - start) / 60
     return {
         "model": str(model),

@@ -527,7 +527,8 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     assert not (tmp_path / "z").exists()  # nothing half-made is left
 
 
-def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir):
+@pytest.mark.parametrize("jobs", [1, 2])  # the grid's points one after the other, or all at once
+def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir, jobs):
     recipes = tmp_path / "recipes.toml"
     recipes.write_text(
         TINY_RECIPES + "\n[sweep]\nlearning_rate = [3e-3, 1e-4]\nbatch_size = [8]\n", encoding="utf-8"
@@ -536,7 +537,7 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretr
         tiny_pretrained_run, [glue_dir], ["RTE"], [1], sweep=True, recipes_file=recipes, precision="fp32"
     )
     out, said = tmp_path / "sweep", []
-    report = run_glue(bench, out, show_progress=False, say=said.append)
+    report = run_glue(bench, out, show_progress=False, say=said.append, jobs=jobs)
     task = report["tasks"]["RTE"]
     assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 8), (1e-4, 8)]
     best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals

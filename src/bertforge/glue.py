@@ -33,6 +33,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -384,7 +385,8 @@ def run_task(
         for seed in bench.seeds
         for arm in arms
     ]
-    scored = run_seeds(task, finetune_config(bench, recipe), folder, runs, data, progress, pool)
+    group = FolderRuns(task, finetune_config(bench, recipe), folder, runs)
+    scored = run_seeds([group], data, progress, pool)[0]
     return {
         "folder": str(data.folder),
         "kind": data.spec.kind,
@@ -419,47 +421,76 @@ class RunOrder:
     task_folder: Path  # the task's GLUE folder
 
 
+@dataclass
+class FolderRuns:
+    """One fine-tuning folder's runs: its task and config, and each (seed, arm, run folder)."""
+
+    task: FinetuneTask
+    config: RunConfig
+    folder: Path
+    runs: list[tuple[int, str, Path]]
+
+
 def run_seeds(
-    task: FinetuneTask,
-    config: RunConfig,
-    folder: Path,
-    runs: list,
-    data: TaskData,
-    progress: Progress,
-    pool: WorkerPool | None,
-) -> list[dict]:
-    """Fine-tune and score each (seed, arm, run folder) of one task's fine-tuning folder: in this
-    process, or the unfinished ones in `pool`'s workers."""
+    groups: list[FolderRuns], data: TaskData, progress: Progress, pool: WorkerPool | None
+) -> list[list[dict]]:
+    """Fine-tune and score every run of one task's fine-tuning folders (the benchmark's, or the sweep's
+    one per grid point), all at once: in this process, or the unfinished ones in `pool`'s workers.
+    Per folder, its runs' records."""
+    with contextlib.ExitStack() as stack:
+        orders, jobs = [], []
+        for group in groups:
+            job = stack.enter_context(opened(group, data))
+            # The workers take the precision chosen here, not one measured again with their threads.
+            runtime = replace(group.config.runtime, precision=job.config.runtime.precision)
+            config = replace(group.config, runtime=runtime)
+            for seed, arm, run_dir in group.runs:
+                orders.append(
+                    RunOrder(
+                        group.task, config, group.folder, seed, arm, run_dir, data.spec.name, data.folder
+                    )
+                )
+                jobs.append(job)
+        scored = run_orders(orders, jobs, data, progress, pool)
+    ends = np.cumsum([len(group.runs) for group in groups]).tolist()
+    return [scored[end - len(group.runs) : end] for group, end in zip(groups, ends, strict=True)]
+
+
+@contextlib.contextmanager
+def opened(group: FolderRuns, data: TaskData) -> Iterator[Job]:
+    """The folder's `Job`, the folder made (or continued) and owned by this process while in the block."""
     try:
-        job, created = start(task, config, folder, (folder / TASK).is_file(), show_progress=False)
+        exists = (group.folder / TASK).is_file()
+        job, created = start(group.task, group.config, group.folder, exists, show_progress=False)
     except BertforgeError as error:
         raise BertforgeError(f"{data.spec.name}: {error}") from None
-    # The workers take the precision chosen here, not one measured again with their share of threads.
-    config = replace(config, runtime=replace(config.runtime, precision=job.config.runtime.precision))
-    orders = [
-        RunOrder(task, config, folder, seed, arm, run_dir, data.spec.name, data.folder)
-        for seed, arm, run_dir in runs
-    ]
-    finished = [(order.run_dir / RESULT).is_file() for order in orders]
-    steps = job.steps_per_epoch * task.epochs
+    with removed_unless_progress(group.folder, created, [run_dir for _, _, run_dir in group.runs]):
+        yield job
 
-    def done(index: int, scored: dict) -> None:
+
+def run_orders(
+    orders: list[RunOrder], jobs: list[Job], data: TaskData, progress: Progress, pool: WorkerPool | None
+) -> list[dict]:
+    """Each order's record; a finished run is read here, the rest run here or in `pool`."""
+    finished = [(order.run_dir / RESULT).is_file() for order in orders]
+
+    def done(index: int, record: dict) -> None:
         order = orders[index]
-        label = f"{data.spec.name} {order.arm} seed {order.seed}"
-        progress.advance(label, steps, finished[index], scored["score"])
+        steps = jobs[index].steps_per_epoch * order.task.epochs
+        progress.advance(
+            f"{data.spec.name} {order.arm} seed {order.seed}", steps, finished[index], record["score"]
+        )
 
     scored: dict[int, dict] = {}
-    with removed_unless_progress(folder, created, [order.run_dir for order in orders]):
-        here = [i for i in range(len(orders)) if pool is None or finished[i]]
-        for index in here:
-            scored[index] = fine_tune_and_score(orders[index], job, data)
+    for index in range(len(orders)):
+        if pool is None or finished[index]:
+            scored[index] = fine_tune_and_score(orders[index], jobs[index], data)
             done(index, scored[index])
-        elsewhere = [i for i in range(len(orders)) if i not in scored]
-        if elsewhere:
-            values = pool.map(
-                run_in_worker, [(orders[i],) for i in elsewhere], lambda k, v: done(elsewhere[k], v)
-            )
-            scored.update(zip(elsewhere, values, strict=True))
+    elsewhere = [index for index in range(len(orders)) if index not in scored]
+    if elsewhere:
+        arguments = [(orders[index],) for index in elsewhere]
+        values = pool.map(run_in_worker, arguments, lambda k, record: done(elsewhere[k], record))
+        scored.update(zip(elsewhere, values, strict=True))
     return [scored[index] for index in range(len(orders))]
 
 
@@ -548,25 +579,23 @@ def sweep_task(
 ) -> tuple[Recipe, list[dict]]:
     """One run (the first seed, pretrained) per point of the grid; the recipe of the best dev score
     (the first in grid order among equals) and every point's result."""
-    points = []
+    seed, grid = bench.seeds[0], []
     for lr in bench.sweep_grid["learning_rate"]:
         for batch_size in bench.sweep_grid["batch_size"]:
             point = replace(recipe, learning_rate=lr, batch_size=batch_size)
             point_folder = folder / f"lr{lr:g}-bs{batch_size}"
-            seed = bench.seeds[0]
             task = finetune_task(bench, data, files, point, [seed], compare=False)
-            run = run_seeds(
-                task,
-                finetune_config(bench, point),
-                point_folder,
-                [(seed, "pretrained", point_folder / f"seed_{seed}")],
-                data,
-                progress,
-                pool,
-            )[0]
-            points.append(
-                {"learning_rate": lr, "batch_size": batch_size, "score": run["score"], "dev": run["dev"]}
-            )
+            runs = [(seed, "pretrained", point_folder / f"seed_{seed}")]
+            grid.append(FolderRuns(task, finetune_config(bench, point), point_folder, runs))
+    points = [
+        {
+            "learning_rate": group.config.train.learning_rate,
+            "batch_size": group.config.train.batch_size,
+            "score": run["score"],
+            "dev": run["dev"],
+        }
+        for group, [run] in zip(grid, run_seeds(grid, data, progress, pool), strict=True)
+    ]
     best = max(range(len(points)), key=lambda i: (points[i]["score"], -i))
     chosen = replace(
         recipe, learning_rate=points[best]["learning_rate"], batch_size=points[best]["batch_size"]
