@@ -592,6 +592,8 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
     try:
         report = run_glue(bench, tmp_path / "parallel", show_progress=False, jobs=2)
         assert run_figures(report) == serial and report["machine"]["jobs"] == 2
+        arms = [arm for task in report["tasks"].values() for arm in task["arms"].values()]
+        assert all([run["seed"] for run in arm["runs"]] == [1, 2] for arm in arms)  # in the order given
 
         advance = Progress.advance
 
