@@ -518,6 +518,13 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     assert saved["skipped"] == [f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}"]
     assert_clean_failure(capsys, ["glue", "--out", str(out), "--resume", "--seeds", "1,2"], "drop --seeds")
     assert_clean_failure(capsys, ["glue", "--out", str(tmp_path / "x")], "glue needs --model and --data")
+    for jobs in ("0", "two"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv[:-1], str(tmp_path / "j"), "--jobs", jobs])
+        assert (
+            exit_info.value.code == 2 and "give a whole number of runs, 1 or more" in capsys.readouterr().err
+        )
+    assert not (tmp_path / "j").exists()
     assert_clean_failure(
         capsys, [*argv[:-1], str(tmp_path / "y"), "--tasks", "squad"], "'squad' is not a GLUE task"
     )
