@@ -534,8 +534,7 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     assert not (tmp_path / "z").exists()  # nothing half-made is left
 
 
-@pytest.mark.parametrize("jobs", [1, 2])  # the grid's points one after the other, or all at once
-def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir, jobs):
+def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir):
     recipes = tmp_path / "recipes.toml"
     recipes.write_text(
         TINY_RECIPES + "\n[sweep]\nlearning_rate = [3e-3, 1e-4]\nbatch_size = [8]\n", encoding="utf-8"
@@ -544,7 +543,7 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretr
         tiny_pretrained_run, [glue_dir], ["RTE"], [1], sweep=True, recipes_file=recipes, precision="fp32"
     )
     out, said = tmp_path / "sweep", []
-    report = run_glue(bench, out, show_progress=False, say=said.append, jobs=jobs)
+    report = run_glue(bench, out, show_progress=False, say=said.append, jobs=2)  # the grid's points at once
     task = report["tasks"]["RTE"]
     assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 8), (1e-4, 8)]
     best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals
@@ -588,7 +587,7 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
     from bertforge.errors import Interrupted
     from bertforge.glue import Progress
 
-    bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path)
+    bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["STS-B"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
     try:
@@ -613,7 +612,7 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
         out = tmp_path / "stopped"
         with pytest.raises(Interrupted, match=rf"continue with: bertforge glue --out {out} --resume"):
             run_glue(bench, out, show_progress=False, jobs=2)
-        assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 8 and not (out / "glue.json").exists()
+        assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 4 and not (out / "glue.json").exists()
         monkeypatch.setattr(Progress, "advance", advance)
         assert run_figures(run_glue(None, out, resume=True, show_progress=False, jobs=2)) == serial
     finally:
