@@ -5,8 +5,9 @@ Owns the benchmark's settings (with each task's recipe from `bertforge.glue_reci
 and how a rerun continues it, each task's runs through `bertforge.finetune` (with
 `compare_scratch` both arms per seed, laid out as `bertforge.comparison` lays them out), scoring
 each run's best epoch on the task's dev and labelled test files (`bertforge.glue_scores`), the
-`--sweep` over a small grid, and the progress over all runs. glue.json's content, the table,
-glue.md and glue.png are `bertforge.glue_report`'s.
+`--sweep` over a small grid, and the progress over all runs. With `jobs` above 1 the unfinished runs
+of a task train at once in `bertforge.worker_pool`'s processes; this process keeps each folder.
+glue.json's content, the table, glue.md and glue.png are `bertforge.glue_report`'s.
 
 Benchmark folder (`out`):
 
