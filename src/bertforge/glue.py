@@ -175,9 +175,10 @@ def run_glue(
         }
         progress = Progress(plan(bench, datas, out), show_progress)
         jobs = auto_jobs(bench.device) if jobs is None else jobs
+        threads_per_run = max(1, torch.get_num_threads() // jobs)
         tasks = {}
         try:
-            with worker_pool(jobs) as pool:
+            with worker_pool(jobs, threads_per_run) as pool:
                 for name, data in datas.items():
                     tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
         except Interrupted as stop:
@@ -186,7 +187,8 @@ def run_glue(
             raise
         finally:
             progress.close()
-        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, jobs)
+        runs_at_once = {"jobs": jobs, "threads_per_run": threads_per_run}
+        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, runs_at_once)
         write_json(out / REPORT, report)
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
@@ -207,13 +209,13 @@ def auto_jobs(device: str | None) -> int:
     return 2
 
 
-def worker_pool(jobs: int) -> contextlib.AbstractContextManager:
-    """`jobs` workers sharing this process's threads; for one job, none (the runs run here)."""
+def worker_pool(jobs: int, threads_per_run: int) -> contextlib.AbstractContextManager:
+    """`jobs` workers of `threads_per_run` threads; for one job, none (the runs run here)."""
     if jobs < 1:
         raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
     if jobs == 1:
         return contextlib.nullcontext()
-    return WorkerPool(jobs, max(1, torch.get_num_threads() // jobs))
+    return WorkerPool(jobs, threads_per_run)
 
 
 def clear_folder(out: Path) -> None:

@@ -50,12 +50,18 @@ BOOTSTRAP_RESAMPLES = 1000
 
 
 def build_report(
-    settings: dict, out: Path, tasks: dict[str, dict], skipped: list[str], wall_s: float, jobs: int = 1
+    settings: dict,
+    out: Path,
+    tasks: dict[str, dict],
+    skipped: list[str],
+    wall_s: float,
+    runs_at_once: dict,
 ) -> dict:
     """glue.json: the settings, the machine, every run's figures, each arm's median and spread per
     task, the paired comparison per task, the GLUE averages and the published figures. `tasks`: per
     task its record with "runs" (each run's figures and first-dev-file predictions) and "true" (that
-    file's labels), as `bertforge.glue` gathers them. `jobs`: the runs that ran at once."""
+    file's labels), as `bertforge.glue` gathers them. `runs_at_once`: "jobs", the runs that trained at
+    once, and "threads_per_run"."""
     arms = list(ARMS if settings["compare_scratch"] else ARMS[:1])
     report_tasks = {}
     for name, task in tasks.items():
@@ -76,7 +82,7 @@ def build_report(
         "wall_s": wall_s,
         "runs_elapsed_s": sum(run["elapsed_s"] for run in every_run),
         "sweep_runs": len(sweep_runs),
-        "machine": {**machine(settings["device"]), "jobs": jobs},
+        "machine": {**machine(settings["device"]), **runs_at_once},
         "skipped": skipped,
         "tasks": report_tasks,
         "average": {arm: average(report_tasks, arm) for arm in arms},
@@ -269,8 +275,7 @@ def notes(report: dict) -> list[str]:
             )
     lines += report["skipped"]
     machine = report["machine"]
-    jobs = machine.get("jobs", 1)
-    share = max(1, machine["threads"] // jobs)
+    jobs, share = machine.get("jobs", 1), machine.get("threads_per_run", machine["threads"])
     threads = (
         f"{machine['threads']} threads"
         if jobs == 1

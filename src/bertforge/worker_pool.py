@@ -96,8 +96,8 @@ class WorkerPool:
         A signal, a failed job or a worker that ended stops them."""
         while not waiting.complete():
             ended = any(worker.exitcode is not None for worker in self.workers)
-            if (signals.received or waiting.failed() or ended) and not waiting.stopping:
-                waiting.stopping = self.stop(signals.received or signal.SIGTERM)
+            if (signals.received or waiting.failed() or ended) and not self.stopping.is_set():
+                self.stop(signals.received or signal.SIGTERM)
             try:
                 outcome = self.done.get(timeout=POLL_S)
             except queue.Empty:
@@ -108,7 +108,7 @@ class WorkerPool:
             if outcome.kind == "done":
                 on_done(outcome.index, outcome.value)
 
-    def stop(self, signum: int) -> int:
+    def stop(self, signum: int) -> None:
         """Start no more jobs, forward `signum` to every live worker and let each end after its job."""
         self.stopping.set()
         for worker in self.workers:
@@ -116,7 +116,6 @@ class WorkerPool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signum)
             self.todo.put(None)
-        return signum
 
     def close(self) -> None:
         if not self.workers:
@@ -132,11 +131,10 @@ class WorkerPool:
 
 
 class Waiting:
-    """The parent's account of one `map`: each job's outcome, and the signal forwarded, if any."""
+    """The parent's account of one `map`: each job's outcome."""
 
     def __init__(self, count: int) -> None:
         self.count, self.outcomes = count, {}
-        self.stopping = 0
 
     def complete(self) -> bool:
         return len(self.outcomes) == self.count
