@@ -5,18 +5,21 @@ runs no finished seed again."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SHARED_DATA, assert_clean_failure
 
 from bertforge import glue_data
 from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
-from bertforge.errors import BertforgeError
-from bertforge.glue import benchmark, run_glue
+from bertforge.errors import BertforgeError, Interrupted
+from bertforge.glue import Progress, benchmark, run_glue
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -579,23 +582,12 @@ def scored_predictions(run_folder: str) -> list:
 def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):
-    import os
-    import signal
-
-    import torch
-
-    from bertforge.errors import Interrupted
-    from bertforge.glue import Progress
-
     bench = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["STS-B"])
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
     try:
+        torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
         serial = run_figures(run_glue(bench, tmp_path / "serial", show_progress=False))
-    finally:
-        torch.set_num_threads(threads)
-    torch.set_num_threads(2)
-    try:
+        torch.set_num_threads(2)
         report = run_glue(bench, tmp_path / "parallel", show_progress=False, jobs=2)
         assert run_figures(report) == serial and report["machine"]["jobs"] == 2
         arms = [arm for task in report["tasks"].values() for arm in task["arms"].values()]
