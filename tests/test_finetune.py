@@ -4,7 +4,10 @@ and the comparison of a pretrained arm with a from-scratch one."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import signal
 import statistics
 from pathlib import Path
 
@@ -13,11 +16,12 @@ import pytest
 import torch
 from conftest import HF_TINY_SIZES, metrics_lines
 
+from bertforge import reporting
 from bertforge.checkpoint import read_weights
 from bertforge.classifier import classify
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import (
     EpochEvaluator,
     FinetuneTask,
@@ -34,6 +38,7 @@ from bertforge.finetune import (
 from bertforge.folders import open_classifier, open_encoder
 from bertforge.labeled import read_labeled
 from bertforge.model import BertForSequenceClassification
+from bertforge.progress import RunsProgress
 from bertforge.train import train
 
 transformers = pytest.importorskip("transformers")
@@ -85,6 +90,10 @@ def toy_config(**train):
     for key, value in train.items():
         setattr(config.train, key, value)
     return config
+
+
+def without_clock(result: dict) -> dict:
+    return {key: value for key, value in result.items() if key != "elapsed_s"}
 
 
 def without_speed(records: list[dict]) -> list[dict]:
@@ -478,6 +487,57 @@ def test_an_interrupted_comparison_resumes_without_running_finished_seeds_again(
     assert trained == [out / "scratch" / "seed_2"]
     assert {path: path.stat().st_mtime_ns for path in finished} == finished
     assert [pair["seed"] for pair in comparison["pairs"]] == [1, 2]
+
+
+@pytest.mark.filterwarnings(TWO_SEEDS)
+def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison_resumes_to_them(
+    tmp_path, tiny_pretrained_run, toy, capsys, monkeypatch
+):
+    task, stopped = toy_task(tiny_pretrained_run, toy, epochs=2, seeds=[1, 2]), tmp_path / "stopped"
+    advance = RunsProgress.advance
+
+    def signal_after_the_first_run(self, *args):
+        advance(self, *args)
+        if self.runs_done == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
+        serial = compare_with_scratch(task, toy_config(), tmp_path / "serial", show_progress=False)
+        torch.set_num_threads(2)
+        with reporting.reporting_to(tmp_path / "parallel", "tensorboard"):
+            parallel = compare_with_scratch(task, toy_config(), tmp_path / "parallel", jobs=2)
+        monkeypatch.setattr(RunsProgress, "advance", signal_after_the_first_run)
+        with pytest.raises(
+            Interrupted, match=rf"continue with: bertforge finetune --out {stopped} --resume$"
+        ):
+            compare_with_scratch(task, toy_config(), stopped, show_progress=False, jobs=2)
+        assert 1 <= len(list(stopped.glob("*/seed_*/result.json"))) < 4
+        monkeypatch.setattr(RunsProgress, "advance", advance)
+        resumed = compare_with_scratch(*read_task(stopped), stopped, resume=True, show_progress=False, jobs=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert resumed["pairs"] == serial["pairs"]
+    assert serial["this_invocation"]["jobs"] == 1
+    assert (parallel["this_invocation"]["jobs"], parallel["this_invocation"]["threads_per_run"]) == (2, 1)
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: ")]
+    assert len(progress) == 4 and progress[-1].startswith("finetune: 4/4 runs: ")  # one line per run
+    assert all(
+        re.search(r"(pretrained|scratch) seed [12] done, accuracy [01]\.\d{4}", line) for line in progress
+    )
+    assert parallel["pairs"] == serial["pairs"] and parallel["bootstrap"] == serial["bootstrap"]
+    for arm in ("pretrained", "scratch"):
+        for seed in (1, 2):
+            run = Path(arm) / f"seed_{seed}"
+            lines = metrics_lines(tmp_path / "parallel" / run, "valid")
+            assert lines == metrics_lines(tmp_path / "serial" / run, "valid") and len(lines) == 3
+            assert list((tmp_path / "parallel" / "tensorboard" / run).glob("events.out.tfevents.*"))
+        summaries = [
+            json.loads((tmp_path / out / arm / "summary.json").read_text()) for out in ("serial", "parallel")
+        ]
+        runs = [[without_clock(result) for result in summary["runs"]] for summary in summaries]
+        assert runs[0] == runs[1] and [r["seed"] for r in runs[1]] == [1, 2]
 
 
 def test_compare_with_scratch_refuses_bad_combinations(tmp_path, tiny_pretrained_run, toy):

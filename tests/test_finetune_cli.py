@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -164,9 +165,18 @@ def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned
 
 def test_seeds_report_median_and_spread_and_resume_finishes(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "seeds"
-    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    assert (
+        main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2", "--jobs", "2"))
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "accuracy: median" in printed and "over 2 seeds" in printed
+    assert re.search(r"min for 2 runs by the runs' clocks \(.* min this invocation\), 2 at a time", printed)
+    for jobs in ("0", "two"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(finetune_argv(tiny_pretrained_run, *data, tmp_path / "j", "--seeds", "1,2", "--jobs", jobs))
+        assert exit_info.value.code == 2 and "whole number of runs" in capsys.readouterr().err
+    assert not (tmp_path / "j").exists()
     assert (out / "seed_1" / "final").is_dir() and (out / "seed_2" / "final").is_dir()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [1, 2] and set(summary["accuracy"]) == {"median", "min", "max", "spread"}
@@ -177,7 +187,10 @@ def test_seeds_report_median_and_spread_and_resume_finishes(tmp_path, capsys, ti
 
 def test_resume_with_more_seeds_runs_only_the_new_ones(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "more-seeds"
-    assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    assert (
+        main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2", "--jobs", "1"))
+        == 0
+    )
     first = (out / "seed_1" / "result.json").read_text()
     stamp = (out / "seed_1" / "result.json").stat().st_mtime_ns
     assert_clean_failure(
@@ -198,7 +211,10 @@ def test_resume_with_more_seeds_runs_only_the_new_ones(tmp_path, capsys, tiny_pr
 def test_resume_refuses_changed_data_and_writes_nothing(tmp_path, capsys, tiny_pretrained_run, data):
     train, valid = (Path(shutil.copy(f, tmp_path / f.name)) for f in data)
     out = tmp_path / "run"
-    assert main(finetune_argv(tiny_pretrained_run, train, valid, out, "--epochs", "1", "--seeds", "1,2")) == 0
+    argv = finetune_argv(
+        tiny_pretrained_run, train, valid, out, "--epochs", "1", "--seeds", "1,2", "--jobs", "1"
+    )
+    assert main(argv) == 0
     saved = (out / "finetune.json").read_text()
     train.write_text(train.read_text() + train.read_text().splitlines()[-1] + "\n")
     argv = ["finetune", "--out", str(out), "--resume", "--seeds", "1,2,3"]
@@ -284,7 +300,7 @@ def test_sentence_pairs_get_the_glue_pair_recipe():
 def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "cmp"
     argv = finetune_argv(
-        tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2", "--compare-scratch"
+        tiny_pretrained_run, *data, out, "--epochs", "1", "--seeds", "1,2", "--compare-scratch", "--jobs", "1"
     )
     with pytest.warns(UserWarning, match="2 seeds support no claim"):
         assert main(argv) == 0

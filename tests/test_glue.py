@@ -19,7 +19,8 @@ from bertforge import glue_data
 from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
-from bertforge.glue import Progress, benchmark, run_glue
+from bertforge.finetune import EpochEvaluator
+from bertforge.glue import benchmark, run_glue
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -30,6 +31,7 @@ from bertforge.glue_scores import (
     split_figures,
     task_score,
 )
+from bertforge.progress import RunsProgress
 from bertforge.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -593,19 +595,44 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
         arms = [arm for task in report["tasks"].values() for arm in task["arms"].values()]
         assert all([run["seed"] for run in arm["runs"]] == [1, 2] for arm in arms)  # in the order given
 
-        advance = Progress.advance
+        advance = RunsProgress.advance
 
         def signal_after_the_first_run(self, *args):
             advance(self, *args)
             if self.runs_done == 1:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        monkeypatch.setattr(Progress, "advance", signal_after_the_first_run)
+        monkeypatch.setattr(RunsProgress, "advance", signal_after_the_first_run)
         out = tmp_path / "stopped"
         with pytest.raises(Interrupted, match=rf"continue with: bertforge glue --out {out} --resume"):
             run_glue(bench, out, show_progress=False, jobs=2)
         assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 4 and not (out / "glue.json").exists()
-        monkeypatch.setattr(Progress, "advance", advance)
+        monkeypatch.setattr(RunsProgress, "advance", advance)
         assert run_figures(run_glue(None, out, resume=True, show_progress=False, jobs=2)) == serial
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+def test_a_benchmark_stopped_in_its_first_run_keeps_the_checkpoint_and_resumes_to_the_same_figures(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    recipes = tmp_path / "two-epochs.toml"
+    recipes.write_text(TINY_RECIPES.replace("epochs = 1", "epochs = 2"), encoding="utf-8")
+    settings = dict(tasks=["RTE"], seeds=[1], compare_scratch=False, precision="fp32")
+    bench = benchmark(tiny_pretrained_run, [glue_dir], recipes_file=recipes, **settings)
+    full = run_figures(run_glue(bench, tmp_path / "full", show_progress=False))
+    evaluate = EpochEvaluator.__call__
+
+    def stopped_in_epoch_2(self, model):
+        if self.epoch == 2:
+            raise KeyboardInterrupt  # after epoch 1's checkpoint, before epoch 2's
+        return evaluate(self, model)
+
+    monkeypatch.setattr(EpochEvaluator, "__call__", stopped_in_epoch_2)
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        run_glue(bench, out, show_progress=False)
+    assert list(out.glob("RTE/seed_1/checkpoints/step_*")) and not list(out.rglob("result.json"))
+    monkeypatch.setattr(EpochEvaluator, "__call__", evaluate)
+    assert run_figures(run_glue(None, out, resume=True, show_progress=False)) == full

@@ -16,7 +16,7 @@ import torch
 
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.signals import StopSignals
-from bertforge.worker_pool import WorkerPool
+from bertforge.worker_pool import WorkerPool, auto_jobs, worker_pool
 
 # ------------------------------------------------------------- jobs (module level: workers import them)
 
@@ -110,3 +110,16 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
         s.replace("started", "checkpoint") for s in started
     ]
     assert multiprocessing.active_children() == []
+
+
+def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert auto_jobs("cpu") == 1 and auto_jobs(None) in (1, 2)
+        torch.set_num_threads(2)
+        assert auto_jobs("cpu") == 2
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(BertforgeError, match="`jobs` must be at least 1; got 0"):
+        worker_pool(0, 1)

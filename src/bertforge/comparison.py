@@ -24,6 +24,7 @@ Comparison folder (`--out OUT`):
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -39,8 +40,10 @@ from bertforge.finetune import (
     RESULT,
     SUMMARY,
     FinetuneTask,
+    SeedRun,
     removed_unless_progress,
     result_kind,
+    run_seeds,
     start,
     summarize_seeds,
 )
@@ -58,22 +61,35 @@ CHUNK = 200  # resamples at once in `bootstrap_gains` (bounds its arrays' memory
 
 
 def compare_with_scratch(
-    task: FinetuneTask, config: RunConfig, out: Path, resume: bool = False, show_progress: bool = True
+    task: FinetuneTask,
+    config: RunConfig,
+    out: Path,
+    resume: bool = False,
+    show_progress: bool = True,
+    jobs: int | None = 1,
 ) -> dict:
-    """Fine-tune both arms on every seed of `task.seeds` (at least 2), seed by seed; write each arm's
-    summary.json and `comparison.json`, and return the comparison. Finished runs are not run again."""
-    task, out = replace(task, compare_scratch=True), Path(out)
+    """Fine-tune both arms on every seed of `task.seeds` (at least 2), seed by seed (`jobs` runs at
+    once: `finetune.run_seeds`); write each arm's summary.json and `comparison.json`, and return the
+    comparison. Finished runs are not run again."""
+    task, out, began = replace(task, compare_scratch=True), Path(out), time.time()
     job, created = start(task, config, out, resume, show_progress)
     if len(task.seeds) < SEEDS_FOR_A_CLAIM:
         warnings.warn(few_seeds_note(len(task.seeds)), stacklevel=2)
-    folders = [(seed, arm, run_folder(out, arm, seed)) for seed in task.seeds for arm in ARMS]
-    with removed_unless_progress(out, created, [folder for _, _, folder in folders]):
-        results = {arm: [] for arm in ARMS}
-        for seed, arm, folder in folders:
-            results[arm].append(job.run(seed, folder, from_scratch=arm == "scratch"))
+    runs = [
+        SeedRun(seed, run_folder(out, arm, seed), arm == "scratch", f"{arm} seed {seed}")
+        for seed in task.seeds
+        for arm in ARMS
+    ]
+    with removed_unless_progress(out, created, [run.run_dir for run in runs]):
+        results, at_once = run_seeds(job, runs, config, out, jobs)
     for arm in ARMS:
-        write_json(out / arm / SUMMARY, summarize_seeds(results[arm]))
-    comparison = compare_runs(out, task.seeds)
+        scratch = arm == "scratch"
+        arm_results = [
+            result for run, result in zip(runs, results, strict=True) if run.from_scratch == scratch
+        ]
+        write_json(out / arm / SUMMARY, summarize_seeds(arm_results))
+    invocation = {**at_once, "wall_s": time.time() - began}
+    comparison = {**compare_runs(out, task.seeds), "this_invocation": invocation}
     write_json(out / COMPARISON, comparison)
     return comparison
 

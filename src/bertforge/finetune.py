@@ -8,7 +8,8 @@ real-valued labels, such as STS-B's similarity scores, the mean squared error of
 Hugging Face's `problem_type = "regression"`), its data (tokenized once, shuffled per epoch from
 (seed, epoch)), the per-epoch evaluation (accuracy, macro F1 and the confusion matrix; for a
 regression Pearson's and Spearman's correlations and the MSE), keeping the best epoch (by accuracy,
-for a regression by Pearson's r), several seeds with their median and spread, and the run folder.
+for a regression by Pearson's r), several seeds with their median and spread (one after another, or
+some at once in worker processes: `run_seeds`), and the run folder.
 A tagged task (CoNLL or JSON lines of tokens and tags; `task_type = "ner"`, or detected from the
 training file) runs through the same job, loop and evaluation with `bertforge.tagging`'s data, loss
 and scores: entity precision, recall and F1 per type and overall after every epoch, the best epoch
@@ -38,13 +39,15 @@ Nothing is written until the model folder and both data files have been read and
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import shlex
 import shutil
 import statistics
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -79,6 +82,7 @@ from bertforge.losses import NO_LABEL, Summary
 from bertforge.metrics import confusion_accuracy, confusion_macro_f1, confusion_matthews, pearson, spearman
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
+from bertforge.progress import RunsProgress
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
 from bertforge.tagged import TAGGING, is_tagged_file
 from bertforge.tagger import TOKEN_TASK, check_taggable, token_classifier
@@ -91,6 +95,7 @@ from bertforge.tagging import (
 )
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
+from bertforge.worker_pool import WorkerPool, auto_jobs, worker_runtime
 
 TASK = "finetune.json"
 SUMMARY = "summary.json"
@@ -197,19 +202,28 @@ def finetuning_config(hidden_size: int | None = None, pairs: bool = False) -> Ru
 
 
 def finetune(
-    task: FinetuneTask, config: RunConfig, out: Path, resume: bool = False, show_progress: bool = True
+    task: FinetuneTask,
+    config: RunConfig,
+    out: Path,
+    resume: bool = False,
+    show_progress: bool = True,
+    jobs: int | None = 1,
 ) -> dict:
-    """Fine-tune once per seed; return each run's result and the median and spread over seeds."""
+    """Fine-tune once per seed; return each run's result and the median and spread over seeds. `jobs`:
+    the seeds trained at once (`run_seeds`; None: `worker_pool.auto_jobs`)."""
     if task.compare_scratch:
         raise BertforgeError(
             "this task compares with a from-scratch arm; run it with comparison.compare_with_scratch"
         )
-    out = Path(out)
+    out, began = Path(out), time.time()
     job, created = start(task, config, out, resume, show_progress)
-    runs = seed_runs(task, job.config, out)
-    with removed_unless_progress(out, created, [run_dir for _, run_dir in runs]):
-        results = [job.run(seed, run_dir, task.from_scratch) for seed, run_dir in runs]
-    summary = summarize_seeds(results)
+    runs = [
+        SeedRun(seed, run_dir, task.from_scratch, f"seed {seed}")
+        for seed, run_dir in seed_runs(task, job.config, out)
+    ]
+    with removed_unless_progress(out, created, [run.run_dir for run in runs]):
+        results, at_once = run_seeds(job, runs, config, out, jobs)
+    summary = {**summarize_seeds(results), "this_invocation": {**at_once, "wall_s": time.time() - began}}
     if task.seeds:
         write_json(out / SUMMARY, summary)
     return summary
@@ -271,7 +285,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     return Job(task, config, tokenizer, data, encoder, show_progress)
 
 
-@contextmanager
+@contextlib.contextmanager
 def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> Iterator[None]:
     """On failure, remove `out` if this call created it and no run in it finished or reached a
     checkpoint: leave no half-made run behind, but everything `--resume` can continue. A run that a
@@ -279,12 +293,12 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
     try:
         yield
     except BaseException as error:
-        if isinstance(error, Interrupted):
+        if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
+            shutil.rmtree(out, ignore_errors=True)  # a stop before any checkpoint: run the command again
+        elif isinstance(error, Interrupted):
             error.resume_command = (
                 f"bertforge finetune --out {shlex.quote(str(out))} --resume{reporting.continue_flag()}"
             )
-        if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
-            shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
         lock = _owned.pop(Path(out).resolve(), None)
@@ -678,6 +692,98 @@ def seed_runs(task: FinetuneTask, config: RunConfig, out: Path) -> list[tuple[in
     return [(seed, out / f"seed_{seed}") for seed in task.seeds]
 
 
+# ------------------------------------------------------------------------ several runs at once
+
+
+@dataclass
+class SeedRun:
+    """One run of a fine-tuning folder: its seed, its folder, whether it starts from random weights,
+    and how the progress names it."""
+
+    seed: int
+    run_dir: Path
+    from_scratch: bool
+    label: str
+
+
+def run_seeds(
+    job: Job, runs: list[SeedRun], config: RunConfig, out: Path, jobs: int | None
+) -> tuple[list, dict]:
+    """Each run's result, and how many ran at once with how many threads each (`jobs`, `threads_per_run`).
+
+    One after another in this process; with `jobs` above 1 (None: `worker_pool.auto_jobs`), the
+    unfinished runs `jobs` at a time in `worker_pool`'s processes, each with a share of the threads
+    (one small model's step leaves a CPU's threads half idle), while this process shows one progress
+    over them all and drops theirs. `config` is the folder's base config, as `start` was given it.
+    """
+    threads = config.runtime.threads or torch.get_num_threads()
+    jobs = auto_jobs(config.runtime.device) if jobs is None else jobs
+    if jobs < 1:
+        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
+    pending = [index for index, run in enumerate(runs) if not (run.run_dir / RESULT).is_file()]
+    if jobs == 1 or len(pending) < 2:
+        results = [job.run(run.seed, run.run_dir, run.from_scratch) for run in runs]
+        return results, {"jobs": 1, "threads_per_run": threads}
+    jobs = min(jobs, len(pending))
+    share = max(1, threads // jobs)
+    runtime = worker_runtime(config.runtime, job.config.runtime.precision, share)
+    order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
+    steps = job.steps_per_epoch * job.task.epochs
+    done = [index not in pending for index in range(len(runs))]
+    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress)
+
+    def finished(k: int, result: dict) -> None:
+        metric = METRICS[result_kind(result)][0]
+        progress.advance(runs[pending[k]].label, steps, False, f"{metric} {result['best'][metric]:.4f}")
+
+    arguments = [
+        (*order, runs[index].seed, runs[index].run_dir, runs[index].from_scratch) for index in pending
+    ]
+    try:
+        with WorkerPool(jobs, share) as pool:
+            values = pool.map(run_in_worker, arguments, finished)
+    finally:
+        progress.close()
+    results = dict(zip(pending, values, strict=True))
+    for index, run in enumerate(runs):
+        if index not in results:
+            results[index] = job.run(run.seed, run.run_dir, run.from_scratch)  # finished before: read
+    return [results[index] for index in range(len(runs))], {"jobs": jobs, "threads_per_run": share}
+
+
+_worker_jobs: dict[Path, Job] = {}  # a worker's opened fine-tuning folders
+
+
+def run_in_worker(
+    task: FinetuneTask,
+    config: RunConfig,
+    out: Path,
+    reported: list[Path],
+    seed: int,
+    run_dir: Path,
+    from_scratch: bool,
+) -> dict:
+    """`Job.run` in a worker process; its metrics go to the parent's TensorBoard folders too, its
+    lines nowhere."""
+    job = worker_job(task, config, out)
+    with contextlib.ExitStack() as stack:
+        for root in reported:
+            stack.enter_context(reporting.reporting_to(root, "tensorboard"))
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))  # the loop's per-epoch lines
+        return job.run(seed, run_dir, from_scratch)
+
+
+def worker_job(task: FinetuneTask, config: RunConfig, out: Path) -> Job:
+    """The `Job` of folder `out` in a worker process, which opens each folder once (the parent made it
+    and owns it)."""
+    if out not in _worker_jobs:
+        _worker_jobs[out] = prepare(task, config, out, resume=True, show_progress=False)
+    return _worker_jobs[out]
+
+
+# ---------------------------------------------------------------------------------- one run
+
+
 class Job:
     """Everything the runs of one fine-tuning share; `run` trains one seed in its folder. A regression
     is a job with one label (the name of its score)."""
@@ -878,7 +984,7 @@ class EpochEvaluator:
 
 
 def result_kind(result: dict) -> str:
-    """"classification", "regression" or "ner": what a run's result.json measured."""
+    """What a run's result.json measured: "classification", "regression" or "ner"."""
     return result.get("task_type", "classification")
 
 

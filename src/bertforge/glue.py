@@ -32,7 +32,6 @@ import json
 import math
 import shlex
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -40,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from bertforge.checkpoint import list_checkpoints
 from bertforge.classifier import classify
 from bertforge.comparison import ARMS, SEEDS_FOR_A_CLAIM, few_seeds_note, run_folder
 from bertforge.config import RunConfig
@@ -53,9 +52,9 @@ from bertforge.finetune import (
     FinetuneTask,
     Job,
     finetuning_config,
-    prepare,
     removed_unless_progress,
     start,
+    worker_job,
 )
 from bertforge.folders import find_model_folder, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
@@ -64,9 +63,9 @@ from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
 from bertforge.labeled import LabeledExamples
-from bertforge.progress import is_terminal
+from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
-from bertforge.worker_pool import WorkerPool
+from bertforge.worker_pool import WorkerPool, auto_jobs, worker_pool, worker_runtime
 
 SETTINGS = "glue_task.json"
 REPORT = "glue.json"
@@ -143,7 +142,8 @@ def run_glue(
     `bench` None with `resume`: the saved settings; `only_tasks` then narrows them to some of the
     saved tasks, so that a benchmark stopped in a task can be reported without it. `say` receives the
     lines for the user: a task skipped, a test file without labels, the sweep's choice. `jobs`: the
-    fine-tuning runs at once, each in a worker process with a share of the threads (None: `auto_jobs`).
+    fine-tuning runs at once, each in a worker process with a share of the threads (None:
+    `worker_pool.auto_jobs`).
     """
     out = Path(out)
     lock = RunFolderLock(out).acquire()
@@ -173,7 +173,7 @@ def run_glue(
             name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
             for name, data in datas.items()
         }
-        progress = Progress(plan(bench, datas, out), show_progress)
+        progress = progress_over(bench, datas, out, show_progress)
         jobs = auto_jobs(bench.device) if jobs is None else jobs
         threads_per_run = max(1, torch.get_num_threads() // jobs)
         tasks = {}
@@ -193,29 +193,15 @@ def run_glue(
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
         return report
-    except BaseException:
-        if lock.created and not any(out.rglob(RESULT)):
-            clear_folder(out)  # nothing finished: no half-made benchmark is left behind
+    except BaseException as error:
+        saved = any(list_checkpoints(folder.parent) for folder in out.rglob("checkpoints"))
+        if lock.created and not any(out.rglob(RESULT)) and not saved:
+            clear_folder(out)  # nothing finished or saved: no half-made benchmark is left behind
+            if isinstance(error, Interrupted):
+                error.resume_command = ""  # there is nothing to continue: run the command again
         raise
     finally:
         lock.release()
-
-
-def auto_jobs(device: str | None) -> int:
-    """The fine-tuning runs at once by default: two on a CPU with two or more threads (one small
-    model's step leaves them half idle: docs/records/glue.md), else one."""
-    if resolve_device(device or "auto").type != "cpu" or torch.get_num_threads() < 2:
-        return 1
-    return 2
-
-
-def worker_pool(jobs: int, threads_per_run: int) -> contextlib.AbstractContextManager:
-    """`jobs` workers of `threads_per_run` threads; for one job, none (the runs run here)."""
-    if jobs < 1:
-        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
-    if jobs == 1:
-        return contextlib.nullcontext()
-    return WorkerPool(jobs, threads_per_run)
 
 
 def clear_folder(out: Path) -> None:
@@ -367,7 +353,7 @@ def run_task(
     data: TaskData,
     files: TaskFiles,
     out: Path,
-    progress: Progress,
+    progress: RunsProgress,
     say,
     pool: WorkerPool | None,
 ) -> dict:
@@ -435,7 +421,7 @@ class FolderRuns:
 
 
 def run_seeds(
-    groups: list[FolderRuns], data: TaskData, progress: Progress, pool: WorkerPool | None
+    groups: list[FolderRuns], data: TaskData, progress: RunsProgress, pool: WorkerPool | None
 ) -> list[list[dict]]:
     """Fine-tune and score every run of one task's fine-tuning folders (the benchmark's, or the sweep's
     one per grid point), all at once: in this process, or the unfinished ones in `pool`'s workers.
@@ -444,8 +430,8 @@ def run_seeds(
         orders, jobs = [], []
         for group in groups:
             job = stack.enter_context(opened(group, data))
-            # The workers take the precision chosen here, not one measured again with their threads.
-            runtime = replace(group.config.runtime, precision=job.config.runtime.precision)
+            share = pool.threads if pool is not None else 0
+            runtime = worker_runtime(group.config.runtime, job.config.runtime.precision, share)
             config = replace(group.config, runtime=runtime)
             for seed, arm, run_dir in group.runs:
                 orders.append(
@@ -472,7 +458,7 @@ def opened(group: FolderRuns, data: TaskData) -> Iterator[Job]:
 
 
 def run_orders(
-    orders: list[RunOrder], jobs: list[Job], data: TaskData, progress: Progress, pool: WorkerPool | None
+    orders: list[RunOrder], jobs: list[Job], data: TaskData, progress: RunsProgress, pool: WorkerPool | None
 ) -> list[dict]:
     """Each order's record; a finished run is read here, the rest run here or in `pool`."""
     finished = [(order.run_dir / RESULT).is_file() for order in orders]
@@ -480,9 +466,9 @@ def run_orders(
     def done(index: int, record: dict) -> None:
         order = orders[index]
         steps = jobs[index].steps_per_epoch * order.task.epochs
-        progress.advance(
-            f"{data.spec.name} {order.arm} seed {order.seed}", steps, finished[index], record["score"]
-        )
+        score = record["score"]
+        figure = "" if score is None else f"dev score {score:.1f}"
+        progress.advance(f"{data.spec.name} {order.arm} seed {order.seed}", steps, finished[index], figure)
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):
@@ -511,17 +497,15 @@ def fine_tune_and_score(order: RunOrder, job: Job, data: TaskData) -> dict:
     }
 
 
-_worker_jobs: dict[Path, tuple[Job, TaskData]] = {}  # a worker's opened fine-tuning folders
+_worker_data: dict[Path, TaskData] = {}  # a worker's tasks, read once
 
 
 def run_in_worker(order: RunOrder) -> dict:
-    """`fine_tune_and_score` in a worker process, which opens each task's folder once (the parent made
-    it and owns it)."""
-    if order.folder not in _worker_jobs:
-        job = prepare(order.task, order.config, order.folder, resume=True, show_progress=False)
-        _worker_jobs[order.folder] = job, read_task(TASKS[order.task_name], order.task_folder)
-    job, data = _worker_jobs[order.folder]
-    return fine_tune_and_score(order, job, data)
+    """`fine_tune_and_score` in a worker process."""
+    if order.task_folder not in _worker_data:
+        _worker_data[order.task_folder] = read_task(TASKS[order.task_name], order.task_folder)
+    job = worker_job(order.task, order.config, order.folder)
+    return fine_tune_and_score(order, job, _worker_data[order.task_folder])
 
 
 def run_record(result: dict) -> dict:
@@ -577,7 +561,7 @@ def sweep_task(
     files: TaskFiles,
     recipe: Recipe,
     folder: Path,
-    progress: Progress,
+    progress: RunsProgress,
     pool: WorkerPool | None,
 ) -> tuple[Recipe, list[dict]]:
     """One run (the first seed, pretrained) per point of the grid; the recipe of the best dev score
@@ -615,6 +599,11 @@ class PlannedRun:
     done: bool
 
 
+def progress_over(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path, show: bool) -> RunsProgress:
+    runs = plan(bench, datas, out)
+    return RunsProgress("glue", [run.steps for run in runs], [run.done for run in runs], show)
+
+
 def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[PlannedRun]:
     """Every run the benchmark holds, with its optimizer steps (for the ETA) and whether it is done."""
     runs = []
@@ -634,49 +623,3 @@ def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[Pl
                 folder = arm_folder(out / name, arm, seed, bench.compare_scratch)
                 runs.append(PlannedRun(steps, (folder / RESULT).is_file()))
     return runs
-
-
-class Progress:
-    """The benchmark's progress over all its runs, in optimizer steps so that its ETA weighs long runs
-    as such: a bar on a terminal, else one line per run."""
-
-    def __init__(self, runs: list[PlannedRun], show: bool) -> None:
-        self.total_runs, self.runs_done = len(runs), sum(run.done for run in runs)
-        self.total = sum(run.steps for run in runs)
-        self.done_steps = sum(run.steps for run in runs if run.done)
-        self.show, self.tty = show, show and is_terminal(sys.stderr)
-        self.began, self.new_steps = time.time(), 0
-        self.bar = (
-            tqdm(total=self.total, initial=self.done_steps, unit="step", desc="glue", dynamic_ncols=True)
-            if self.tty
-            else None
-        )
-
-    def advance(self, label: str, steps: int, was_done: bool, score: float | None) -> None:
-        if was_done:
-            return  # counted from the start
-        self.runs_done += 1
-        self.done_steps += steps
-        self.new_steps += steps
-        shown = "" if score is None else f", dev score {score:.1f}"
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{label}{shown}", refresh=False)
-            self.bar.update(steps)
-        elif self.show:
-            print(
-                f"glue: {self.runs_done}/{self.total_runs} runs: {label} done{shown}{self.eta()}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def eta(self) -> str:
-        rate = self.new_steps / max(time.time() - self.began, 1e-9)
-        left = max(self.total - self.done_steps, 0)
-        if not left or not rate:
-            return ""
-        minutes = left / rate / 60
-        return f"; about {minutes:.0f} min left" if minutes >= 1 else "; under a minute left"
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -104,6 +104,11 @@ def continue_flag() -> str:
     return " --report-to tensorboard" if _reporters else ""
 
 
+def reported_roots() -> list[Path]:
+    """The folders whose runs' metrics are reported now (a worker process reports to them too)."""
+    return [reporter.root for reporter in _reporters]
+
+
 def report(run_dir: Path, record: dict) -> None:
     """Hand a record just appended to `run_dir`/metrics.jsonl to the active reporters."""
     for reporter in _reporters:

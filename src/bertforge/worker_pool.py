@@ -23,12 +23,14 @@ import queue
 import signal
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from bertforge.config import RuntimeConfig
 from bertforge.errors import BertforgeError, Interrupted
+from bertforge.runtime import resolve_device
 from bertforge.signals import STOP_SIGNALS, StoppedEarly, StopSignals
 
 POLL_S = 0.2  # how often the parent looks at its signals and its workers while it waits
@@ -45,6 +47,29 @@ class Outcome:
     index: int
     kind: str
     value: object = None
+
+
+def worker_runtime(runtime: RuntimeConfig, precision: str, threads: int) -> RuntimeConfig:
+    """A run's runtime settings in a worker: the precision the parent chose (not measured again with a
+    share of the threads), that share, and no data-loader processes (a daemonic worker may start none)."""
+    return replace(runtime, precision=precision, threads=threads, num_workers=0)
+
+
+def auto_jobs(device: str | None) -> int:
+    """The fine-tuning runs at once by default: two on a CPU with two or more threads (one small
+    model's step leaves them half idle: docs/records/glue.md), else one."""
+    if resolve_device(device or "auto").type != "cpu" or torch.get_num_threads() < 2:
+        return 1
+    return 2
+
+
+def worker_pool(jobs: int, threads_per_run: int) -> contextlib.AbstractContextManager:
+    """`jobs` workers of `threads_per_run` threads; for one job, none (the runs run in this process)."""
+    if jobs < 1:
+        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
+    if jobs == 1:
+        return contextlib.nullcontext()
+    return WorkerPool(jobs, threads_per_run)
 
 
 class WorkerPool:
@@ -167,7 +192,9 @@ def stopped(failed: list[Outcome]) -> Interrupted:
         signum, step, checkpoint = outcome.value
         if step is not None:
             return Interrupted(signum, step, Path(checkpoint), report=True)
-    return StoppedEarly(failed[0].value[0], "between fine-tuning runs", "run the same command again")
+    return StoppedEarly(
+        failed[0].value[0], "before the runs under way saved a checkpoint", "run the same command again"
+    )
 
 
 # ------------------------------------------------------------------------------------ in a worker

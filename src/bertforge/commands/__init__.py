@@ -3,6 +3,8 @@ several groups take are added here, written once."""
 
 from __future__ import annotations
 
+import argparse
+
 from bertforge.config import PRECISIONS
 
 
@@ -18,3 +20,19 @@ def add_precision_argument(p) -> None:
         choices=PRECISIONS,
         help="arithmetic (default auto: the faster of fp32 and bf16 here, measured once and cached)",
     )
+
+
+def add_jobs_argument(p, runs: str) -> None:
+    """`--jobs`: how many of a command's fine-tuning runs (`runs`) train at once (`bertforge.worker_pool`)."""
+    p.add_argument(
+        "--jobs",
+        type=job_count,
+        help=f"{runs} at once, each in its own process with a share of the threads (default: 2 on a CPU "
+        "with 2 or more threads, where one small model's step leaves them half idle; else 1)",
+    )
+
+
+def job_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs, 1 or more")
+    return int(text)

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_precision_argument
+from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument
 from bertforge.config_rules import SEED, check_flags, count, number_problem
 from bertforge.errors import BertforgeError
 from bertforge.labeled import FORMATS, TASK_TYPES
@@ -99,8 +99,10 @@ def add_finetune_command(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument("--epochs", type=int, help="passes over the training data (default 3; pairs 4)")
     p.add_argument(
-        "--lr", type=float, help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
-        "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4)"
+        "--lr",
+        type=float,
+        help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
+        "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4)",
     )
     p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32; pairs 16)")
     p.add_argument(
@@ -131,6 +133,7 @@ def add_finetune_command(commands) -> None:
     )
     add_precision_argument(p)
     add_device_argument(p, default=None)
+    add_jobs_argument(p, "the seeds' runs (--seeds, --compare-scratch)")
     p.add_argument(
         "--set",
         action="append",
@@ -263,7 +266,9 @@ def run_finetune(args) -> int:
     with reporting_to(args.out, args.report_to):
         if task.compare_scratch:
             return run_comparison(args, task, config)
-        summary = finetune(task, config, args.out, resume=args.resume, show_progress=not args.quiet)
+        summary = finetune(
+            task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
+        )
     for run in summary["runs"]:
         minutes = run["elapsed_s"] / 60
         print(
@@ -279,7 +284,7 @@ def run_finetune(args) -> int:
                 f"{name}: median {stats['median']:.4f}, range {stats['min']:.4f}-{stats['max']:.4f} "
                 f"(spread {stats['spread']:.4f}) over {len(task.seeds)} seeds"
             )
-        print(f"time:     {summary['elapsed_s'] / 60:.1f} min for {len(task.seeds)} runs")
+        print(f"time:     {time_line(summary, len(task.seeds))}")
         print(f"summary:  {args.out / 'summary.json'}")
     else:
         run = summary["runs"][0]
@@ -298,14 +303,27 @@ def run_comparison(args, task, config) -> int:
     from bertforge.comparison import COMPARISON, compare_with_scratch
 
     comparison = compare_with_scratch(
-        task, config, args.out, resume=args.resume, show_progress=not args.quiet
+        task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
     )
     print()
     print(comparison_table(comparison))
-    print(f"time:        {comparison['elapsed_s'] / 60:.1f} min for {2 * len(task.seeds)} runs")
+    print(f"time:        {time_line(comparison, 2 * len(task.seeds))}")
     print(f"runs:        {args.out / 'pretrained'}, {args.out / 'scratch'}")
     print(f"comparison:  {args.out / COMPARISON}")
     return 0
+
+
+def time_line(summary: dict, runs: int) -> str:
+    """The runs' time: their own clocks, and with several at once the wall time too."""
+    line = f"{summary['elapsed_s'] / 60:.1f} min for {runs} runs"
+    now = summary["this_invocation"]
+    jobs, share = now["jobs"], now["threads_per_run"]
+    if jobs > 1:
+        line += (
+            f" by the runs' clocks ({now['wall_s'] / 60:.1f} min this invocation), {jobs} at a time, "
+            f"{share} thread{'s' * (share > 1)} each"
+        )
+    return line
 
 
 def comparison_table(comparison: dict) -> str:

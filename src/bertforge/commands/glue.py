@@ -8,10 +8,9 @@ at the end, the table of `bertforge.glue_report`. `glue-compare` prints `bertfor
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_precision_argument
+from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument
 from bertforge.commands.finetuning import seed_list
 from bertforge.errors import BertforgeError
 
@@ -80,12 +79,7 @@ def register(commands) -> None:
     )
     add_precision_argument(p)
     add_device_argument(p, default=None)
-    p.add_argument(
-        "--jobs",
-        type=job_count,
-        help="fine-tuning runs at once, each in its own process with a share of the threads (default: 2 "
-        "on a CPU with 2 or more threads, where one small model's step leaves them half idle; else 1)",
-    )
+    add_jobs_argument(p, "fine-tuning runs")
     p.add_argument(
         "--resume", action="store_true", help="continue the benchmark in --out with its saved settings"
     )
@@ -141,12 +135,6 @@ def glue_settings(args):
         precision=args.precision,
         device=args.device,
     )
-
-
-def job_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs, 1 or more")
-    return int(text)
 
 
 def task_names(args) -> list[str] | None:
