@@ -600,7 +600,7 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
         def signal_after_the_first_run(self, *args):
             advance(self, *args)
             if self.runs_done == 1:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)  # SIGINT: ignored in a background job
 
         monkeypatch.setattr(RunsProgress, "advance", signal_after_the_first_run)
         out = tmp_path / "stopped"
