@@ -493,7 +493,7 @@ def test_an_interrupted_comparison_resumes_without_running_finished_seeds_again(
 def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison_resumes_to_them(
     tmp_path, tiny_pretrained_run, toy, capsys, monkeypatch
 ):
-    task, stopped = toy_task(tiny_pretrained_run, toy, epochs=2, seeds=[1, 2]), tmp_path / "stopped"
+    task, parallel = toy_task(tiny_pretrained_run, toy, epochs=2, seeds=[1, 2]), tmp_path / "parallel"
     advance = RunsProgress.advance
 
     def signal_after_the_first_run(self, *args):
@@ -506,35 +506,35 @@ def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison
         torch.set_num_threads(1)  # the workers' share of 2 threads: the same arithmetic
         serial = compare_with_scratch(task, toy_config(), tmp_path / "serial", show_progress=False)
         torch.set_num_threads(2)
-        with reporting.reporting_to(tmp_path / "parallel", "tensorboard"):
-            parallel = compare_with_scratch(task, toy_config(), tmp_path / "parallel", jobs=2)
         monkeypatch.setattr(RunsProgress, "advance", signal_after_the_first_run)
-        with pytest.raises(
-            Interrupted, match=rf"continue with: bertforge finetune --out {stopped} --resume$"
+        with (
+            reporting.reporting_to(parallel, "tensorboard"),
+            pytest.raises(Interrupted, match=rf"continue with: bertforge finetune --out {parallel} --resume"),
         ):
-            compare_with_scratch(task, toy_config(), stopped, show_progress=False, jobs=2)
-        assert 1 <= len(list(stopped.glob("*/seed_*/result.json"))) < 4
+            compare_with_scratch(task, toy_config(), parallel, show_progress=False, jobs=2)
+        finished = len(list(parallel.glob("*/seed_*/result.json")))
+        assert 1 <= finished < 4
         monkeypatch.setattr(RunsProgress, "advance", advance)
-        resumed = compare_with_scratch(*read_task(stopped), stopped, resume=True, show_progress=False, jobs=2)
+        with reporting.reporting_to(parallel, "tensorboard"):
+            resumed = compare_with_scratch(*read_task(parallel), parallel, resume=True, jobs=2)
     finally:
         torch.set_num_threads(threads)
-    assert resumed["pairs"] == serial["pairs"]
     assert serial["this_invocation"]["jobs"] == 1
-    assert (parallel["this_invocation"]["jobs"], parallel["this_invocation"]["threads_per_run"]) == (2, 1)
+    assert (resumed["this_invocation"]["jobs"], resumed["this_invocation"]["threads_per_run"]) == (2, 1)
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: ")]
-    assert len(progress) == 4 and progress[-1].startswith("finetune: 4/4 runs: ")  # one line per run
+    assert len(progress) == 4 - finished and progress[-1].startswith("finetune: 4/4 runs: ")  # a line a run
     assert all(
         re.search(r"(pretrained|scratch) seed [12] done, accuracy [01]\.\d{4}", line) for line in progress
     )
-    assert parallel["pairs"] == serial["pairs"] and parallel["bootstrap"] == serial["bootstrap"]
+    assert resumed["pairs"] == serial["pairs"] and resumed["bootstrap"] == serial["bootstrap"]
     for arm in ("pretrained", "scratch"):
         for seed in (1, 2):
             run = Path(arm) / f"seed_{seed}"
-            lines = metrics_lines(tmp_path / "parallel" / run, "valid")
+            lines = metrics_lines(parallel / run, "valid")
             assert lines == metrics_lines(tmp_path / "serial" / run, "valid") and len(lines) == 3
-            assert list((tmp_path / "parallel" / "tensorboard" / run).glob("events.out.tfevents.*"))
+            assert list((parallel / "tensorboard" / run).glob("events.out.tfevents.*"))
         summaries = [
-            json.loads((tmp_path / out / arm / "summary.json").read_text()) for out in ("serial", "parallel")
+            json.loads((out / arm / "summary.json").read_text()) for out in (tmp_path / "serial", parallel)
         ]
         runs = [[without_clock(result) for result in summary["runs"]] for summary in summaries]
         assert runs[0] == runs[1] and [r["seed"] for r in runs[1]] == [1, 2]
