@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ import torch
 
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.signals import StopSignals
-from bertforge.worker_pool import WorkerPool, auto_jobs, worker_pool
+from bertforge.worker_pool import ORPHAN_POLL_S, WorkerPool, auto_jobs, worker_pool
 
 # ------------------------------------------------------------- jobs (module level: workers import them)
 
@@ -110,6 +112,37 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
         s.replace("started", "checkpoint") for s in started
     ]
     assert multiprocessing.active_children() == []
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_start_no_more(tmp_path):
+    """A SIGKILLed parent forwards no signal: each worker sees it is gone and signals itself, so its
+    run stops at the next step with a checkpoint instead of training on (here for a minute)."""
+    marks = str(tmp_path)
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from bertforge.worker_pool import WorkerPool\n"
+        "from test_worker_pool import train_until_stopped\n"
+        "with WorkerPool(2, 1) as pool:\n"
+        f"    pool.map(train_until_stopped, [({marks!r}, i) for i in range(5)], lambda i, value: None)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, 60)
+    finally:
+        parent.kill()
+        parent.wait()
+    started = sorted(p.name for p in tmp_path.glob("started_*"))
+    checkpoints = [name.replace("started", "checkpoint") for name in started]
+    assert wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, 15)
+    time.sleep(2 * ORPHAN_POLL_S)
+    assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
 
 
 def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():

@@ -10,7 +10,8 @@ Signals: the workers leave the terminal's process group, so that Ctrl-C reaches 
 The parent records the signal (`bertforge.signals.StopSignals`), starts no more jobs and forwards it
 once to every worker, whose training loop stops at its next step with a checkpoint; then it raises
 `Interrupted` for the first run that stopped. A second signal is forwarded too and stops them at
-once. A job's `BertforgeError` stops the others the same way and is raised in the parent with its
+once. A worker whose parent was killed (so that it forwarded nothing) signals itself the same way.
+A job's `BertforgeError` stops the others the same way and is raised in the parent with its
 message; any other exception is a bug and is raised with the worker's traceback.
 """
 
@@ -21,6 +22,8 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -34,6 +37,7 @@ from bertforge.runtime import resolve_device
 from bertforge.signals import STOP_SIGNALS, StoppedEarly, StopSignals
 
 POLL_S = 0.2  # how often the parent looks at its signals and its workers while it waits
+ORPHAN_POLL_S = 1.0  # how often a worker looks whether its parent is still there
 STOP_WAIT_S = 30.0  # how long a worker has to finish after the pool is closed
 
 
@@ -201,18 +205,17 @@ def stopped(failed: list[Outcome]) -> Interrupted:
 
 
 def work(todo, done, stopping, threads: int, parent: int) -> None:
-    """A worker's life: take a job, run it, report its outcome; end at None or when the parent is gone."""
+    """A worker's life: take a job, run it, report its outcome; end at None or once the parent is gone."""
     os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which forwards it once
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)  # outside a training loop: KeyboardInterrupt
     torch.set_num_threads(threads)
+    threading.Thread(target=stop_when_orphaned, args=(parent,), daemon=True).start()
     try:
-        while True:
+        while os.getppid() == parent:
             try:
                 job = todo.get(timeout=1.0)
             except queue.Empty:
-                if os.getppid() != parent:
-                    return
                 continue
             if job is None:
                 return
@@ -223,6 +226,14 @@ def work(todo, done, stopping, threads: int, parent: int) -> None:
             done.put(outcome(index, function, args))
     except KeyboardInterrupt:
         return  # a signal between jobs: the parent knows, and stops
+
+
+def stop_when_orphaned(parent: int) -> None:
+    """Signal this worker once its parent is gone (killed, so it forwarded nothing): the run under way
+    stops at its next step with a checkpoint, as at Ctrl-C, instead of training on for no one."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def outcome(index: int, function: Callable, args: tuple) -> Outcome:
