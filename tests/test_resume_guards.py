@@ -214,6 +214,23 @@ def test_the_cli_prints_the_stray_label_warning_as_one_line(tmp_path, tiny_pretr
     assert lines[1].startswith("bertforge: error:") and "'perhaps'" in lines[1]
 
 
+def test_a_worker_that_opens_the_folder_again_repeats_no_warning(tmp_path, tiny_pretrained_run):
+    """The parent showed the stray label's warning; a worker of `--jobs` reads the same file silently."""
+    from bertforge.finetune import FinetuneTask, finetuning_config, prepare, worker_job
+
+    train = write_labels(tmp_path / "train.tsv", ["0", "1"] * 150 + ["maybe"])
+    valid = write_labels(tmp_path / "valid.tsv", ["0", "1"])
+    task = FinetuneTask(str(tiny_pretrained_run), str(train), str(valid), "sentence", "label", seeds=[1, 2])
+    config, out = finetuning_config(), tmp_path / "out"
+    config.data.max_seq_length = 32
+    with pytest.warns(UserWarning, match="'maybe' is on under 1%"):
+        prepare(task, config, out, resume=False, show_progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        job = worker_job(task, config, out)
+    assert caught == [] and job.labels == ["0", "1", "maybe"]
+
+
 # --------------------------------------------------------------- item 8: messages that name the cause
 
 

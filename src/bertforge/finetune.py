@@ -47,6 +47,7 @@ import shlex
 import shutil
 import statistics
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -775,9 +776,11 @@ def run_in_worker(
 
 def worker_job(task: FinetuneTask, config: RunConfig, out: Path) -> Job:
     """The `Job` of folder `out` in a worker process, which opens each folder once (the parent made it
-    and owns it)."""
+    and owns it, and has shown the data's warnings: they are not repeated)."""
     if out not in _worker_jobs:
-        _worker_jobs[out] = prepare(task, config, out, resume=True, show_progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _worker_jobs[out] = prepare(task, config, out, resume=True, show_progress=False)
     return _worker_jobs[out]
 
 
