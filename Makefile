@@ -36,12 +36,11 @@ demo: $(STAMP) $(filter $(FETCHED)/%,$(CORPUS) $(VALID))
 $(FETCHED)/%: | $(STAMP)
 	$(PY) -m bertforge fetch wikitext-2 --cache-dir $(CACHE)
 
-# ruff, the default suite (pyproject's addopts leave out the tests marked slow: under 5 minutes on
-# 2 cores), then the slow ones; `ARGS` goes to both runs, and a run that it leaves empty (exit 5) passes.
+# ruff, then every test, the slow ones too, in two processes (pytest-xdist; a test file stays in one,
+# so its fixtures are made once); `ARGS` goes to pytest, and a run that it leaves empty (exit 5) passes.
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(ARGS) || test $$? -eq 5
-	$(PY) -m pytest -q -m slow $(ARGS) || test $$? -eq 5
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow or not slow" $(ARGS) || test $$? -eq 5
 
 # The benchmark suite (benchmarks/README.md): prints a table, writes benchmarks/results/latest.json.
 # `make bench ARGS=--quick` for a CI-sized run; `make bench ARGS="--only step"` and so on.

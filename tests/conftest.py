@@ -50,12 +50,18 @@ def missing_test_dependencies(requirements: list[str]) -> list[str]:
 
 def pytest_configure(config):
     """Refuse to run without the test extra: without transformers, say, the parity tests would
-    otherwise skip and the suite would pass."""
+    otherwise skip and the suite would pass. In one of several test processes (`pytest -n`), use one
+    thread: the processes share the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
     if not PYPROJECT.is_file():
         return
     extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
-    # ruff is the lint step's, which `make test` runs itself; no test imports it.
-    missing = missing_test_dependencies([r for r in extras["test"] if not r.startswith("ruff")])
+    # ruff and pytest-xdist are `make test`'s own (the lint step, two test processes); no test imports them.
+    needed = [r for r in extras["test"] if not r.startswith(("ruff", "pytest-xdist"))]
+    missing = missing_test_dependencies(needed)
     if missing:
         raise pytest.UsageError(
             f"the test dependencies are not all installed: {', '.join(missing)}; "
