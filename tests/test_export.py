@@ -137,6 +137,13 @@ def test_hugging_face_tokenizers_give_our_ids_on_wikitext_validation(exported):
     ids, types = ours.encode_pair(lines[1], lines[3])
     encoded = fast(lines[1], lines[3])
     assert encoded["input_ids"] == ids and encoded["token_type_ids"] == types
+    texts = [line for line in lines if line.strip()][:400]  # pairs of all lengths, truncated longest first
+    firsts, seconds = texts[0::2], texts[1::2]
+    pairs = ours.encode_pairs(firsts, seconds, max_length=33)
+    encoded = fast(firsts, seconds, truncation="longest_first", max_length=33)
+    assert [ids for ids, _ in pairs] == encoded["input_ids"]
+    assert [types for _, types in pairs] == encoded["token_type_ids"]
+    assert sum(len(ids) == 33 for ids, _ in pairs) > 100
 
 
 def test_export_then_import_gives_identical_weights(exported, tmp_path, run):

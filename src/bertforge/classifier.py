@@ -87,12 +87,10 @@ def classify(
     pairs = pairs or [None] * len(texts)
     results = []
     for start in range(0, len(texts), batch_size):
-        examples = []
-        for text, pair in zip(
-            texts[start : start + batch_size], pairs[start : start + batch_size], strict=True
-        ):
-            input_ids, token_type_ids = tokenizer.encode_pair(text, pair, max_length)
-            examples.append({"input_ids": input_ids, "token_type_ids": token_type_ids})
+        encoded = tokenizer.encode_pairs(
+            texts[start : start + batch_size], pairs[start : start + batch_size], max_length
+        )
+        examples = [{"input_ids": ids, "token_type_ids": types} for ids, types in encoded]
         batch = pad_batch(examples, tokenizer.pad_id)
         logits = model(
             batch["input_ids"].to(device),

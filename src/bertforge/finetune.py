@@ -469,12 +469,11 @@ def encode(
 ) -> list[dict]:
     """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` (segment ids 0, then 1), at most `max_length`,
     with its label id (a regression: its score)."""
-    pairs = data.pairs or [None] * len(data)
-    examples = []
-    for text, pair, label in zip(data.texts, pairs, ids, strict=True):
-        input_ids, token_type_ids = tokenizer.encode_pair(text, pair, max_length)
-        examples.append({"input_ids": input_ids, "token_type_ids": token_type_ids, "label": label})
-    return examples
+    encoded = tokenizer.encode_pairs(data.texts, data.pairs, max_length)
+    return [
+        {"input_ids": input_ids, "token_type_ids": token_type_ids, "label": label}
+        for (input_ids, token_type_ids), label in zip(encoded, ids, strict=True)
+    ]
 
 
 def set_epochs(config: RunConfig, epochs: int, num_examples: int) -> None:

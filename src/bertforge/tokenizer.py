@@ -72,18 +72,29 @@ class BertTokenizer:
 
         With `max_length`, the longer side is truncated first (as BERT does for sentence pairs).
         """
-        first, second = self.encode_batch([a, b or ""])
-        specials = 2 if b is None else 3
-        if max_length is not None:
-            if max_length < specials:
-                raise BertforgeError(f"max_length must be at least {specials} to hold the special tokens")
-            first, second = _truncate_longest_first(first, second, max_length - specials)
-        input_ids = [self.cls_id, *first, self.sep_id]
-        token_type_ids = [0] * len(input_ids)
-        if b is not None:
-            input_ids += [*second, self.sep_id]
-            token_type_ids += [1] * (len(second) + 1)
-        return input_ids, token_type_ids
+        return self.encode_pairs([a], [b], max_length)[0]
+
+    def encode_pairs(
+        self, texts: list[str], pairs: list[str | None] | None = None, max_length: int | None = None
+    ) -> list[tuple[list[int], list[int]]]:
+        """`encode_pair` of each text and its pair (None: a single text), in one call to the backend."""
+        pairs = pairs if pairs is not None else [None] * len(texts)
+        specials = [2 if b is None else 3 for b in pairs]
+        if max_length is not None and texts and max_length < max(specials):
+            raise BertforgeError(f"max_length must be at least {max(specials)} to hold the special tokens")
+        pieces = self.encode_batch([*texts, *(b or "" for b in pairs)])
+        encoded = []
+        halves = pieces[: len(texts)], pieces[len(texts) :]
+        for first, second, b, count in zip(*halves, pairs, specials, strict=True):
+            if max_length is not None:
+                first, second = _truncate_longest_first(first, second, max_length - count)
+            input_ids = [self.cls_id, *first, self.sep_id]
+            token_type_ids = [0] * len(input_ids)
+            if b is not None:
+                input_ids += [*second, self.sep_id]
+                token_type_ids += [1] * (len(second) + 1)
+            encoded.append((input_ids, token_type_ids))
+        return encoded
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(_int_list(ids), skip_special_tokens=skip_special_tokens)
