@@ -43,10 +43,11 @@ def bertforge_process(*argv: str) -> subprocess.Popen:
     )
 
 
-def wait_for(condition, process: subprocess.Popen, seconds: float = 60) -> None:
+def wait_for(condition, process: subprocess.Popen | None, seconds: float = 60) -> None:
+    """Until `condition()` holds; fail after `seconds`, or at once if `process` (when given) ends."""
     deadline = time.monotonic() + seconds
     while not condition():
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise AssertionError(process.stderr.read().decode())
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)

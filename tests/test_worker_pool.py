@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_faults import wait_for
 
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.signals import StopSignals
@@ -114,13 +115,6 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
     assert multiprocessing.active_children() == []
 
 
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
 def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_start_no_more(tmp_path):
     """A SIGKILLed parent forwards no signal: each worker sees it is gone and signals itself, so its
     run stops at the next step with a checkpoint instead of training on (here for a minute)."""
@@ -132,15 +126,15 @@ def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_st
         "with WorkerPool(2, 1) as pool:\n"
         f"    pool.map(train_until_stopped, [({marks!r}, i) for i in range(5)], lambda i, value: None)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script])
+    parent = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     try:
-        assert wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, 60)
+        wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, parent)
     finally:
         parent.kill()
         parent.wait()
     started = sorted(p.name for p in tmp_path.glob("started_*"))
     checkpoints = [name.replace("started", "checkpoint") for name in started]
-    assert wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, 15)
+    wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
     time.sleep(2 * ORPHAN_POLL_S)
     assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
 
