@@ -54,6 +54,20 @@ def train_until_stopped(marks: str, index: int) -> str:
     raise Interrupted(signals.received, 7, checkpoint, report=True)
 
 
+def wait_for_go(marks: str, index: int) -> int:
+    """Say which process runs this, then wait (a minute at most) for the test's go."""
+    Path(marks, f"worker_{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while not Path(marks, "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return index
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process: T when stopped."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 # ---------------------------------------------------------------------------------------- tests
 
 
@@ -137,6 +151,36 @@ def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_st
     wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
     time.sleep(2 * ORPHAN_POLL_S)
     assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes' states in /proc")
+def test_ctrl_z_suspends_the_workers_with_the_parent_and_fg_resumes_them(tmp_path):
+    """The workers left the terminal's process group, so Ctrl-Z reaches the parent alone: it stops
+    them before itself, and they go on when it is continued, and finish their jobs."""
+    marks = str(tmp_path)
+    script = (
+        "import signal, sys; signal.signal(signal.SIGTSTP, signal.SIG_DFL)  # as under a shell\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from bertforge.worker_pool import WorkerPool\n"
+        "from test_worker_pool import wait_for_go\n"
+        "with WorkerPool(2, 1) as pool:\n"
+        f"    print(pool.map(wait_for_go, [({marks!r}, i) for i in range(2)], lambda i, value: None))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("worker_*"))) == 2, parent)
+        processes = [parent.pid] + [int(p.name.removeprefix("worker_")) for p in tmp_path.glob("worker_*")]
+        os.kill(parent.pid, signal.SIGTSTP)
+        wait_for(lambda: [process_state(pid) for pid in processes] == ["T"] * 3, None, 15)
+        os.kill(parent.pid, signal.SIGCONT)
+        wait_for(lambda: "T" not in [process_state(pid) for pid in processes], None, 15)
+        Path(marks, "go").touch()
+        out, err = parent.communicate(timeout=60)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert parent.returncode == 0, err.decode()
+    assert out.decode().strip() == "[0, 1]"
 
 
 def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():

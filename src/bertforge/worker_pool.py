@@ -11,6 +11,8 @@ The parent records the signal (`bertforge.signals.StopSignals`), starts no more 
 once to every worker, whose training loop stops at its next step with a checkpoint; then it raises
 `Interrupted` for the first run that stopped. A second signal is forwarded too and stops them at
 once. A worker whose parent was killed (so that it forwarded nothing) signals itself the same way.
+Ctrl-Z (SIGTSTP) suspends the workers with the parent, and `fg` or `bg` resumes them with it
+(`SuspendTogether`).
 A job's `BertforgeError` stops the others the same way and is raised in the parent with its
 message; any other exception is a bug and is raised with the worker's traceback.
 """
@@ -112,7 +114,7 @@ class WorkerPool:
         for index, args in enumerate(arguments):
             self.todo.put((index, function, args))
         waiting = Waiting(len(arguments))
-        with StopSignals() as signals:
+        with StopSignals() as signals, SuspendTogether(self.workers):
             try:
                 self.collect(waiting, signals, on_done)
             except KeyboardInterrupt:  # a second signal: the workers stop at once too
@@ -140,10 +142,8 @@ class WorkerPool:
     def stop(self, signum: int) -> None:
         """Start no more jobs, forward `signum` to every live worker and let each end after its job."""
         self.stopping.set()
-        for worker in self.workers:
-            if worker.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.pid, signum)
+        signal_workers(self.workers, signum)
+        for _ in self.workers:
             self.todo.put(None)
 
     def close(self) -> None:
@@ -157,6 +157,40 @@ class WorkerPool:
                 worker.terminate()
                 worker.join()
         self.workers = []
+
+
+class SuspendTogether:
+    """While in the block, SIGTSTP (Ctrl-Z) stops the workers, then this process; when this process is
+    continued (`fg`, `bg`, SIGCONT), so are they. The terminal's stop reaches this process alone: the
+    workers left its process group. Outside the main thread, or where SIGTSTP is ignored, nothing
+    changes."""
+
+    def __init__(self, workers: list) -> None:
+        self.workers, self.installed, self.previous = workers, False, None
+
+    def __enter__(self) -> SuspendTogether:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTSTP) is not signal.SIG_IGN:
+            self.previous = signal.signal(signal.SIGTSTP, self.suspend)
+            self.installed = True
+        return self
+
+    def suspend(self, _signum: int, _frame) -> None:
+        signal_workers(self.workers, signal.SIGSTOP)
+        # SIGSTOP, not SIGTSTP, which the kernel drops in a process group without a shell
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
+        signal_workers(self.workers, signal.SIGCONT)
+
+    def __exit__(self, *_exc) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTSTP, signal.SIG_DFL if self.previous is None else self.previous)
+
+
+def signal_workers(workers: list, signum: int) -> None:
+    for worker in workers:
+        if worker.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)
 
 
 class Waiting:
