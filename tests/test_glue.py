@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -449,6 +450,45 @@ def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
             out,
             show_progress=False,
         )
+
+
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
+def test_a_rerun_adds_tasks_seeds_and_the_scratch_arm_without_running_finished_runs_again(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    out = tmp_path / "b"
+    smaller = tiny_bench(
+        tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1], compare_scratch=False
+    )
+    first = run_glue(smaller, out, show_progress=False)
+    finished = (out / "RTE" / "seed_1" / "result.json").read_text(encoding="utf-8")
+
+    trained = counting_training(monkeypatch)
+    larger = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["STS-B", "RTE"], seeds=[2, 1])
+    report = run_glue(larger, out, show_progress=False)
+    new_runs = [("RTE", "scratch", 1), ("RTE", "pretrained", 2), ("RTE", "scratch", 2)] + [
+        ("STS-B", arm, seed) for seed in (1, 2) for arm in ("pretrained", "scratch")
+    ]
+    assert sorted(trained) == sorted(out / task / arm / f"seed_{seed}" for task, arm, seed in new_runs)
+    assert not (out / "RTE" / "seed_1").exists()  # the finished run became the pretrained arm's
+    assert (out / "RTE" / "pretrained" / "seed_1" / "result.json").read_text(encoding="utf-8") == finished
+    assert list(report["tasks"]) == ["RTE", "STS-B"]  # the benchmark's own first: the sweep's seed stays
+    rte = report["tasks"]["RTE"]
+    assert [run["seed"] for run in rte["arms"]["scratch"]["runs"]] == [1, 2]
+    assert (
+        rte["arms"]["pretrained"]["runs"][0]["score"]
+        == first["tasks"]["RTE"]["arms"]["pretrained"]["runs"][0]["score"]
+    )
+    assert [pair["seed"] for pair in rte["comparison"]["pairs"]] == [1, 2]
+    task = json.loads((out / "RTE" / "finetune.json").read_text(encoding="utf-8"))["task"]
+    assert task["seeds"] == [1, 2] and task["compare_scratch"]
+
+    trained.clear()
+    run_glue(None, out, resume=True, show_progress=False)  # the grown settings were saved
+    assert trained == []
+    with pytest.raises(BertforgeError, match=r"other settings \(compare_scratch\); a rerun may add"):
+        run_glue(replace(larger, compare_scratch=False), out, show_progress=False)
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")

@@ -280,7 +280,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if choice is not None and show_progress:
         print(choice.describe(), flush=True)
 
-    if saved is None or saved.get("task", {}).get("seeds") != task.seeds:  # seeds added: `with_more_seeds`
+    if saved is None or saved.get("task") != asdict(task):  # grown: `with_more_seeds`, `glue.grown`
         payload = {"task": asdict(task), "config": config.to_dict(), "data_sha256": hashes}
         write_json(out / TASK, payload)
     return Job(task, config, tokenizer, data, encoder, show_progress)

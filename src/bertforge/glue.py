@@ -20,7 +20,9 @@ Benchmark folder (`out`):
     glue.json, glue.md, glue.png
 
 A run whose result.json exists is not run again; an interrupted run continues from its checkpoint.
-A continued benchmark may keep only some of its tasks (`only_tasks`): the report then covers those.
+A rerun may grow the benchmark: more tasks, more seeds, the scratch arm (`grown`; its pretrained runs
+move from <task>/seed_N/ to <task>/pretrained/seed_N/). A continued benchmark may keep only some of
+its tasks (`only_tasks`): the report then covers those.
 Each run's best epoch is chosen on the first dev file, which also scores it (as `finetune`'s).
 """
 
@@ -72,6 +74,7 @@ REPORT = "glue.json"
 SCORES = "glue_scores.json"
 DEFAULT_SEEDS = [1, 2, 3, 4, 5]
 SUBSET_SEED = 0  # draws a recipe's `max_train_examples`: the same subset for every seed and arm
+GROWING = ("tasks", "seeds", "compare_scratch", "recipes")  # what a rerun may add to (`grown`)
 
 
 @dataclass
@@ -149,7 +152,7 @@ def run_glue(
     lock = RunFolderLock(out).acquire()
     began = time.time()
     try:
-        bench = settled(bench, out, resume)
+        whole = bench = settled(bench, out, resume)
         if only_tasks:
             bench = narrowed(bench, only_tasks, out)
         found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
@@ -167,8 +170,10 @@ def run_glue(
                 say(line)
         if len(bench.seeds) < SEEDS_FOR_A_CLAIM and bench.compare_scratch:
             say(f"note: {few_seeds_note(len(bench.seeds))}")
-        if not (out / SETTINGS).is_file():
-            write_json(out / SETTINGS, asdict(bench))
+        if whole.compare_scratch:
+            move_to_pretrained_arm(whole, out)
+        if not (out / SETTINGS).is_file() or read_json(out / SETTINGS) != asdict(whole):
+            write_json(out / SETTINGS, asdict(whole))  # new, or grown
         files = {
             name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
             for name, data in datas.items()
@@ -238,12 +243,42 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
             )
         return bench
     different = [key for key, value in asdict(bench).items() if not same_setting(key, value, saved.get(key))]
-    if different:
+    larger = grown(bench, saved) if set(different) <= set(GROWING) else None
+    if different and larger is None:
         raise BertforgeError(
-            f"{out} holds a glue benchmark with other settings ({', '.join(different)}); continue it with "
-            "`resume=True` (its own settings), or choose a new `out`"
+            f"{out} holds a glue benchmark with other settings ({', '.join(different)}); a rerun may add "
+            "tasks, seeds or the scratch arm to it, not change or drop any: continue it with `resume=True` "
+            "(its own settings), or choose a new `out`"
         )
-    return bench
+    return larger or bench
+
+
+def grown(bench: GlueBenchmark, saved: dict) -> GlueBenchmark | None:
+    """The saved benchmark with what `bench` adds: tasks, seeds (after the saved ones, so that the sweep
+    keeps its first seed), the scratch arm; None where `bench` drops or changes any of it."""
+    saved_tasks, saved_seeds = saved.get("tasks", []), saved.get("seeds", [])
+    kept = (
+        set(saved_tasks) <= set(bench.tasks)
+        and set(saved_seeds) <= set(bench.seeds)
+        and bench.compare_scratch >= saved.get("compare_scratch", False)
+        and all(bench.recipes[name] == saved.get("recipes", {}).get(name) for name in saved_tasks)
+    )
+    if not kept:
+        return None
+    tasks = saved_tasks + [name for name in bench.tasks if name not in saved_tasks]
+    seeds = saved_seeds + [seed for seed in bench.seeds if seed not in saved_seeds]
+    return replace(bench, tasks=tasks, seeds=seeds, recipes={name: bench.recipes[name] for name in tasks})
+
+
+def move_to_pretrained_arm(bench: GlueBenchmark, out: Path) -> None:
+    """A benchmark that gains the scratch arm: its runs so far become the pretrained arm's."""
+    for name in bench.tasks:
+        for seed in bench.seeds:
+            alone = arm_folder(out / name, ARMS[0], seed, compare=False)
+            if alone.is_dir():
+                paired = arm_folder(out / name, ARMS[0], seed, compare=True)
+                paired.parent.mkdir(parents=True, exist_ok=True)
+                alone.rename(paired)
 
 
 def narrowed(bench: GlueBenchmark, tasks: list[str], out: Path) -> GlueBenchmark:
@@ -267,6 +302,8 @@ def same_setting(key: str, given, saved) -> bool:
         return [Path(p).resolve() for p in given] == [Path(p).resolve() for p in saved or []]
     if key == "recipes_file":
         return True  # the recipes themselves are compared
+    if key in ("tasks", "seeds"):
+        return set(given) == set(saved or [])  # a rerun keeps the saved order (`grown`)
     return given == saved
 
 

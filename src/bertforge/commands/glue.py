@@ -47,7 +47,8 @@ def register(commands) -> None:
         "seed, with each task's recipe (configs/glue.toml; --recipes FILE for an edited copy). Prints per "
         "task its GLUE figures (median and range over seeds), the GLUE average, and the published "
         "BERT-Tiny, Mini and Small figures; writes OUT/glue.json, glue.md and glue.png. Rerunning the "
-        "same command continues an interrupted benchmark without running finished seeds again.",
+        "same command continues an interrupted benchmark without running finished seeds again; rerunning it "
+        "with more --tasks, --seeds or --compare-scratch adds them.",
     )
     p.add_argument(
         "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
