@@ -68,6 +68,20 @@ def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def parent_of_two_workers(job: str, marks: str, jobs: int) -> subprocess.Popen:
+    """A process (SIGTSTP at its default, as under a shell) whose pool of two workers runs `jobs`
+    calls of `job`, one of this module's functions, `job(marks, index)`; it prints their values."""
+    script = (
+        "import signal, sys; signal.signal(signal.SIGTSTP, signal.SIG_DFL)\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from bertforge.worker_pool import WorkerPool\n"
+        f"from test_worker_pool import {job}\n"
+        "with WorkerPool(2, 1) as pool:\n"
+        f"    print(pool.map({job}, [({marks!r}, i) for i in range({jobs})], lambda i, value: None))\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 # ---------------------------------------------------------------------------------------- tests
 
 
@@ -133,14 +147,7 @@ def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_st
     """A SIGKILLed parent forwards no signal: each worker sees it is gone and signals itself, so its
     run stops at the next step with a checkpoint instead of training on (here for a minute)."""
     marks = str(tmp_path)
-    script = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from bertforge.worker_pool import WorkerPool\n"
-        "from test_worker_pool import train_until_stopped\n"
-        "with WorkerPool(2, 1) as pool:\n"
-        f"    pool.map(train_until_stopped, [({marks!r}, i) for i in range(5)], lambda i, value: None)\n"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    parent = parent_of_two_workers("train_until_stopped", marks, 5)
     try:
         wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, parent)
     finally:
@@ -158,15 +165,7 @@ def test_ctrl_z_suspends_the_workers_with_the_parent_and_fg_resumes_them(tmp_pat
     """The workers left the terminal's process group, so Ctrl-Z reaches the parent alone: it stops
     them before itself, and they go on when it is continued, and finish their jobs."""
     marks = str(tmp_path)
-    script = (
-        "import signal, sys; signal.signal(signal.SIGTSTP, signal.SIG_DFL)  # as under a shell\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from bertforge.worker_pool import WorkerPool\n"
-        "from test_worker_pool import wait_for_go\n"
-        "with WorkerPool(2, 1) as pool:\n"
-        f"    print(pool.map(wait_for_go, [({marks!r}, i) for i in range(2)], lambda i, value: None))\n"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = parent_of_two_workers("wait_for_go", marks, 2)
     try:
         wait_for(lambda: len(list(tmp_path.glob("worker_*"))) == 2, parent)
         processes = [parent.pid] + [int(p.name.removeprefix("worker_")) for p in tmp_path.glob("worker_*")]
@@ -181,6 +180,24 @@ def test_ctrl_z_suspends_the_workers_with_the_parent_and_fg_resumes_them(tmp_pat
         parent.wait()
     assert parent.returncode == 0, err.decode()
     assert out.decode().strip() == "[0, 1]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the parent's state in /proc")
+def test_suspended_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint(tmp_path):
+    """The kernel hangs up on a stopped process whose parent dies, then continues it: the workers
+    outlive the hang-up and stop their runs as orphans do, with a checkpoint."""
+    marks = str(tmp_path)
+    parent = parent_of_two_workers("train_until_stopped", marks, 5)
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, parent)
+        os.kill(parent.pid, signal.SIGTSTP)
+        wait_for(lambda: process_state(parent.pid) == "T", parent, 15)  # it stopped its workers first
+    finally:
+        parent.kill()
+        parent.wait()
+    started = sorted(p.name for p in tmp_path.glob("started_*"))
+    checkpoints = [name.replace("started", "checkpoint") for name in started]
+    wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
 
 
 def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():

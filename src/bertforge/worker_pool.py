@@ -243,6 +243,9 @@ def work(todo, done, stopping, threads: int, parent: int) -> None:
     os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which forwards it once
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)  # outside a training loop: KeyboardInterrupt
+    # A suspended worker whose parent dies gets SIGHUP, then SIGCONT, from the kernel (its process
+    # group is orphaned); once continued, `stop_when_orphaned` stops its run with a checkpoint.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     torch.set_num_threads(threads)
     threading.Thread(target=stop_when_orphaned, args=(parent,), daemon=True).start()
     try:
