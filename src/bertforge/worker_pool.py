@@ -177,7 +177,7 @@ class SuspendTogether:
 
     def suspend(self, _signum: int, _frame) -> None:
         signal_workers(self.workers, signal.SIGSTOP)
-        # SIGSTOP, not SIGTSTP, which the kernel drops in a process group without a shell
+        # SIGSTOP: the kernel drops a default SIGTSTP in an orphaned process group
         os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
         signal_workers(self.workers, signal.SIGCONT)
 
