@@ -143,23 +143,6 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
     assert multiprocessing.active_children() == []
 
 
-def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_start_no_more(tmp_path):
-    """A SIGKILLed parent forwards no signal: each worker sees it is gone and signals itself, so its
-    run stops at the next step with a checkpoint instead of training on (here for a minute)."""
-    marks = str(tmp_path)
-    parent = parent_of_two_workers("train_until_stopped", marks, 5)
-    try:
-        wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, parent)
-    finally:
-        parent.kill()
-        parent.wait()
-    started = sorted(p.name for p in tmp_path.glob("started_*"))
-    checkpoints = [name.replace("started", "checkpoint") for name in started]
-    wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
-    time.sleep(2 * ORPHAN_POLL_S)
-    assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes' states in /proc")
 def test_ctrl_z_suspends_the_workers_with_the_parent_and_fg_resumes_them(tmp_path):
     """The workers left the terminal's process group, so Ctrl-Z reaches the parent alone: it stops
@@ -182,22 +165,38 @@ def test_ctrl_z_suspends_the_workers_with_the_parent_and_fg_resumes_them(tmp_pat
     assert out.decode().strip() == "[0, 1]"
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the parent's state in /proc")
-def test_suspended_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint(tmp_path):
-    """The kernel hangs up on a stopped process whose parent dies, then continues it: the workers
-    outlive the hang-up and stop their runs as orphans do, with a checkpoint."""
+@pytest.mark.parametrize(
+    "suspended",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a state in /proc"),
+        ),
+    ],
+)
+def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_start_no_more(
+    tmp_path, suspended
+):
+    """A SIGKILLed parent forwards no signal: each worker sees it is gone and signals itself, so its
+    run stops at the next step with a checkpoint instead of training on (here for a minute). Killed
+    while suspended (Ctrl-Z), the kernel hangs up on its stopped workers, then continues them: they
+    outlive the hang-up and stop the same way."""
     marks = str(tmp_path)
     parent = parent_of_two_workers("train_until_stopped", marks, 5)
     try:
         wait_for(lambda: len(list(tmp_path.glob("started_*"))) == 2, parent)
-        os.kill(parent.pid, signal.SIGTSTP)
-        wait_for(lambda: process_state(parent.pid) == "T", parent, 15)  # it stopped its workers first
+        if suspended:
+            os.kill(parent.pid, signal.SIGTSTP)
+            wait_for(lambda: process_state(parent.pid) == "T", parent, 15)  # it stopped its workers first
     finally:
         parent.kill()
         parent.wait()
     started = sorted(p.name for p in tmp_path.glob("started_*"))
     checkpoints = [name.replace("started", "checkpoint") for name in started]
     wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
+    time.sleep(2 * ORPHAN_POLL_S)
+    assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
 
 
 def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
