@@ -461,12 +461,13 @@ def test_a_rerun_adds_tasks_seeds_and_the_scratch_arm_without_running_finished_r
     smaller = tiny_bench(
         tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1], compare_scratch=False
     )
-    first = run_glue(smaller, out, show_progress=False)
+    first = run_glue(smaller, out, show_progress=False, jobs=2)
     finished = (out / "RTE" / "seed_1" / "result.json").read_text(encoding="utf-8")
+    assert first["machine"]["jobs"] == 1  # a run alone: no second worker to take half the threads
 
     trained = counting_training(monkeypatch)
     larger = tiny_bench(tiny_pretrained_run, glue_dir, tmp_path, tasks=["STS-B", "RTE"], seeds=[2, 1])
-    report = run_glue(larger, out, show_progress=False)
+    report = run_glue(larger, out, show_progress=False)  # in this process, where training is counted
     new_runs = [("RTE", "scratch", 1), ("RTE", "pretrained", 2), ("RTE", "scratch", 2)] + [
         ("STS-B", arm, seed) for seed in (1, 2) for arm in ("pretrained", "scratch")
     ]

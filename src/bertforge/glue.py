@@ -178,8 +178,11 @@ def run_glue(
             name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
             for name, data in datas.items()
         }
-        progress = progress_over(bench, datas, out, show_progress)
+        planned = plan(bench, datas, out)
+        steps, done = [run.steps for run in planned], [run.done for run in planned]
+        progress = RunsProgress("glue", steps, done, show_progress)
         jobs = auto_jobs(bench.device) if jobs is None else jobs
+        jobs = min(jobs, max(1, done.count(False)))  # a last run alone gets all the threads
         threads_per_run = max(1, torch.get_num_threads() // jobs)
         tasks = {}
         try:
@@ -634,11 +637,6 @@ def sweep_task(
 class PlannedRun:
     steps: int
     done: bool
-
-
-def progress_over(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path, show: bool) -> RunsProgress:
-    runs = plan(bench, datas, out)
-    return RunsProgress("glue", [run.steps for run in runs], [run.done for run in runs], show)
 
 
 def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[PlannedRun]:
