@@ -307,6 +307,8 @@ def same_setting(key: str, given, saved) -> bool:
         return True  # the recipes themselves are compared
     if key in ("tasks", "seeds"):
         return set(given) == set(saved or [])  # a rerun keeps the saved order (`grown`)
+    if key == "recipes":  # of the tasks both name (other tasks are "tasks")
+        return all(recipe == (saved or {}).get(name, recipe) for name, recipe in given.items())
     return given == saved
 
 
