@@ -490,6 +490,9 @@ def test_a_rerun_adds_tasks_seeds_and_the_scratch_arm_without_running_finished_r
     assert trained == []
     with pytest.raises(BertforgeError, match=r"other settings \(compare_scratch\); a rerun may add"):
         run_glue(replace(larger, compare_scratch=False), out, show_progress=False)
+    faster = {**larger.recipes["RTE"], "learning_rate": 1e-2}
+    with pytest.raises(BertforgeError, match=r"other settings \(recipes\); a rerun may add"):
+        run_glue(replace(larger, recipes={**larger.recipes, "RTE": faster}), out, show_progress=False)
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")

@@ -74,7 +74,7 @@ REPORT = "glue.json"
 SCORES = "glue_scores.json"
 DEFAULT_SEEDS = [1, 2, 3, 4, 5]
 SUBSET_SEED = 0  # draws a recipe's `max_train_examples`: the same subset for every seed and arm
-GROWING = ("tasks", "seeds", "compare_scratch", "recipes")  # what a rerun may add to (`grown`)
+GROWING = ("tasks", "seeds", "compare_scratch")  # what a rerun may add to (`grown`)
 
 
 @dataclass
@@ -258,13 +258,13 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
 
 def grown(bench: GlueBenchmark, saved: dict) -> GlueBenchmark | None:
     """The saved benchmark with what `bench` adds: tasks, seeds (after the saved ones, so that the sweep
-    keeps its first seed), the scratch arm; None where `bench` drops or changes any of it."""
+    keeps its first seed), the scratch arm; None where `bench` drops any of it. (A changed recipe of a
+    saved task is refused before: `same_setting`.)"""
     saved_tasks, saved_seeds = saved.get("tasks", []), saved.get("seeds", [])
     kept = (
         set(saved_tasks) <= set(bench.tasks)
         and set(saved_seeds) <= set(bench.seeds)
         and bench.compare_scratch >= saved.get("compare_scratch", False)
-        and all(bench.recipes[name] == saved.get("recipes", {}).get(name) for name in saved_tasks)
     )
     if not kept:
         return None
