@@ -147,6 +147,39 @@ def test_masked_positions_equal_dense_logits_gathered():
     assert empty.shape == (0, SIZES["vocab_size"])
 
 
+def test_classifier_runs_its_last_layer_for_cls_alone_with_hugging_faces_logits_and_gradients():
+    """Only [CLS] goes through the last layer's queries, attention output and feed-forward (its keys
+    and values still come from every position): the logits and every gradient stay Hugging Face's."""
+    torch.manual_seed(6)
+    sizes = {
+        **SIZES,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.2,
+    }
+    ours = BertForSequenceClassification(ModelConfig(**sizes), num_labels=3)
+    hf = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**sizes, num_labels=3, attn_implementation="eager")
+    )
+    hf.load_state_dict(ours.state_dict())
+    batch, labels = padded_batch(), torch.tensor([0, 2, 1])
+    rows = []
+    last = ours.bert.encoder.layer[-1]
+    last.intermediate.dense.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[:2]))
+    logits = {"ours": ours(**batch), "hf": hf(**batch).logits}
+    assert rows == [(3, 1)]  # one position per sequence, not 12
+    gradients = {}
+    for name, model in (("ours", ours), ("hf", hf)):
+        F.cross_entropy(logits[name], labels).backward()
+        gradients[name] = {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(logits["ours"], logits["hf"], rtol=0, atol=TOL)
+    assert gradients["ours"].keys() == gradients["hf"].keys()
+    for name, gradient in gradients["hf"].items():
+        if not name.endswith("key.bias"):  # softmax ignores what a key bias adds to all of a row's scores
+            assert gradient.abs().max() > 1e-4, name  # the last layer's key weights take part too
+        torch.testing.assert_close(gradients["ours"][name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_decoder_weight_and_bias_are_tied():
     torch.manual_seed(6)
     model = BertForPreTraining(ours_config())

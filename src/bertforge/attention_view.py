@@ -88,10 +88,10 @@ def attention_weights(model: nn.Module, input_ids: Tensor, **inputs) -> Tensor:
 
 def recompute(module: BertSelfAttention, x: Tensor, mask: Tensor | None) -> Tensor:
     """The softmax weights (B, nh, T, T) that `module` applies to its input x (B, T, H)."""
-    B, T, _ = x.shape
+    T = x.shape[1]
 
     def heads(projection: nn.Linear) -> Tensor:
-        return projection(x).float().view(B, T, module.num_heads, module.head_dim).transpose(1, 2)
+        return module.heads(projection(x).float())  # (B, nh, T, hd)
 
     scores = heads(module.query) @ heads(module.key).transpose(-1, -2) / math.sqrt(module.head_dim)
     if mask is None and isinstance(module, CausalSelfAttention):

@@ -104,16 +104,11 @@ class CausalSelfAttention(BertSelfAttention):
     """BERT's query/key/value projections with causal attention, and an optional `KVCache`."""
 
     def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
-        B, T, H = x.shape
-        q, k, v = (self._heads(proj(x)) for proj in (self.query, self.key, self.value))  # (B, nh, T, hd)
+        q, k, v = (self.heads(proj(x)) for proj in (self.query, self.key, self.value))  # (B, nh, T, hd)
         if cache is not None:
             k, v = cache.extend(index, k, v)  # (B, nh, P+T, hd)
         y = causal_attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
-        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
-
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        return y.transpose(1, 2).flatten(2)  # (B, T, H)
 
 
 class GPTAttention(nn.Module):

@@ -15,7 +15,11 @@ Departures from Hugging Face, all for speed and none visible in the state dict:
   default); padded positions then attend to padding, not to the real tokens as Hugging Face's do
   (values that nothing reads; every real token's are the same);
 - the encoder can recompute each layer's activations in the backward instead of keeping them
-  (`set_activation_checkpointing`, Hugging Face's `gradient_checkpointing`).
+  (`set_activation_checkpointing`, Hugging Face's `gradient_checkpointing`);
+- a sequence classifier runs its last layer for the [CLS] position only (`BertModel`'s `cls_only`),
+  the only one its pooler reads: that layer's keys and values still come from every position, so
+  [CLS]'s output is the same, for a fraction of the layer's work (MosaicBERT computes its last layer
+  for the positions its loss reads the same way).
 """
 
 from __future__ import annotations
@@ -123,17 +127,22 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, mask: Mask) -> Tensor:
-        B, T, H = x.shape
+    def forward(self, x: Tensor, mask: Mask, queries: Tensor | None = None) -> Tensor:
+        """x: (B, T, H); `queries`: x at the Q positions whose outputs are wanted (None: all of x)."""
         if isinstance(mask, Segments):
+            assert queries is None, "variable-length attention runs every position"
             return self.varlen(x, mask)
-        q = self.query(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.key(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        queries = x if queries is None else queries
+        q = self.heads(self.query(queries))  # (B, nh, Q, hd)
+        k, v = self.heads(self.key(x)), self.heads(self.value(x))  # (B, nh, T, hd)
         # mask: (B, 1, 1, T) boolean, True where the key is a real token; None lets SDPA pick its
         # fastest kernel. Scale is the default 1/sqrt(hd), as BERT.
-        y = attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
-        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+        y = attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, Q, hd)
+        return y.transpose(1, 2).flatten(2)  # (B, Q, H)
+
+    def heads(self, projected: Tensor) -> Tensor:
+        """(B, T, H) -> (B, nh, T, hd)"""
+        return projected.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
     def varlen(self, x: Tensor, segments: Segments) -> Tensor:
         """Attention within each of `segments` (a row's real tokens, or its padding) of x (B, T, H)."""
@@ -174,8 +183,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: Tensor, mask: Mask) -> Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: Tensor, mask: Mask, queries: Tensor | None = None) -> Tensor:
+        return self.output(self.self(x, mask, queries), x if queries is None else queries)  # (B, Q, H)
 
 
 class BertIntermediate(nn.Module):
@@ -206,9 +215,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: Tensor, mask: Mask) -> Tensor:
-        x = self.attention(x, mask)  # (B, T, H)
-        return self.output(self.intermediate(x), x)  # (B, T, H)
+    def forward(self, x: Tensor, mask: Mask, queries: Tensor | None = None) -> Tensor:
+        """The layer's output at every position of x (B, T, H), or at those of `queries` (B, Q, H):
+        x there, attending to all of x."""
+        x = self.attention(x, mask, queries)  # (B, Q, H)
+        return self.output(self.intermediate(x), x)  # (B, Q, H)
 
 
 class BertEncoder(nn.Module):
@@ -224,10 +235,13 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, x: Tensor, mask: Mask) -> Tensor:
+    def forward(self, x: Tensor, mask: Mask, cls_only: bool = False) -> Tensor:
+        """(B, T, H), or with `cls_only` (B, 1, H): the last layer run for the first position only."""
         recompute = self.gradient_checkpointing and torch.is_grad_enabled()
-        for layer in self.layer:
-            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            inputs = (x, mask, x[:, :1] if cls_only and i == last else None)
+            x = checkpoint(layer, *inputs, use_reentrant=False) if recompute else layer(*inputs)
         return x
 
 
@@ -258,6 +272,9 @@ class BertModel(nn.Module):
     Every argument after `input_ids` is keyword-only, as in every model here: Hugging Face puts
     attention_mask second, so a positional call could not mean the same in both.
 
+    `cls_only` True computes the last layer for [CLS] alone, for a head that reads only the pooled
+    output: sequence_output is then (B, 1, H).
+
     `varlen` True runs a batch with padding through attention per sequence without a mask
     (`bertforge.varlen`; then padded positions attend to padding, and the real tokens of a row must
     be contiguous). It is off by default on every device: on an H200 the key-padding mask, which
@@ -275,10 +292,17 @@ class BertModel(nn.Module):
         init_weights(self, config)
 
     def forward(
-        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        *,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cls_only: bool = False,
     ) -> tuple[Tensor, Tensor]:
         x = self.embeddings(input_ids, token_type_ids=token_type_ids)  # (B, T, H)
-        h = self.encoder(x, self.attention_padding(attention_mask))  # (B, T, H)
+        mask = self.attention_padding(attention_mask)
+        cls_only = cls_only and not isinstance(mask, Segments)  # variable-length attention runs all
+        h = self.encoder(x, mask, cls_only)  # (B, T, H), or (B, 1, H)
         return h, self.pooler(h)
 
     def attention_padding(self, attention_mask: Tensor | None) -> Mask:
@@ -433,5 +457,7 @@ class BertForSequenceClassification(nn.Module):
         self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> Tensor:
         # pooled: (B, H)
-        _, pooled = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        _, pooled = self.bert(
+            input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, cls_only=True
+        )
         return self.classifier(self.dropout(pooled))  # (B, num_labels)
