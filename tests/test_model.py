@@ -142,9 +142,32 @@ def test_masked_positions_equal_dense_logits_gathered():
     assert sparse_mlm.shape == (len(positions), SIZES["vocab_size"])
     expected = dense_mlm.reshape(-1, SIZES["vocab_size"])[positions]
     torch.testing.assert_close(sparse_mlm, expected, rtol=0, atol=TOL)
-    assert torch.equal(sparse_nsp, dense_nsp)
-    empty, _ = model(**batch, masked_positions=positions[:0])
+    torch.testing.assert_close(sparse_nsp, dense_nsp, rtol=0, atol=TOL)  # its last layer ran on 3 + 7 rows
+    empty, nsp_alone = model(**batch, masked_positions=positions[:0])
     assert empty.shape == (0, SIZES["vocab_size"])
+    torch.testing.assert_close(nsp_alone, dense_nsp, rtol=0, atol=TOL)
+
+
+def test_masked_positions_give_the_dense_gradients():
+    """The last layer runs past attention on the masked positions and [CLS] only: a loss on those
+    has the gradients of the same loss on the dense output, every weight's."""
+    torch.manual_seed(7)
+    model = BertForPreTraining(ours_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    batch, positions = padded_batch(), torch.tensor([1, 3, 11, 13, 15, 25, 26])
+    labels = torch.randint(0, SIZES["vocab_size"], (len(positions),))
+    gradients = []
+    for sparse in (False, True):
+        model.zero_grad()
+        mlm, nsp = model(**batch, masked_positions=positions) if sparse else model(**batch)
+        if not sparse:
+            mlm = mlm.reshape(-1, SIZES["vocab_size"])[positions]
+        (F.cross_entropy(mlm, labels) + F.cross_entropy(nsp, torch.tensor([0, 1, 0]))).backward()
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    dense, sparse = gradients
+    for name, gradient in dense.items():
+        if not name.endswith("key.bias"):  # softmax ignores what a key bias adds to all of a row's scores
+            assert gradient.abs().max() > 1e-6, name
+        torch.testing.assert_close(sparse[name], gradient, rtol=1e-4, atol=1e-7, msg=name)
 
 
 def test_classifier_runs_its_last_layer_for_cls_alone_with_hugging_faces_logits_and_gradients():

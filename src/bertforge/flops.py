@@ -4,10 +4,12 @@ counted from its sizes, and the dense bf16 peak of known GPUs to divide it by.
 A training step does three times its forward matmuls (the backward pass computes the gradients of
 both operands), at 2 FLOPs per multiply-add. Per token and layer the forward pass multiplies by
 the Q, K, V and output projections (4 H^2) and the two feed-forward ones (2 H I), and attention
-adds 2 T H for the scores and 2 T H for the mixing, T the sequence length. The heads count where
-they run: the pooler and NSP classifier on one token per sequence, the MLM transform and vocabulary
-projection (H^2 + H V) on the positions the head is given (bertforge: the masked ones; Hugging
-Face: every position), a GPT's vocabulary projection (H V) on every position. Embedding lookups,
+adds 2 T H for the scores and 2 T H for the mixing, T the sequence length. A BERT's last layer
+runs its output projection and feed-forward only where a head reads (bertforge: the masked
+positions and [CLS]; a dense head: every position). The heads count where they run: the pooler
+and NSP classifier on one token per sequence, the MLM transform and vocabulary projection
+(H^2 + H V) on the positions the head is given (bertforge: the masked ones; Hugging Face: every
+position), a GPT's vocabulary projection (H V) on every position. Embedding lookups,
 normalisation, activations, the loss and the optimizer are not matmuls and are not counted.
 
 The sizes are read from any object with Hugging Face `BertConfig`'s field names (`hidden_size`,
@@ -43,12 +45,14 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return None
 
 
-def encoder_flops(config, tokens: float, seq_len: int) -> float:
-    """Training FLOPs of the transformer layers for `tokens` tokens in sequences of `seq_len`."""
+def encoder_flops(config, tokens: float, seq_len: int, last_layer_rows: float | None = None) -> float:
+    """Training FLOPs of the transformer layers for `tokens` tokens in sequences of `seq_len`, the last
+    layer's output projection and feed-forward on `last_layer_rows` of them (None: all)."""
     h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     projections = 2 * (4 * h * h + 2 * h * i)  # per token and layer
     attention = 4 * seq_len * h  # scores and mixing, per token and layer
-    return 3.0 * layers * tokens * (projections + attention)
+    skipped = 0.0 if last_layer_rows is None else max(0.0, tokens - last_layer_rows)
+    return 3.0 * (layers * tokens * (projections + attention) - skipped * 2 * (h * h + 2 * h * i))
 
 
 def mlm_head_flops(config, positions: float) -> float:
@@ -78,9 +82,9 @@ def training_flops(config, tokens: float, seq_len: int, predicted: float, sequen
     """Training FLOPs of `tokens` tokens in sequences of `seq_len`: a GPT's (`config.objective` "clm")
     with its vocabulary projection on `predicted` positions, else a BERT's with its MLM head on
     `predicted` positions and its pooler and NSP classifier on `sequences`."""
-    encoder = encoder_flops(config, tokens, seq_len)
     if getattr(config, "objective", "mlm") == "clm":
-        return encoder + lm_head_flops(config, predicted)
+        return encoder_flops(config, tokens, seq_len) + lm_head_flops(config, predicted)
+    encoder = encoder_flops(config, tokens, seq_len, last_layer_rows=predicted + sequences)
     return encoder + mlm_head_flops(config, predicted) + nsp_head_flops(config, sequences)
 
 

@@ -183,8 +183,13 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: Tensor, mask: Mask, queries: Tensor | None = None) -> Tensor:
-        return self.output(self.self(x, mask, queries), x if queries is None else queries)  # (B, Q, H)
+    def forward(
+        self, x: Tensor, mask: Mask, queries: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
+        context, residual = self.self(x, mask, queries), x if queries is None else queries  # (B, Q, H)
+        if rows is not None:  # flat indices into the B*Q positions: only those go on, as (R, H)
+            context, residual = (t.flatten(0, 1).index_select(0, rows) for t in (context, residual))
+        return self.output(context, residual)  # (B, Q, H) or (R, H)
 
 
 class BertIntermediate(nn.Module):
@@ -215,11 +220,13 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: Tensor, mask: Mask, queries: Tensor | None = None) -> Tensor:
-        """The layer's output at every position of x (B, T, H), or at those of `queries` (B, Q, H):
-        x there, attending to all of x."""
-        x = self.attention(x, mask, queries)  # (B, Q, H)
-        return self.output(self.intermediate(x), x)  # (B, Q, H)
+    def forward(
+        self, x: Tensor, mask: Mask, queries: Tensor | None = None, rows: Tensor | None = None
+    ) -> Tensor:
+        """The layer's output at every position of x (B, T, H); at those of `queries` (B, Q, H), x
+        there, attending to all of x; or at the flat positions `rows` (R,) after attention, as (R, H)."""
+        x = self.attention(x, mask, queries, rows)  # (B, Q, H) or (R, H)
+        return self.output(self.intermediate(x), x)
 
 
 class BertEncoder(nn.Module):
@@ -235,12 +242,14 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, x: Tensor, mask: Mask, cls_only: bool = False) -> Tensor:
-        """(B, T, H), or with `cls_only` (B, 1, H): the last layer run for the first position only."""
+    def forward(self, x: Tensor, mask: Mask, cls_only: bool = False, rows: Tensor | None = None) -> Tensor:
+        """(B, T, H); with `cls_only` (B, 1, H), the last layer run for the first position only; with
+        `rows` (R,) flat indices into B*T, (R, H), the last layer run past attention for those only."""
         recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
-            inputs = (x, mask, x[:, :1] if cls_only and i == last else None)
+            at_last = i == last
+            inputs = (x, mask, x[:, :1] if cls_only and at_last else None, rows if at_last else None)
             x = checkpoint(layer, *inputs, use_reentrant=False) if recompute else layer(*inputs)
         return x
 
@@ -273,7 +282,9 @@ class BertModel(nn.Module):
     attention_mask second, so a positional call could not mean the same in both.
 
     `cls_only` True computes the last layer for [CLS] alone, for a head that reads only the pooled
-    output: sequence_output is then (B, 1, H).
+    output: sequence_output is then (B, 1, H). `positions` (M,), flat indices into the B*T
+    positions, computes the last layer's output projection and feed-forward for those and [CLS]
+    alone: sequence_output is then (M, H), in their order.
 
     `varlen` True runs a batch with padding through attention per sequence without a mask
     (`bertforge.varlen`; then padded positions attend to padding, and the real tokens of a row must
@@ -298,12 +309,18 @@ class BertModel(nn.Module):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         cls_only: bool = False,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         x = self.embeddings(input_ids, token_type_ids=token_type_ids)  # (B, T, H)
         mask = self.attention_padding(attention_mask)
         cls_only = cls_only and not isinstance(mask, Segments)  # variable-length attention runs all
-        h = self.encoder(x, mask, cls_only)  # (B, T, H), or (B, 1, H)
-        return h, self.pooler(h)
+        if positions is None:
+            h = self.encoder(x, mask, cls_only)  # (B, T, H), or (B, 1, H)
+            return h, self.pooler(h)
+        B, T = input_ids.shape
+        first = torch.arange(B, device=input_ids.device) * T  # (B,) each row's [CLS], for the pooler
+        h = self.encoder(x, mask, rows=torch.cat([first, positions]))  # (B + M, H)
+        return h[B:], self.pooler(h[:B, None])
 
     def attention_padding(self, attention_mask: Tensor | None) -> Mask:
         """What attention is told of the padding, built once for all layers."""
@@ -358,8 +375,9 @@ class BertForPreTraining(nn.Module):
 
     `forward(input_ids, *, token_type_ids=None, attention_mask=None, masked_positions=None)` returns
     `(mlm_logits, nsp_logits)`. With `masked_positions` (LongTensor (M,) of flat indices into the
-    B*T positions) the MLM head runs only on those rows and mlm_logits is (M, V); without it,
-    (B, T, V). nsp_logits is (B, 2) with Hugging Face's labels: 0 = B follows A, 1 = B is random.
+    B*T positions) the MLM head runs only on those rows, and the last layer past attention on those
+    and [CLS] only; mlm_logits is then (M, V); without it, (B, T, V). nsp_logits is (B, 2) with
+    Hugging Face's labels: 0 = B follows A, 1 = B is random.
     """
 
     def __init__(self, config: ModelConfig):
@@ -388,10 +406,9 @@ class BertForPreTraining(nn.Module):
         attention_mask: Tensor | None = None,
         masked_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        # h: (B, T, H), pooled: (B, H)
-        h, pooled = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-        if masked_positions is not None:
-            h = h.flatten(0, 1).index_select(0, masked_positions)  # (M, H)
+        # h: (B, T, H), or (M, H) at the masked positions; pooled: (B, H)
+        inputs = {"token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        h, pooled = self.bert(input_ids, **inputs, positions=masked_positions)
         mlm_logits = self.cls.predictions(h)  # (M, V) or (B, T, V)
         nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
         return mlm_logits, nsp_logits
