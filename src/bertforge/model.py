@@ -16,10 +16,10 @@ Departures from Hugging Face, all for speed and none visible in the state dict:
   (values that nothing reads; every real token's are the same);
 - the encoder can recompute each layer's activations in the backward instead of keeping them
   (`set_activation_checkpointing`, Hugging Face's `gradient_checkpointing`);
-- a sequence classifier runs its last layer for the [CLS] position only (`BertModel`'s `cls_only`),
-  the only one its pooler reads: that layer's keys and values still come from every position, so
-  [CLS]'s output is the same, for a fraction of the layer's work (MosaicBERT computes its last layer
-  for the positions its loss reads the same way).
+- the last layer runs only where a head reads, its keys and values still from every position, so
+  those outputs are the same for a fraction of the layer's work (MosaicBERT's cut): a sequence
+  classifier's for [CLS] alone (`BertModel`'s `cls_only`), pretraining's past attention for the
+  masked positions and [CLS] (`positions`).
 """
 
 from __future__ import annotations
