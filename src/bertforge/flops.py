@@ -49,10 +49,11 @@ def encoder_flops(config, tokens: float, seq_len: int, last_layer_rows: float | 
     """Training FLOPs of the transformer layers for `tokens` tokens in sequences of `seq_len`, the last
     layer's output projection and feed-forward on `last_layer_rows` of them (None: all)."""
     h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    projections = 2 * (4 * h * h + 2 * h * i)  # per token and layer
+    past_attention = 2 * (h * h + 2 * h * i)  # output projection and feed-forward, per token and layer
+    projections = 2 * 3 * h * h + past_attention  # Q, K, V, then those
     attention = 4 * seq_len * h  # scores and mixing, per token and layer
     skipped = 0.0 if last_layer_rows is None else max(0.0, tokens - last_layer_rows)
-    return 3.0 * (layers * tokens * (projections + attention) - skipped * 2 * (h * h + 2 * h * i))
+    return 3.0 * (layers * tokens * (projections + attention) - skipped * past_attention)
 
 
 def mlm_head_flops(config, positions: float) -> float:

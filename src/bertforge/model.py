@@ -407,8 +407,12 @@ class BertForPreTraining(nn.Module):
         masked_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         # h: (B, T, H), or (M, H) at the masked positions; pooled: (B, H)
-        inputs = {"token_type_ids": token_type_ids, "attention_mask": attention_mask}
-        h, pooled = self.bert(input_ids, **inputs, positions=masked_positions)
+        h, pooled = self.bert(
+            input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            positions=masked_positions,
+        )
         mlm_logits = self.cls.predictions(h)  # (M, V) or (B, T, V)
         nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
         return mlm_logits, nsp_logits
