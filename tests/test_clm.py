@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import HF_TINY_GPT_SIZES, assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.batches import pad_batch, real_tokens
@@ -388,6 +389,58 @@ def test_gpt_classifier_matches_hugging_face_both_ways():
     back = GPTForSequenceClassification(config, 3).eval()
     back.load_state_dict(from_hf_state_dict(hf.state_dict()))
     torch.testing.assert_close(back(ids, attention_mask=mask), theirs, rtol=0, atol=1e-5)
+
+
+def test_gpt_classifier_runs_its_last_block_for_the_read_token_with_hugging_faces_gradients():
+    """Only the last real token goes through the last block's queries, attention output and
+    feed-forward (its keys and values still come from every position): the logits and every
+    gradient stay Hugging Face's."""
+    config = ModelConfig(**HF_TINY_GPT_SIZES)
+    torch.manual_seed(2)
+    ours = GPTForSequenceClassification(config, 3).eval()  # eval: no dropout, gradients as in training
+    settings = hf_config(config, labels=["a", "b", "c"])
+    hf = transformers.OpenAIGPTForSequenceClassification(
+        transformers.OpenAIGPTConfig(**{k: v for k, v in settings.items() if k != "model_type"})
+    ).eval()
+    hf.load_state_dict(to_hf_state_dict(ours.state_dict()), strict=True)
+    mask = (torch.arange(12) < torch.tensor([12, 7, 3])[:, None]).long()  # (B, T), right padding
+    ids = torch.randint(1, 99, (3, 12), generator=torch.Generator().manual_seed(3)) * mask
+    rows = []
+    last_ffn = ours.gpt.layer[-1].intermediate.dense
+    last_ffn.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[:2]))
+    logits = {"ours": ours(ids, attention_mask=mask), "hf": hf(input_ids=ids, attention_mask=mask).logits}
+    assert rows == [(3, 1)]  # one position per sequence, not 12
+    for name in logits:
+        F.cross_entropy(logits[name], torch.tensor([0, 2, 1])).backward()
+    torch.testing.assert_close(logits["ours"], logits["hf"], rtol=0, atol=1e-5)
+    grads = {n: p.grad for n, p in ours.named_parameters() if n != "score.weight"}
+    assert all(g.abs().max() > 1e-4 for n, g in grads.items() if not n.endswith("key.bias")), "all take part"
+    theirs = dict(hf.named_parameters())
+    for name, grad in to_hf_state_dict(grads).items():
+        torch.testing.assert_close(grad, theirs[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    torch.testing.assert_close(ours.score.weight.grad, hf.score.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+REAL = torch.tensor([10, 6, 2])[:, None]  # real tokens per row of 10
+READ_AT_CASES = {  # padding: (attention mask, positions read)
+    "none": (None, [9, 4, 0]),  # any positions: each sees the keys up to it
+    "right": ((torch.arange(10) < REAL).long(), [9, 5, 1]),
+    "left": ((torch.arange(10) >= 10 - REAL).long(), [9, 9, 9]),
+}
+
+
+@pytest.mark.parametrize("padding", READ_AT_CASES)
+def test_gpt_reads_one_position_per_row_as_the_whole_sequence_gives_it(padding):
+    mask, positions = READ_AT_CASES[padding]
+    torch.manual_seed(4)
+    model = GPTForSequenceClassification(ModelConfig(**HF_TINY_GPT_SIZES), 2).gpt.eval()
+    ids = torch.randint(1, 99, (3, 10), generator=torch.Generator().manual_seed(5))
+    read_at = torch.tensor(positions)
+    with torch.no_grad():
+        whole = model(ids, attention_mask=mask)[torch.arange(3), read_at]  # (B, H)
+        alone = model(ids, attention_mask=mask, read_at=read_at)  # (B, 1, H)
+    assert alone.shape == (3, 1, 32)
+    torch.testing.assert_close(alone[:, 0], whole, rtol=0, atol=1e-5)
 
 
 def test_finetune_a_gpt_writes_a_gpt_classifier(gpt_classifier, capsys):

@@ -103,12 +103,22 @@ def build_attention_mask(attention_mask: Tensor | None, length: int, past: int, 
 class CausalSelfAttention(BertSelfAttention):
     """BERT's query/key/value projections with causal attention, and an optional `KVCache`."""
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
-        q, k, v = (self.heads(proj(x)) for proj in (self.query, self.key, self.value))  # (B, nh, T, hd)
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        cache: KVCache | None = None,
+        index: int = 0,
+        queries: Tensor | None = None,
+    ) -> Tensor:
+        """x: (B, T, H); `queries`: x at the Q positions whose outputs are wanted (None: all of x),
+        whose `mask` rows (B, 1, Q, S) must then be given."""
+        q = self.heads(self.query(x if queries is None else queries))  # (B, nh, Q, hd)
+        k, v = self.heads(self.key(x)), self.heads(self.value(x))  # (B, nh, T, hd)
         if cache is not None:
             k, v = cache.extend(index, k, v)  # (B, nh, P+T, hd)
-        y = causal_attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, T, hd)
-        return y.transpose(1, 2).flatten(2)  # (B, T, H)
+        y = causal_attention(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, Q, hd)
+        return y.transpose(1, 2).flatten(2)  # (B, Q, H)
 
 
 class GPTAttention(nn.Module):
@@ -119,8 +129,16 @@ class GPTAttention(nn.Module):
         self.self = CausalSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
-        return self.output(self.self(x, mask, cache, index), x)  # (B, T, H)
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        cache: KVCache | None = None,
+        index: int = 0,
+        queries: Tensor | None = None,
+    ) -> Tensor:
+        residual = x if queries is None else queries
+        return self.output(self.self(x, mask, cache, index, queries), residual)  # (B, Q, H)
 
 
 class GPTBlock(nn.Module):
@@ -132,9 +150,17 @@ class GPTBlock(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache: KVCache | None = None, index: int = 0) -> Tensor:
-        x = self.attention(x, mask, cache, index)  # (B, T, H)
-        return self.output(self.intermediate(x), x)  # (B, T, H)
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        cache: KVCache | None = None,
+        index: int = 0,
+        queries: Tensor | None = None,
+    ) -> Tensor:
+        """The block's output at every position of x (B, T, H), or at those of `queries` (B, Q, H)."""
+        x = self.attention(x, mask, cache, index, queries)  # (B, Q, H)
+        return self.output(self.intermediate(x), x)  # (B, Q, H)
 
 
 class GPTEmbeddings(nn.Module):
@@ -160,6 +186,8 @@ class GPTModel(nn.Module):
     `forward(input_ids, *, attention_mask=None, cache=None)` returns the last hidden states (B, T, H).
     attention_mask: None or (B, P + T), 1/True for real tokens (P: positions already in `cache`).
     Positions count from the start of the row, pads included, as Hugging Face's OpenAIGPT does.
+    With `read_at` (B,), one position of input_ids per row that a head reads, the last block runs its queries,
+    attention output and feed-forward for that position alone and (B, 1, H) is returned.
     """
 
     def __init__(self, config: ModelConfig):
@@ -169,14 +197,32 @@ class GPTModel(nn.Module):
         self.layer = nn.ModuleList(GPTBlock(config) for _ in range(config.num_hidden_layers))
 
     def forward(
-        self, input_ids: Tensor, *, attention_mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        read_at: Tensor | None = None,
     ) -> Tensor:
         past = 0 if cache is None else cache.length
         mask = build_attention_mask(attention_mask, input_ids.shape[1], past, input_ids.device)
         x = self.embeddings(input_ids, past=past)  # (B, T, H)
-        for index, layer in enumerate(self.layer):
+        *layers, last = self.layer
+        for index, layer in enumerate(layers):
             x = layer(x, mask, cache, index)  # (B, T, H)
-        return x
+        if read_at is None:
+            return last(x, mask, cache, len(layers))  # (B, T, H)
+        queries = x[torch.arange(x.shape[0], device=x.device), read_at][:, None]  # (B, 1, H)
+        return last(x, mask_rows(mask, read_at, x.shape[1]), cache, len(layers), queries)  # (B, 1, H)
+
+
+def mask_rows(mask: Tensor | None, read_at: Tensor, length: int) -> Tensor:
+    """The rows (B, 1, 1, S) of a `build_attention_mask` mask for the queries at `read_at` (B,),
+    positions among the `length` new tokens."""
+    if mask is None:  # plain causal attention: every key up to the query
+        return (torch.arange(length, device=read_at.device) <= read_at[:, None])[:, None, None]
+    rows = torch.arange(read_at.shape[0], device=read_at.device)
+    return mask.expand(read_at.shape[0], 1, -1, -1)[rows, :, read_at][:, :, None]
 
 
 class GPTLMHeadModel(nn.Module):
@@ -217,6 +263,7 @@ class GPTForSequenceClassification(nn.Module):
     `score`, Linear(hidden, num_labels) without bias and without dropout, read at the last real token
     (the rightmost position whose attention_mask is 1; with no mask, the last position): for
     `[CLS] text [SEP]` that is GPT-1's extract token, whose causal state has seen the whole text.
+    The last block runs past its keys and values for that token alone (`GPTModel`'s `read_at`).
     """
 
     def __init__(self, config: ModelConfig, num_labels: int):
@@ -231,14 +278,14 @@ class GPTForSequenceClassification(nn.Module):
     def forward(
         self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
     ) -> Tensor:
-        h = self.gpt(input_ids, attention_mask=attention_mask)  # (B, T, H)
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
         if attention_mask is None:
-            last = h[:, -1]  # (B, H)
+            read_at = positions[-1:].expand(B)  # (B,)
         else:
-            positions = torch.arange(h.shape[1], device=h.device)  # (T,)
-            index = (positions * attention_mask).argmax(-1)  # (B,): the rightmost real token
-            last = h[torch.arange(h.shape[0], device=h.device), index]  # (B, H)
-        return self.score(last)  # (B, num_labels)
+            read_at = (positions * attention_mask).argmax(-1)  # (B,): the rightmost real token
+        last = self.gpt(input_ids, attention_mask=attention_mask, read_at=read_at)  # (B, 1, H)
+        return self.score(last[:, 0])  # (B, num_labels)
 
 
 # --------------------------------------------------------------------------------- the objective
