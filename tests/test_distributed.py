@@ -226,10 +226,11 @@ def test_the_heartbeat_names_a_process_that_fell_silent():
     assert watch.beat() == []
 
 
-def heartbeat_rank(rank: int, port: int, finish_early: bool) -> subprocess.Popen:
+def heartbeat_rank(rank: int, port: int, finish_early: bool, host_ends: bool = False) -> subprocess.Popen:
     """A process of a two-process group (gloo) with a fast heartbeat. Rank 1 then either stops
     answering (SIGSTOP: alive, its connections open) while rank 0 waits in a barrier, or finishes
-    its part and leaves while rank 0 works on alone for longer than the silence limit."""
+    its part and leaves while rank 0 works on alone for longer than the silence limit; with
+    `host_ends`, rank 0 (the store's host) is killed while rank 1 works outside any collective."""
     script = f"""
 import os, signal, time, torch
 from bertforge import distributed, heartbeat
@@ -238,7 +239,9 @@ rank = distributed.launched().rank
 with distributed.lost_processes_reported("continue with: bertforge pretrain --out run --resume"):
     distributed.setup(torch.device("cpu"))
     distributed.barrier()
-    if {finish_early} and rank == 0:
+    if {host_ends}:
+        os.kill(os.getpid(), signal.SIGKILL) if rank == 0 else time.sleep(30)
+    elif {finish_early} and rank == 0:
         time.sleep(6)
     elif not {finish_early}:
         if rank == 1:
@@ -273,3 +276,23 @@ def test_a_silent_process_stops_the_others_with_one_line(finish_early):
             "bertforge: error: rank 1 of 2 gave no sign of life for 2 s; this process (rank 0) stops too; "
             "continue with: bertforge pretrain --out run --resume"
         ]
+
+
+@pytest.mark.slow
+def test_the_heartbeat_names_the_store_host_whose_process_ended():
+    """Only the heartbeat can notice here (rank 1 is in no collective): it loses the store with
+    rank 0 and names that rank, as a failed collective would."""
+    port = free_port()
+    ranks = [heartbeat_rank(rank, port, finish_early=False, host_ends=True) for rank in (0, 1)]
+    try:
+        status = ranks[1].wait(timeout=60)
+        err = ranks[1].stderr.read()
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert status == 2, err
+    assert err.strip().splitlines()[-1] == (  # after torch's own warning about the lost connection
+        f"bertforge: error: lost rank 0 (process {ranks[0].pid}) of 2: it ended mid-run, so this process "
+        "(rank 1) stops too; continue with: bertforge pretrain --out run --resume"
+    )

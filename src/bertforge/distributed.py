@@ -107,8 +107,13 @@ def setup(device: torch.device, timeout_minutes: float = 60.0) -> World:
 def stop_for_lost(problem: str) -> None:
     """End this process at once with one line, when the heartbeat found a process of the run lost:
     its main thread may be waiting in a collective that nothing else interrupts."""
-    this = f"this process (rank {launched().rank}) stops too"
-    sys.stderr.write(f"bertforge: error: {problem}; {this}; {_continue_with}\n")
+    rank, lost = launched().rank, lost_ranks()  # the store's host may have ended: name it as below
+    line = (
+        ended_line(lost, rank)
+        if lost
+        else f"{problem}; this process (rank {rank}) stops too; {_continue_with}"
+    )
+    sys.stderr.write(f"bertforge: error: {line}\n")
     sys.stderr.flush()
     os._exit(2)
 
@@ -163,14 +168,20 @@ def lost_processes_reported(then: str) -> Iterator[None]:
             # This process is stopping: the SIGTERM torchrun sends the survivors must not cut it short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         lost = lost_ranks()
-        this = f"this process (rank {dist.get_rank()}) stops too; {then}"
         if not lost:  # on another machine, or alive but unreachable
             first_line = str(error).strip().splitlines()[0]
             raise BertforgeError(
-                f"lost contact with another process of the run ({first_line}); {this}"
+                f"lost contact with another process of the run ({first_line}); "
+                f"this process (rank {dist.get_rank()}) stops too; {then}"
             ) from None
-        names = " and ".join(f"rank {rank} (process {_processes[rank][1]})" for rank in lost)
-        raise BertforgeError(f"lost {names} of {len(_processes)}: it ended mid-run, so {this}") from None
+        raise BertforgeError(ended_line(lost, dist.get_rank())) from None
+
+
+def ended_line(lost: list[int], rank: int) -> str:
+    """The line naming the `lost` ranks, whose processes ended, for the process of `rank`."""
+    names = " and ".join(f"rank {lost_rank} (process {_processes[lost_rank][1]})" for lost_rank in lost)
+    this = f"this process (rank {rank}) stops too; {_continue_with}"
+    return f"lost {names} of {len(_processes)}: it ended mid-run, so {this}"
 
 
 def communication_failed(error: RuntimeError) -> bool:
