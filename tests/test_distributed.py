@@ -256,18 +256,21 @@ distributed.leave()
     )
 
 
-@pytest.mark.parametrize("finish_early", [False, True])
-@pytest.mark.slow
-def test_a_silent_process_stops_the_others_with_one_line(finish_early):
-    port = free_port()
-    ranks = [heartbeat_rank(rank, port, finish_early) for rank in (0, 1)]
+def outcome(ranks: list[subprocess.Popen], watched: int, timeout: float) -> tuple[int, str]:
+    """The exit status and stderr of rank `watched`; then every rank is ended."""
     try:
-        status = ranks[0].wait(timeout=120)
-        err = ranks[0].stderr.read()
+        return ranks[watched].wait(timeout=timeout), ranks[watched].stderr.read()
     finally:
         for process in ranks:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("finish_early", [False, True])
+@pytest.mark.slow
+def test_a_silent_process_stops_the_others_with_one_line(finish_early):
+    port = free_port()
+    status, err = outcome([heartbeat_rank(rank, port, finish_early) for rank in (0, 1)], 0, timeout=120)
     if finish_early:  # rank 1 left as finished: its silence is no loss
         assert status == 0 and "error" not in err, err
     else:
@@ -284,13 +287,7 @@ def test_the_heartbeat_names_the_store_host_whose_process_ended():
     rank 0 and names that rank, as a failed collective would."""
     port = free_port()
     ranks = [heartbeat_rank(rank, port, finish_early=False, host_ends=True) for rank in (0, 1)]
-    try:
-        status = ranks[1].wait(timeout=60)
-        err = ranks[1].stderr.read()
-    finally:
-        for process in ranks:
-            process.kill()
-            process.wait()
+    status, err = outcome(ranks, 1, timeout=60)
     assert status == 2, err
     assert err.strip().splitlines()[-1] == (  # after torch's own warning about the lost connection
         f"bertforge: error: lost rank 0 (process {ranks[0].pid}) of 2: it ended mid-run, so this process "
