@@ -289,7 +289,8 @@ def test_the_heartbeat_names_the_store_host_whose_process_ended():
     ranks = [heartbeat_rank(rank, port, finish_early=False, host_ends=True) for rank in (0, 1)]
     status, err = outcome(ranks, 1, timeout=60)
     assert status == 2, err
-    assert err.strip().splitlines()[-1] == (  # after torch's own warning about the lost connection
+    lines = err.splitlines()  # torch's own warnings about the lost store may interleave
+    assert [line for line in lines if line.startswith("bertforge: error:")] == [
         f"bertforge: error: lost rank 0 (process {ranks[0].pid}) of 2: it ended mid-run, so this process "
         "(rank 1) stops too; continue with: bertforge pretrain --out run --resume"
-    )
+    ]
