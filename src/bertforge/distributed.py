@@ -108,11 +108,7 @@ def stop_for_lost(problem: str) -> None:
     """End this process at once with one line, when the heartbeat found a process of the run lost:
     its main thread may be waiting in a collective that nothing else interrupts."""
     rank, lost = launched().rank, lost_ranks()  # the store's host may have ended: name it as below
-    line = (
-        ended_line(lost, rank)
-        if lost
-        else f"{problem}; this process (rank {rank}) stops too; {_continue_with}"
-    )
+    line = ended_line(lost, rank) if lost else f"{problem}; {stops_too(rank)}"
     sys.stderr.write(f"bertforge: error: {line}\n")
     sys.stderr.flush()
     os._exit(2)
@@ -171,8 +167,7 @@ def lost_processes_reported(then: str) -> Iterator[None]:
         if not lost:  # on another machine, or alive but unreachable
             first_line = str(error).strip().splitlines()[0]
             raise BertforgeError(
-                f"lost contact with another process of the run ({first_line}); "
-                f"this process (rank {dist.get_rank()}) stops too; {then}"
+                f"lost contact with another process of the run ({first_line}); {stops_too(dist.get_rank())}"
             ) from None
         raise BertforgeError(ended_line(lost, dist.get_rank())) from None
 
@@ -180,8 +175,12 @@ def lost_processes_reported(then: str) -> Iterator[None]:
 def ended_line(lost: list[int], rank: int) -> str:
     """The line naming the `lost` ranks, whose processes ended, for the process of `rank`."""
     names = " and ".join(f"rank {lost_rank} (process {_processes[lost_rank][1]})" for lost_rank in lost)
-    this = f"this process (rank {rank}) stops too; {_continue_with}"
-    return f"lost {names} of {len(_processes)}: it ended mid-run, so {this}"
+    return f"lost {names} of {len(_processes)}: it ended mid-run, so {stops_too(rank)}"
+
+
+def stops_too(rank: int) -> str:
+    """How every lost-process line ends: this process stops, and how to continue the run."""
+    return f"this process (rank {rank}) stops too; {_continue_with}"
 
 
 def communication_failed(error: RuntimeError) -> bool:
