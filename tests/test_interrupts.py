@@ -180,7 +180,7 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_afresh(
     resume = [*BERTFORGE, "pretrain", "--out", run, "--resume", "--max-steps", "3", "--quiet"]
     with started(resume, log) as p:  # outside pytest's capture of warnings
         assert p.wait(timeout=120) == 0, log.read_text()[-3000:]
-    notices = [line for line in log.read_text().splitlines() if line.startswith("bertforge: error:")]
+    notices = [line for line in log.read_text().splitlines() if line.startswith("bertforge:")]
     assert notices == [
         f"bertforge: warning: {run} has no checkpoint yet (its run stopped before the first one); "
         "starting the run afresh"
