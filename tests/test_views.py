@@ -325,11 +325,23 @@ def test_finetuning_figure_draws_the_task_kinds_loss_and_metrics_per_epoch(kind)
     loss_key, _, metrics = FINETUNING_CURVES[kind]
     records = []
     for step in (0, 5, 10):  # 5 steps an epoch: a "valid" line per epoch, "train" lines between
-        records.append({"split": "valid", "step": step, loss_key: 1.0 / (step + 1),
-                        **{key: 0.1 + step / 20 for _, key, _ in metrics}})
+        records.append(
+            {
+                "split": "valid",
+                "step": step,
+                loss_key: 1.0 / (step + 1),
+                **{key: 0.1 + step / 20 for _, key, _ in metrics},
+            }
+        )
         if step:
-            records.append({"split": "train", "step": step - 2, loss_key: 2.0 / step,
-                            **{key: step / 30 for _, key, _ in metrics}})
+            records.append(
+                {
+                    "split": "train",
+                    "step": step - 2,
+                    loss_key: 2.0 / step,
+                    **{key: step / 30 for _, key, _ in metrics},
+                }
+            )
     fig = finetuning_figure(records, steps_per_epoch=5, kind=kind)
     loss, scores = fig.axes
     train, valid = loss.lines

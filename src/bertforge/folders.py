@@ -452,4 +452,3 @@ def refuse_other_kind(out: Path, wanted: str, model_hint: str = "") -> None:
     if not kind.resume and kind.name == "model folder":
         then = model_hint
     raise BertforgeError(f"{out} holds {kind.what}, not a {wanted} to resume{then}")
-

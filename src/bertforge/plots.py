@@ -127,8 +127,11 @@ FINETUNING_CURVES = {
     "classification": (
         "classification_loss",
         "accuracy and macro F1",
-        [("valid", "accuracy", "validation accuracy"), ("valid", "macro_f1", "validation macro F1"),
-         ("train", "accuracy", "training accuracy")],
+        [
+            ("valid", "accuracy", "validation accuracy"),
+            ("valid", "macro_f1", "validation macro F1"),
+            ("train", "accuracy", "training accuracy"),
+        ],
     ),
     "regression": (
         "mse",
@@ -138,8 +141,12 @@ FINETUNING_CURVES = {
     "ner": (
         "tagging_loss",
         "entity F1, precision and recall",
-        [("valid", "f1", "validation entity F1"), ("valid", "precision", "validation entity precision"),
-         ("valid", "recall", "validation entity recall"), ("train", "accuracy", "training token accuracy")],
+        [
+            ("valid", "f1", "validation entity F1"),
+            ("valid", "precision", "validation entity precision"),
+            ("valid", "recall", "validation entity recall"),
+            ("train", "accuracy", "training token accuracy"),
+        ],
     ),
 }
 
