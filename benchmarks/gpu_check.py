@@ -232,7 +232,8 @@ def step_child(args) -> int:
         if args.peak_tflops
         else (None if args.smoke else peak_bf16_flops(torch.cuda.get_device_name()))
     )
-    rates = {"bf16": matmul_rate(torch.bfloat16, device, seconds=0.2)}
+    size = 256 if args.smoke else 1024  # a CPU without bf16 units takes seconds per bf16 1024^3 product
+    rates = {"bf16": matmul_rate(torch.bfloat16, device, seconds=0.2, n=size)}
     preset, timing = ("tiny", (1, 2, 1)) if args.smoke else ("base", (3, 6, 5))
     deadline, rows = time.monotonic() + args.budget_s, []
     for mode, seq_len, batch in SMOKE_STEPS if args.smoke else GPU_STEPS:

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     precisions = [p for p in args.precisions if p != "fp16" or device.type == "cuda"]
     with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
         log("matmul rate")
-        rates = {p: matmul_rate(dtype(p), device) for p in precisions}
+        size = 512 if args.quick else 1024  # a CPU without bf16 units takes seconds per bf16 1024^3 product
+        rates = {p: matmul_rate(dtype(p), device, n=size) for p in precisions}
         cache_dir = args.cache_dir or default_cache_dir()
         peak = gpu_peak(device, args.peak_tflops)
         bench = Bench(device, rates, args.quick, Path(workdir), cache_dir, log, args.compile, peak)

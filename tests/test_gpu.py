@@ -1,5 +1,5 @@
 """The GPU paths on a real GPU when one is visible (bf16, fp16 with its scaler, compile, resume,
-fine-tuning, inference, no host syncs in the step, nccl with two GPUs); compile on CPU.
+fine-tuning, inference, no host syncs in the step, nccl with two GPUs).
 
 The logic behind them is also tested on CPU, with CUDA mocked, in `test_gpu_paths.py`.
 """
@@ -92,18 +92,6 @@ def test_failed_compile_falls_back_to_eager(tmp_path, wiki_slice, small_tokenize
     eager_losses = [x["loss"] for x in metrics_lines(tmp_path / "eager", "train")]
     compiled_losses = [x["loss"] for x in metrics_lines(tmp_path / "compiled", "train")]
     assert compiled_losses == eager_losses  # nothing of the failed attempt leaked into the run
-
-
-@pytest.mark.slow
-def test_compile_on_cpu_works_or_falls_back(tmp_path, wiki_slice, small_tokenizer_dir):
-    """`runtime.compile = true` on CPU: compiled training follows eager training, or falls back to it."""
-    runs = {}
-    for compile in (False, True):
-        config = no_dropout(tiny_config(wiki_slice, max_steps=3, eval_every=3))
-        config.runtime.device, config.runtime.compile = "cpu", compile
-        pretrain(config, tmp_path / str(compile), tokenizer_dir=small_tokenizer_dir, show_progress=False)
-        runs[compile] = [x["loss"] for x in metrics_lines(tmp_path / str(compile), "train")]
-    assert runs[True] == pytest.approx(runs[False], rel=1e-4)
 
 
 def cut_and_resume(run, step: int):

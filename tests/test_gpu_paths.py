@@ -19,7 +19,7 @@ from conftest import metrics_lines, tiny_config
 
 from bertforge import compiling, distributed, precision, pretrain, runtime, train
 from bertforge.batches import real_tokens, shape_batch
-from bertforge.checkpoint import encode_rng, restore_rng_states, rng_states
+from bertforge.checkpoint import encode_rng, read_config, restore_rng_states, rng_states
 from bertforge.config import DataConfig, ModelConfig, RunConfig, RuntimeConfig, apply_overrides, validate
 from bertforge.errors import BertforgeError
 from bertforge.fast_ops import cross_entropy_sum
@@ -418,14 +418,21 @@ def has_cpp_compiler() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not has_cpp_compiler(), reason="no C++ compiler: inductor cannot compile on CPU")
-def test_compiled_training_with_inductor_compiles_once(
+def test_training_compiled_with_inductor_compiles_once_and_follows_eager_training(
     tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch
 ):
     from torch._dynamo.utils import counters
 
     counters.clear()
-    compiled_run(tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch, "inductor")
+    compiled_run(tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch, "inductor", dropout=0.0)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    config = read_config(tmp_path / "run")
+    config.runtime.compile = False
+    pretrain.pretrain(config, tmp_path / "eager", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    eager, compiled = (
+        [x["loss"] for x in metrics_lines(tmp_path / name, "train")] for name in ("eager", "run")
+    )
+    assert compiled == pytest.approx(eager, rel=1e-4)
 
 
 # 7. No attention mask for a batch without padding.
