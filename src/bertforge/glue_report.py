@@ -258,8 +258,8 @@ def notes(report: dict) -> list[str]:
     if "scratch" in report["average"]:
         lines.append(
             "scratch: the same architecture and tokenizer from random weights, seed for seed; gain: the "
-            "median of the per-seed differences in the task score; p sign: exact sign test over seeds; "
-            "p boot: paired bootstrap over the dev examples"
+            "median of the per-seed differences in the task score (the average's: the difference of the two "
+            "averages); p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples"
         )
     for name, task in report["tasks"].items():
         if task["train_examples"] < task["train_examples_in_file"]:
