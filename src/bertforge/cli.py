@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -21,10 +22,14 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertforge import __version__, distributed
-from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views
-from bertforge.errors import BertforgeError, Interrupted
-from bertforge.io import describe_os_error
+# Before torch loads: its C++ warnings (a lost rendezvous store's, with stack frames) would follow
+# bertforge's one line about the lost process; a level the user set is kept.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+from bertforge import __version__, distributed  # noqa: E402
+from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views  # noqa: E402
+from bertforge.errors import BertforgeError, Interrupted  # noqa: E402
+from bertforge.io import describe_os_error  # noqa: E402
 
 COMMAND_GROUPS = (pretraining, inference, finetuning, glue, views, fetching)
 # How library errors name what these flags set, for every command that has them; a command adds
