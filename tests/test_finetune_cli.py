@@ -230,6 +230,13 @@ def test_from_scratch_flag(tmp_path, capsys, tiny_pretrained_run, data):
     assert_clean_failure(capsys, argv, "started without --seeds")  # one run has no seeds to add to
 
 
+def test_jobs_with_one_run_says_that_it_trains_alone(tmp_path, tiny_pretrained_run, data):
+    out = tmp_path / "alone"
+    with pytest.warns(UserWarning, match="--jobs 2 has one run to train, which trains alone"):
+        assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--jobs", "2")) == 0
+    assert (out / "final").is_dir()
+
+
 def test_reinit_pooler_flag(tmp_path, tiny_pretrained_run, data):
     out = tmp_path / "fresh-pooler"
     assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--reinit-pooler")) == 0

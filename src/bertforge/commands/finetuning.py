@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument
@@ -263,6 +264,12 @@ def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
 
     task, config = finetune_inputs(args)
+    if (args.jobs or 1) > 1 and not task.seeds and not task.compare_scratch:
+        warnings.warn(
+            f"--jobs {args.jobs} has one run to train, which trains alone; --jobs trains the runs of "
+            "--seeds or --compare-scratch at once",
+            stacklevel=2,
+        )
     with reporting_to(args.out, args.report_to):
         if task.compare_scratch:
             return run_comparison(args, task, config)
