@@ -37,10 +37,12 @@ $(FETCHED)/%: | $(STAMP)
 	$(PY) -m bertforge fetch wikitext-2 --cache-dir $(CACHE)
 
 # ruff, then every test, the slow ones too, in two processes (pytest-xdist; a test file stays in one,
-# so its fixtures are made once); `ARGS` goes to pytest, and a run that it leaves empty (exit 5) passes.
+# so its fixtures are made once; the longest files first, tests/conftest.py); `ARGS` goes to pytest,
+# and a run that it leaves empty (exit 5) passes.
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow or not slow" $(ARGS) || test $$? -eq 5
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "slow or not slow" $(ARGS) \
+		|| test $$? -eq 5
 
 # The benchmark suite (benchmarks/README.md): prints a table, writes benchmarks/results/latest.json.
 # `make bench ARGS=--quick` for a CI-sized run; `make bench ARGS="--only step"` and so on.
