@@ -20,17 +20,14 @@ import platform
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from bertforge.comparison import ARMS  # noqa: E402
-from bertforge.glue_data import TASKS  # noqa: E402
-from bertforge.glue_scores import (  # noqa: E402
+from bertforge.comparison import ARMS
+from bertforge.glue_data import TASKS
+from bertforge.glue_scores import (
     FIGURES,
     PUBLISHED,
     PUBLISHED_SOURCE,
@@ -39,10 +36,13 @@ from bertforge.glue_scores import (  # noqa: E402
     published_scores,
     task_score,
 )
-from bertforge.plots import save_png  # noqa: E402
-from bertforge.precision import cpu_name  # noqa: E402
-from bertforge.runtime import resolve_device  # noqa: E402
-from bertforge.stats import sign_test, summary  # noqa: E402
+from bertforge.plots import pyplot, save_png
+from bertforge.precision import cpu_name
+from bertforge.runtime import resolve_device
+from bertforge.stats import sign_test, summary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SHORT = {"BERT-Tiny (2/128)": "Tiny", "BERT-Mini (4/256)": "Mini", "BERT-Small (4/512)": "Small"}
 OPTIMISTIC = "†"
@@ -350,10 +350,10 @@ def plot_report(report: dict, out_png: Path) -> None:
     save_png(score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
 
 
-def score_bars(groups: list[str], series: list[tuple], ylabel: str, title: str) -> plt.Figure:
+def score_bars(groups: list[str], series: list[tuple], ylabel: str, title: str) -> Figure:
     """Grouped bars: per group one bar of each series (label, values, lows, highs; lows and highs
     None for no whisker)."""
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)) + 3, 4.5))
+    fig, ax = pyplot().subplots(figsize=(max(6.0, 1.6 * len(groups)) + 3, 4.5))
     width = 0.8 / len(series)
     x = np.arange(len(groups))
     for i, (label, values, lows, highs) in enumerate(series):

@@ -10,17 +10,16 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_write_bytes, read_json
+from bertforge.metrics_log import MetricsLog
 
-from bertforge.errors import BertforgeError  # noqa: E402
-from bertforge.io import atomic_write_bytes, read_json  # noqa: E402
-from bertforge.metrics_log import MetricsLog  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The held-out metrics a pretraining run logs: (objective, loss key, accuracy key).
 HELD_OUT = (("MLM", "mlm_loss", "mlm_accuracy"), ("next-token", "clm_loss", "clm_accuracy"))
@@ -31,11 +30,22 @@ def series(records: list[dict], split: str, key: str) -> tuple[list[int], list[f
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def pyplot():
+    """matplotlib's pyplot on its file-only backend, imported when a figure is first drawn: the import
+    takes most of a second, which the commands that draw nothing need not wait for."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_png(fig: Figure, out_png: Path, dpi: int = 110) -> None:
     """Write `fig` as a PNG at `out_png` atomically, and close it."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
+    pyplot().close(fig)
     atomic_write_bytes(Path(out_png), buffer.getvalue())
 
 
@@ -72,7 +82,7 @@ def pretraining_figure(records: list[dict]) -> Figure:
     held_out = [("valid", "o-", "")]  # (split, style, what the label adds)
     if short := warmup_length(records):
         held_out.append(("valid_short", "s--", f" at the warmup's {short} tokens"))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in ((axes[0], lm_key, lm_title), (axes[1], "nsp_loss", "NSP loss")):
         steps, values = series(records, "train", key)
         if steps:
@@ -164,7 +174,7 @@ def finetuning_figure(records: list[dict], steps_per_epoch: int, kind: str) -> F
     (accuracy and macro F1; Pearson and Spearman; entity F1, precision and recall) with the training
     ones."""
     loss_key, title, metrics = FINETUNING_CURVES[kind]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for split, style in (("train", "-"), ("valid", "o-")):
         steps, values = series(records, split, loss_key)
         axes[0].plot([s / steps_per_epoch for s in steps], values, style, label=split, markersize=3)
@@ -272,7 +282,7 @@ def run_labels(runs: list[Path]) -> list[str]:
 def comparison_figure(curves: list[RunCurves]) -> Figure:
     """Held-out loss (top) and accuracy (bottom) against tokens (left) and minutes (right), one line
     per run."""
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), squeeze=False)
+    fig, axes = pyplot().subplots(2, 2, figsize=(12, 8.5), squeeze=False)
     for run in curves:
         label = f"{run.label} ({run.objective}{', estimated' if run.estimated else ''})"
         for column, x in enumerate((run.tokens, run.minutes)):
@@ -307,7 +317,7 @@ def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], 
     T = len(tokens)
     side = min(max(1.2 + 0.12 * T, 2.0), 6.0)  # inches per panel
     fontsize = min(8.0, 0.8 * side * 72 / T)  # a tick label fits its row
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         len(layers), len(heads), figsize=(side * len(heads), side * len(layers) + 0.5), squeeze=False
     )
     for row, layer in enumerate(layers):
