@@ -75,13 +75,16 @@ def pytest_configure(config):
 LONGEST_FILES = (
     "test_benchmarks.py",
     "test_interrupts.py",
-    "test_worker_pool.py",
     "test_glue.py",
+    "test_worker_pool.py",
     "test_distributed.py",
-    "test_gpu_paths.py",
     "test_finetune.py",
     "test_train.py",
+    "test_kill_resume.py",
     "test_cli.py",
+    "test_finetune_cli.py",
+    "test_faults.py",
+    "test_gpu_paths.py",
 )
 
 

@@ -39,13 +39,24 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
-    out = tmp_path / "glue.json"
-    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "glue", "--precisions", "fp32"]
-    command += ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
+def test_the_quick_glue_and_ner_benchmarks_time_their_fine_tuning(tmp_path):
+    """GLUE: both arms of each task; NER: a tagger. One process for both (each start costs seconds)."""
+    out = tmp_path / "fine-tuning.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "glue", "--only", "ner"]
+    command += [
+        "--precisions",
+        "fp32",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    glue = json.loads(out.read_text(encoding="utf-8"))["glue"]
+    results = json.loads(out.read_text(encoding="utf-8"))
+    glue, ner = results["glue"], results["ner"]
     assert glue["tasks"] == ["SST-2", "STS-B"] and glue["seeds"] == [1, 2]
     assert [(row["task"], row["arm"]) for row in glue["per_task"]] == [
         (task, arm) for task in ("SST-2", "STS-B") for arm in ("pretrained", "scratch")
@@ -56,19 +67,9 @@ def test_the_quick_glue_benchmark_times_both_arms_of_each_task(tmp_path):
     assert glue["target_minutes"] == 60 and glue["target_met"] is None  # --quick is not the target's workload
     assert set(glue["average"]) == {"pretrained", "scratch"}
     assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout
-
-
-@pytest.mark.slow
-def test_the_quick_ner_benchmark_times_fine_tuning_a_tagger(tmp_path):
-    out = tmp_path / "ner.json"
-    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "ner", "--precisions", "fp32"]
-    command += ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ner = json.loads(out.read_text(encoding="utf-8"))["ner"]
     assert ner["epochs"] == 1 and ner["steps"] == 16  # 500 sentences in batches of 32
     assert ner["wall_minutes"] > ner["fine_tuning_minutes"] > 0
-    assert ner["target_minutes"] == 10 and ner["target_met"] is None  # --quick is not the target's workload
+    assert ner["target_minutes"] == 10 and ner["target_met"] is None
     assert 0.0 <= ner["dev_f1"] <= 1.0
     assert "(6) ner" in done.stdout and "target <= 10 min" in done.stdout
 
