@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator
-from bertforge.glue import benchmark, run_glue
+from bertforge.glue import benchmark, run_glue, run_tokens
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -33,6 +34,7 @@ from bertforge.glue_scores import (
     task_score,
 )
 from bertforge.progress import RunsProgress
+from bertforge.tokenizer import load_tokenizer
 from bertforge.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -625,6 +627,35 @@ def scored_predictions(run_folder: str) -> list:
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
 @pytest.mark.slow
+def test_the_eta_weighs_each_run_by_the_tokens_it_trains_on(small_tokenizer_dir):
+    """A run's weight for the ETA, against the tokenizer's own count of what it trains on: the same
+    ratio for each shared task (their runs' optimizer steps a second differ 3.2x, tokens a second 18%)."""
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    recipes, _ = read_recipes(DEFAULT_RECIPES, "built in")
+    found, _ = find_tasks([SHARED_DATA], ["SST-2", "MRPC", "STS-B", "RTE"])
+    ratios = []
+    for name, folder in found.items():
+        train, recipe = read_task(TASKS[name], folder).train, recipes[name]
+        counted = sum(
+            len(ids) for ids, _ in tokenizer.encode_pairs(train.texts, train.pairs, recipe.max_length)
+        )
+        estimated = run_tokens(train, len(train), recipe.epochs, recipe.max_length)
+        ratios.append(estimated / (recipe.epochs * counted))
+    assert len(ratios) == 4 and max(ratios) / min(ratios) < 1.25, ratios
+
+
+def test_the_eta_is_the_work_left_at_the_rate_of_this_invocations_work(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    progress = RunsProgress("glue", [100, 300, 600], [True, False, False], show=True, unit="token")
+    now[0] = 120.0  # 300 tokens in 2 minutes; the run done before does not count towards the rate
+    progress.advance("STS-B pretrained seed 1", 300, False, "dev score 47.5")
+    assert (
+        capsys.readouterr().err
+        == "glue: 2/3 runs: STS-B pretrained seed 1 done, dev score 47.5; about 4 min left\n"
+    )
+
+
 def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):

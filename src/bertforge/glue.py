@@ -179,8 +179,8 @@ def run_glue(
             for name, data in datas.items()
         }
         planned = plan(bench, datas, out)
-        steps, done = [run.steps for run in planned], [run.done for run in planned]
-        progress = RunsProgress("glue", steps, done, show_progress)
+        tokens, done = [run.tokens for run in planned], [run.done for run in planned]
+        progress = RunsProgress("glue", tokens, done, show_progress, unit="token")
         jobs = auto_jobs(bench.device) if jobs is None else jobs
         jobs = min(jobs, max(1, done.count(False)))  # a last run alone gets all the threads
         threads_per_run = max(1, torch.get_num_threads() // jobs)
@@ -507,10 +507,11 @@ def run_orders(
 
     def done(index: int, record: dict) -> None:
         order = orders[index]
-        steps = jobs[index].steps_per_epoch * order.task.epochs
+        examples = len(jobs[index].train_set)
+        tokens = run_tokens(data.train, examples, order.task.epochs, order.config.data.max_seq_length)
         score = record["score"]
         figure = "" if score is None else f"dev score {score:.1f}"
-        progress.advance(f"{data.spec.name} {order.arm} seed {order.seed}", steps, finished[index], figure)
+        progress.advance(f"{data.spec.name} {order.arm} seed {order.seed}", tokens, finished[index], figure)
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):
@@ -635,28 +636,43 @@ def sweep_task(
 # ------------------------------------------------------------------------------------- progress
 
 
+CHARS_PER_TOKEN = 4  # English text in WordPiece pieces, near enough for the ETA's weights
+
+
 @dataclass
 class PlannedRun:
-    steps: int
+    tokens: int
     done: bool
 
 
+def run_tokens(train: LabeledExamples, examples: int, epochs: int, max_length: int) -> int:
+    """About how many tokens a run of `epochs` over `examples` of `train` trains on: the ETA's weight
+    for a run. On a 2-core EPYC the four tasks' runs trained on 3,700-4,500 of these a second (within
+    3% of the tokenizer's count), where their optimizer steps ran at 2.2-7.2 a second."""
+    specials = 2 if train.pairs is None else 3
+    pairs = train.pairs if train.pairs is not None else [""] * len(train)
+    lengths = [
+        min(math.ceil((len(text) + len(pair or "")) / CHARS_PER_TOKEN) + specials, max_length)
+        for text, pair in zip(train.texts, pairs, strict=True)
+    ]
+    return round(epochs * examples * sum(lengths) / max(len(lengths), 1))
+
+
 def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[PlannedRun]:
-    """Every run the benchmark holds, with its optimizer steps (for the ETA) and whether it is done."""
+    """Every run the benchmark holds, with its tokens (for the ETA) and whether it is done."""
     runs = []
     arms = ARMS if bench.compare_scratch else ARMS[:1]
     for name, data in datas.items():
         recipe = recipe_of(bench, name)
         examples = min(len(data.train), recipe.max_train_examples or len(data.train))
+        tokens = run_tokens(data.train, examples, recipe.epochs, recipe.max_length)  # the sweep's too
         if bench.sweep:
             for lr in bench.sweep_grid["learning_rate"]:
                 for batch_size in bench.sweep_grid["batch_size"]:
                     folder = out / "sweep" / name / f"lr{lr:g}-bs{batch_size}" / f"seed_{bench.seeds[0]}"
-                    steps = recipe.epochs * math.ceil(examples / batch_size)
-                    runs.append(PlannedRun(steps, (folder / RESULT).is_file()))
-        steps = recipe.epochs * math.ceil(examples / recipe.batch_size)  # the sweep's choice may differ
+                    runs.append(PlannedRun(tokens, (folder / RESULT).is_file()))
         for seed in bench.seeds:
             for arm in arms:
                 folder = arm_folder(out / name, arm, seed, bench.compare_scratch)
-                runs.append(PlannedRun(steps, (folder / RESULT).is_file()))
+                runs.append(PlannedRun(tokens, (folder / RESULT).is_file()))
     return runs

@@ -156,33 +156,41 @@ Progress = tqdm | PlainProgress  # what `progress_bar` returns
 
 
 class RunsProgress:
-    """Progress over many runs (of `glue`, of `finetune --seeds`) in optimizer steps, so that the ETA
-    weighs long runs as such: a bar on a terminal, else one line per run. `steps` and `done`: each
-    run's steps and whether it finished before (counted from the start)."""
+    """Progress over many runs (of `glue`, of `finetune --seeds`) in units of work (`unit`: optimizer
+    steps, estimated tokens), so that the ETA weighs long runs as such: a bar on a terminal, else one
+    line per run. `work` and `done`: each run's work and whether it finished before (counted from the
+    start)."""
 
-    def __init__(self, name: str, steps: list[int], done: list[bool], show: bool) -> None:
-        self.name, self.total_runs, self.runs_done = name, len(steps), sum(done)
-        self.total = sum(steps)
-        self.done_steps = sum(count for count, finished in zip(steps, done, strict=True) if finished)
+    def __init__(self, name: str, work: list[int], done: list[bool], show: bool, unit: str = "step") -> None:
+        self.name, self.total_runs, self.runs_done = name, len(work), sum(done)
+        self.total = sum(work)
+        self.done_work = sum(count for count, finished in zip(work, done, strict=True) if finished)
         self.show, self.tty = show, show and is_terminal(sys.stderr)
-        self.began, self.new_steps = time.time(), 0
+        self.began, self.new_work = time.time(), 0
         self.bar = (
-            tqdm(total=self.total, initial=self.done_steps, unit="step", desc=name, dynamic_ncols=True)
+            tqdm(
+                total=self.total,
+                initial=self.done_work,
+                unit=unit,
+                unit_scale=True,
+                desc=name,
+                dynamic_ncols=True,
+            )
             if self.tty
             else None
         )
 
-    def advance(self, label: str, steps: int, was_done: bool, figure: str = "") -> None:
-        """Run `label` ended after `steps` steps (`figure`: its result, for the user)."""
+    def advance(self, label: str, work: int, was_done: bool, figure: str = "") -> None:
+        """Run `label` ended after `work` units of work (`figure`: its result, for the user)."""
         if was_done:
             return  # counted from the start
         self.runs_done += 1
-        self.done_steps += steps
-        self.new_steps += steps
+        self.done_work += work
+        self.new_work += work
         shown = f", {figure}" if figure else ""
         if self.bar is not None:
             self.bar.set_postfix_str(f"{label}{shown}", refresh=False)
-            self.bar.update(steps)
+            self.bar.update(work)
         elif self.show:
             print(
                 f"{self.name}: {self.runs_done}/{self.total_runs} runs: {label} done{shown}{self.eta()}",
@@ -191,8 +199,8 @@ class RunsProgress:
             )
 
     def eta(self) -> str:
-        rate = self.new_steps / max(time.time() - self.began, 1e-9)
-        left = max(self.total - self.done_steps, 0)
+        rate = self.new_work / max(time.time() - self.began, 1e-9)
+        left = max(self.total - self.done_work, 0)
         if not left or not rate:
             return ""
         minutes = left / rate / 60
