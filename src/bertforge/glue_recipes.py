@@ -27,10 +27,12 @@ DEFAULT_RECIPES: dict[str, dict] = {
         "max_train_examples": 0,
     },
     "CoLA": {"max_length": 64},
+    "MRPC": {"epochs": 2},
     "SST-2": {"learning_rate": 3e-4, "epochs": 1, "batch_size": 128, "max_length": 64},
     "QQP": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
     "MNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
     "QNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
+    "RTE": {"epochs": 2},
     "sweep": {"learning_rate": [3e-4, 1e-4, 5e-5], "batch_size": [16, 32]},
 }
 
