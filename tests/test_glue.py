@@ -647,13 +647,17 @@ def test_the_eta_weighs_each_run_by_the_tokens_it_trains_on(small_tokenizer_dir)
 def test_the_eta_is_the_work_left_at_the_rate_of_this_invocations_work(monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = RunsProgress("glue", [100, 300, 600], [True, False, False], show=True, unit="token")
-    now[0] = 120.0  # 300 tokens in 2 minutes; the run done before does not count towards the rate
-    progress.advance("STS-B pretrained seed 1", 300, False, "dev score 47.5")
-    assert (
-        capsys.readouterr().err
-        == "glue: 2/3 runs: STS-B pretrained seed 1 done, dev score 47.5; about 4 min left\n"
+    progress = RunsProgress(
+        "glue", [100, 300, 300, 600], [True, False, False, False], True, "token", at_once=2
     )
+    now[0] = 110.0  # the first of two runs side by side: the other's work is not counted yet, no ETA
+    progress.advance("STS-B pretrained seed 1", 300, False, "dev score 47.5")
+    now[0] = 120.0  # 600 tokens in 2 minutes; the run done before does not count towards the rate
+    progress.advance("STS-B scratch seed 1", 300, False, "dev score 34.3")
+    assert capsys.readouterr().err.splitlines() == [
+        "glue: 2/4 runs: STS-B pretrained seed 1 done, dev score 47.5",
+        "glue: 3/4 runs: STS-B scratch seed 1 done, dev score 34.3; about 2 min left",
+    ]
 
 
 def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(

@@ -730,7 +730,7 @@ def run_seeds(
     order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
     steps = job.steps_per_epoch * job.task.epochs
     done = [index not in pending for index in range(len(runs))]
-    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress)
+    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=jobs)
 
     def finished(k: int, result: dict) -> None:
         metric = METRICS[result_kind(result)][0]

@@ -180,9 +180,9 @@ def run_glue(
         }
         planned = plan(bench, datas, out)
         tokens, done = [run.tokens for run in planned], [run.done for run in planned]
-        progress = RunsProgress("glue", tokens, done, show_progress, unit="token")
         jobs = auto_jobs(bench.device) if jobs is None else jobs
         jobs = min(jobs, max(1, done.count(False)))  # a last run alone gets all the threads
+        progress = RunsProgress("glue", tokens, done, show_progress, unit="token", at_once=jobs)
         threads_per_run = max(1, torch.get_num_threads() // jobs)
         tasks = {}
         try:

@@ -159,14 +159,17 @@ class RunsProgress:
     """Progress over many runs (of `glue`, of `finetune --seeds`) in units of work (`unit`: optimizer
     steps, estimated tokens), so that the ETA weighs long runs as such: a bar on a terminal, else one
     line per run. `work` and `done`: each run's work and whether it finished before (counted from the
-    start)."""
+    start); `at_once`: the runs that train side by side, whose first to end leaves the others' work
+    uncounted, so the ETA waits for that many."""
 
-    def __init__(self, name: str, work: list[int], done: list[bool], show: bool, unit: str = "step") -> None:
+    def __init__(
+        self, name: str, work: list[int], done: list[bool], show: bool, unit: str = "step", at_once: int = 1
+    ) -> None:
         self.name, self.total_runs, self.runs_done = name, len(work), sum(done)
         self.total = sum(work)
         self.done_work = sum(count for count, finished in zip(work, done, strict=True) if finished)
         self.show, self.tty = show, show and is_terminal(sys.stderr)
-        self.began, self.new_work = time.time(), 0
+        self.began, self.new_work, self.new_runs, self.at_once = time.time(), 0, 0, at_once
         self.bar = (
             tqdm(
                 total=self.total,
@@ -185,6 +188,7 @@ class RunsProgress:
         if was_done:
             return  # counted from the start
         self.runs_done += 1
+        self.new_runs += 1
         self.done_work += work
         self.new_work += work
         shown = f", {figure}" if figure else ""
@@ -201,7 +205,7 @@ class RunsProgress:
     def eta(self) -> str:
         rate = self.new_work / max(time.time() - self.began, 1e-9)
         left = max(self.total - self.done_work, 0)
-        if not left or not rate:
+        if not left or not rate or self.new_runs < self.at_once:
             return ""
         minutes = left / rate / 60
         return f"; about {minutes:.0f} min left" if minutes >= 1 else "; under a minute left"
