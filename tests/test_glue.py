@@ -621,12 +621,22 @@ def run_figures(report: dict) -> dict:
     }
 
 
+def assert_same_figures(got: dict, expected: dict) -> bool:
+    """Run by run, the same best epoch and the same figures and predictions to float32 rounding: some
+    interrupt points of a stopped benchmark, under a full parallel suite, end a run in its last bits
+    (a Pearson of -28.36276 against -28.36267, the ranks unchanged)."""
+    assert got.keys() == expected.keys()
+    for key, (dev, best_epoch, predicted) in got.items():
+        assert best_epoch == expected[key][1], key
+        assert dev == pytest.approx(expected[key][0], rel=1e-5), key
+        assert predicted == pytest.approx(expected[key][2], rel=1e-5, abs=1e-7), key
+    return True
+
+
 def scored_predictions(run_folder: str) -> list:
     return json.loads((Path(run_folder) / "glue_scores.json").read_text(encoding="utf-8"))["predicted"]
 
 
-@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
-@pytest.mark.slow
 def test_the_eta_weighs_each_run_by_the_tokens_it_trains_on(small_tokenizer_dir):
     """A run's weight for the ETA, against the tokenizer's own count of what it trains on: the same
     ratio for each shared task (their runs' optimizer steps a second differ 3.2x, tokens a second 18%)."""
@@ -660,6 +670,8 @@ def test_the_eta_is_the_work_left_at_the_rate_of_this_invocations_work(monkeypat
     ]
 
 
+@pytest.mark.filterwarnings("ignore:.*seeds support no claim")
+@pytest.mark.slow
 def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):
@@ -683,7 +695,7 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
         assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 4 and not (out / "glue.json").exists()
         monkeypatch.setattr(RunsProgress, "advance", advance)
         report = run_glue(None, out, resume=True, show_progress=False, jobs=2)
-        assert run_figures(report) == serial and report["machine"]["jobs"] == 2
+        assert_same_figures(run_figures(report), serial) and report["machine"]["jobs"] == 2
         arms = [arm for task in report["tasks"].values() for arm in task["arms"].values()]
         assert all([run["seed"] for run in arm["runs"]] == [1, 2] for arm in arms)  # in the order given
     finally:
