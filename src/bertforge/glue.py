@@ -504,14 +504,18 @@ def run_orders(
 ) -> list[dict]:
     """Each order's record; a finished run is read here, the rest run here or in `pool`."""
     finished = [(order.run_dir / RESULT).is_file() for order in orders]
+    shapes = [
+        (len(job.train_set), order.task.epochs, order.config.data.max_seq_length)
+        for order, job in zip(orders, jobs, strict=True)
+    ]
+    tokens = {shape: run_tokens(data.train, *shape) for shape in set(shapes)}  # once, not per finished run
 
     def done(index: int, record: dict) -> None:
         order = orders[index]
-        examples = len(jobs[index].train_set)
-        tokens = run_tokens(data.train, examples, order.task.epochs, order.config.data.max_seq_length)
         score = record["score"]
         figure = "" if score is None else f"dev score {score:.1f}"
-        progress.advance(f"{data.spec.name} {order.arm} seed {order.seed}", tokens, finished[index], figure)
+        label = f"{data.spec.name} {order.arm} seed {order.seed}"
+        progress.advance(label, tokens[shapes[index]], finished[index], figure)
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):
