@@ -19,7 +19,7 @@ from test_faults import wait_for
 
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.signals import StopSignals
-from bertforge.worker_pool import ORPHAN_POLL_S, WorkerPool, auto_jobs, worker_pool
+from bertforge.worker_pool import ORPHAN_POLL_S, WorkerPool, auto_jobs, work, worker_pool
 
 # ------------------------------------------------------------- jobs (module level: workers import them)
 
@@ -61,6 +61,36 @@ def wait_for_go(marks: str, index: int) -> int:
     while not Path(marks, "go").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return index
+
+
+class SignalOnTaking:
+    """A queue's lock that raises SIGTERM in its process just after it is taken: the worst moment for
+    a stop signal to reach a worker between jobs (`signal.raise_signal` runs the handler at once)."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.signalled = lock, False
+
+    def acquire(self, *args) -> bool:
+        taken = self.lock.acquire(*args)
+        if taken and not self.signalled:
+            self.signalled = True
+            signal.raise_signal(signal.SIGTERM)
+        return taken
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def worker_signalled_as_it_takes_a_job(todo, done, stopping) -> None:
+    """A worker (`work`) whose first stop signal lands as it takes the job queue's lock; its exit code
+    says whether it left that lock free (0) or held, so that no other worker could take a job (1)."""
+    lock = todo._rlock
+    todo._rlock = SignalOnTaking(lock)
+    work(todo, done, stopping, 1, os.getppid())
+    free = lock.acquire(False)
+    if free:
+        lock.release()
+    sys.exit(0 if free else 1)
 
 
 def process_state(pid: int) -> str:
@@ -141,6 +171,19 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
         s.replace("started", "checkpoint") for s in started
     ]
     assert multiprocessing.active_children() == []
+
+
+def test_a_signal_to_a_worker_as_it_takes_a_job_leaves_the_queue_free_for_the_other_worker():
+    """A stop signal between jobs is recorded, not raised inside the queue's code: raised there, it
+    could end the worker with the queue's lock held, and its partner would wait forever for work."""
+    context = multiprocessing.get_context("spawn")
+    todo, done, stopping = context.Queue(), context.Queue(), context.Event()
+    worker = context.Process(target=worker_signalled_as_it_takes_a_job, args=(todo, done, stopping))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == 0  # it ended at the signal, and the lock it had taken is free
+    todo.put((0, where_and_what, (3,)))
+    assert todo.get(timeout=10)[2] == (3,)  # the job queue still serves jobs
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the processes' states in /proc")

@@ -210,7 +210,7 @@ class Waiting:
         ended = sorted(self.outcomes.values(), key=lambda outcome: outcome.index)
         if signum:
             ended.append(Outcome(self.count, "stopped", (signum, None, None)))
-        elif not self.complete():
+        elif not self.complete() or any(outcome.kind == "skipped" for outcome in ended):
             why = f"it ended before its job did (the workers' exit codes: {', '.join(map(str, exit_codes))})"
             ended.append(Outcome(self.count, "crash", why))
         for kind in ("crash", "error", "stopped"):
@@ -239,17 +239,19 @@ def stopped(failed: list[Outcome]) -> Interrupted:
 
 
 def work(todo, done, stopping, threads: int, parent: int) -> None:
-    """A worker's life: take a job, run it, report its outcome; end at None or once the parent is gone."""
+    """A worker's life: take a job, run it, report its outcome; end at None, at a stop signal between
+    jobs, or once the parent is gone."""
     os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which forwards it once
+    signals = JobSignals()
     for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.default_int_handler)  # outside a training loop: KeyboardInterrupt
+        signal.signal(signum, signals.handle)
     # A suspended worker whose parent dies gets SIGHUP, then SIGCONT, from the kernel (its process
     # group is orphaned); once continued, `stop_when_orphaned` stops its run with a checkpoint.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     torch.set_num_threads(threads)
     threading.Thread(target=stop_when_orphaned, args=(parent,), daemon=True).start()
-    try:
-        while os.getppid() == parent:
+    with contextlib.suppress(KeyboardInterrupt):  # a third signal while a stopped job's outcome is made
+        while os.getppid() == parent and not signals.received:
             try:
                 job = todo.get(timeout=1.0)
             except queue.Empty:
@@ -257,12 +259,34 @@ def work(todo, done, stopping, threads: int, parent: int) -> None:
             if job is None:
                 return
             index, function, args = job
-            if stopping.is_set():
+            if stopping.is_set() or signals.received:
                 done.put(Outcome(index, "skipped"))
                 continue
-            done.put(outcome(index, function, args))
-    except KeyboardInterrupt:
-        return  # a signal between jobs: the parent knows, and stops
+            done.put(signals.run(index, function, args))
+
+
+class JobSignals:
+    """A worker's SIGINT and SIGTERM: inside a job they raise KeyboardInterrupt, as in a process of
+    its own (a training loop records them itself); between jobs they are only recorded, and the
+    worker ends before its next job. Raised there, one could leave a queue's lock held by a dead
+    worker, or half a message read, and its partner would wait forever for the next job."""
+
+    def __init__(self) -> None:
+        self.received, self.in_job = 0, False
+
+    def handle(self, signum: int, _frame) -> None:
+        self.received = signum
+        if self.in_job:
+            raise KeyboardInterrupt
+
+    def run(self, index: int, function: Callable, args: tuple) -> Outcome:
+        try:
+            self.in_job = True
+            return outcome(index, function, args)
+        except KeyboardInterrupt:  # outside a training loop, or its second signal
+            return Outcome(index, "stopped", (self.received, None, None))
+        finally:
+            self.in_job = False
 
 
 def stop_when_orphaned(parent: int) -> None:
@@ -278,8 +302,6 @@ def outcome(index: int, function: Callable, args: tuple) -> Outcome:
         return Outcome(index, "done", function(*args))
     except Interrupted as stop:
         return Outcome(index, "stopped", (stop.signum, stop.step, str(stop.checkpoint)))
-    except KeyboardInterrupt:
-        return Outcome(index, "stopped", (signal.SIGINT, None, None))
     except BertforgeError as error:
         return Outcome(index, "error", str(error))
     except Exception:
