@@ -8,9 +8,10 @@ each takes the next job, calls it and sends back what it returned.
 
 Signals: the workers leave the terminal's process group, so that Ctrl-C reaches the parent alone.
 The parent records the signal (`bertforge.signals.StopSignals`), starts no more jobs and forwards it
-once to every worker, whose training loop stops at its next step with a checkpoint; then it raises
-`Interrupted` for the first run that stopped. A second signal is forwarded too and stops them at
-once. A worker whose parent was killed (so that it forwarded nothing) signals itself the same way.
+once to every worker, whose training loop stops at its next step with a checkpoint (a worker between
+jobs ends; `JobSignals`); then it raises `Interrupted` for the first run that stopped. A second
+signal is forwarded too and stops them at once. A worker whose parent was killed (so that it
+forwarded nothing) signals itself the same way.
 Ctrl-Z (SIGTSTP) suspends the workers with the parent, and `fg` or `bg` resumes them with it
 (`SuspendTogether`).
 A job's `BertforgeError` stops the others the same way and is raised in the parent with its
