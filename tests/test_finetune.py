@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 from pathlib import Path
@@ -518,8 +519,12 @@ def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison
         monkeypatch.setattr(RunsProgress, "advance", advance)
         with reporting.reporting_to(parallel, "tensorboard"):
             resumed = compare_with_scratch(*read_task(parallel), parallel, resume=True, jobs=2)
+        shutil.rmtree(parallel / "scratch" / "seed_2")  # one run left: it trains with a worker's share
+        again = compare_with_scratch(*read_task(parallel), parallel, resume=True, jobs=2, show_progress=False)
     finally:
         torch.set_num_threads(threads)
+    assert again["pairs"] == serial["pairs"]
+    assert (again["this_invocation"]["jobs"], again["this_invocation"]["threads_per_run"]) == (2, 1)
     assert serial["this_invocation"]["jobs"] == 1
     assert (resumed["this_invocation"]["jobs"], resumed["this_invocation"]["threads_per_run"]) == (2, 1)
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: ")]

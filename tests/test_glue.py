@@ -22,7 +22,7 @@ from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator
-from bertforge.glue import benchmark, run_glue, run_tokens
+from bertforge.glue import SCORES, benchmark, run_glue, run_tokens
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -621,17 +621,6 @@ def run_figures(report: dict) -> dict:
     }
 
 
-def assert_same_figures(got: dict, expected: dict) -> None:
-    """Run by run, the same best epoch and the same figures and predictions to float32 rounding: some
-    interrupt points of a stopped benchmark, under a full parallel suite, end a run in its last bits
-    (a Pearson of -28.36276 against -28.36267, the ranks unchanged)."""
-    assert got.keys() == expected.keys()
-    for key, (dev, best_epoch, predicted) in got.items():
-        assert best_epoch == expected[key][1], key
-        assert dev == pytest.approx(expected[key][0], rel=1e-5), key
-        assert predicted == pytest.approx(expected[key][2], rel=1e-5, abs=1e-7), key
-
-
 def scored_predictions(run_folder: str) -> list:
     return json.loads((Path(run_folder) / "glue_scores.json").read_text(encoding="utf-8"))["predicted"]
 
@@ -694,10 +683,18 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
         assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 4 and not (out / "glue.json").exists()
         monkeypatch.setattr(RunsProgress, "advance", advance)
         report = run_glue(None, out, resume=True, show_progress=False, jobs=2)
-        assert_same_figures(run_figures(report), serial)
+        assert run_figures(report) == serial
         assert report["machine"]["jobs"] == 2
         arms = [arm for task in report["tasks"].values() for arm in task["arms"].values()]
         assert all([run["seed"] for run in arm["runs"]] == [1, 2] for arm in arms)  # in the order given
+        # Stopped with one run left to train and one to score: they get a worker's share of the
+        # threads, as in the uninterrupted benchmark, not all of them (which changes the last bits).
+        shutil.rmtree(out / "STS-B" / "scratch" / "seed_2")
+        (out / "STS-B" / "pretrained" / "seed_1" / SCORES).unlink()
+        (out / "glue.json").unlink()
+        again = run_glue(None, out, resume=True, show_progress=False, jobs=2)
+        assert run_figures(again) == serial
+        assert (again["machine"]["jobs"], again["machine"]["threads_per_run"]) == (2, 1)
     finally:
         torch.set_num_threads(threads)
 

@@ -252,4 +252,6 @@ def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(BertforgeError, match="`jobs` must be at least 1; got 0"):
-        worker_pool(0, 1)
+        worker_pool(0, 1, 3)
+    pool = worker_pool(2, 1, 1)  # one run left of a two-at-a-time benchmark: one worker of one thread
+    assert isinstance(pool, WorkerPool) and (pool.jobs, pool.threads) == (1, 1)

@@ -721,16 +721,19 @@ def run_seeds(
     if jobs < 1:
         raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
     pending = [index for index, run in enumerate(runs) if not (run.run_dir / RESULT).is_file()]
-    if jobs == 1 or len(pending) < 2:
+    if jobs == 1 or len(runs) < 2:
         results = [job.run(run.seed, run.run_dir, run.from_scratch) for run in runs]
         return results, {"jobs": 1, "threads_per_run": threads}
-    jobs = min(jobs, len(pending))
+    # The share follows from all the runs, not from those left, so that a continued run trains as it
+    # would have uninterrupted (another thread count changes its last bits, and they grow).
+    jobs = min(jobs, len(runs))
     share = max(1, threads // jobs)
+    at_once = max(1, min(jobs, len(pending)))
     runtime = worker_runtime(config.runtime, job.config.runtime.precision, share)
     order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
     steps = job.steps_per_epoch * job.task.epochs
     done = [index not in pending for index in range(len(runs))]
-    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=jobs)
+    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=at_once)
 
     def finished(k: int, result: dict) -> None:
         metric = METRICS[result_kind(result)][0]
@@ -740,8 +743,8 @@ def run_seeds(
         (*order, runs[index].seed, runs[index].run_dir, runs[index].from_scratch) for index in pending
     ]
     try:
-        with WorkerPool(jobs, share) as pool:
-            values = pool.map(run_in_worker, arguments, finished)
+        with WorkerPool(at_once, share) as pool:
+            values = pool.map(run_in_worker, arguments, finished) if arguments else []
     finally:
         progress.close()
     results = dict(zip(pending, values, strict=True))

@@ -181,12 +181,16 @@ def run_glue(
         planned = plan(bench, datas, out)
         tokens, done = [run.tokens for run in planned], [run.done for run in planned]
         jobs = auto_jobs(bench.device) if jobs is None else jobs
-        jobs = min(jobs, max(1, done.count(False)))  # a last run alone gets all the threads
-        progress = RunsProgress("glue", tokens, done, show_progress, unit="token", at_once=jobs)
+        # Each run's threads follow from the whole benchmark, not from the runs left, so that a
+        # continued benchmark trains and scores as the uninterrupted one (threads change last bits).
+        jobs = min(jobs, len(planned))
         threads_per_run = max(1, torch.get_num_threads() // jobs)
+        unfinished = done.count(False)
+        at_once = max(1, min(jobs, unfinished))
+        progress = RunsProgress("glue", tokens, done, show_progress, unit="token", at_once=at_once)
         tasks = {}
         try:
-            with worker_pool(jobs, threads_per_run) as pool:
+            with worker_pool(jobs, threads_per_run, unfinished) as pool:
                 for name, data in datas.items():
                     tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
         except Interrupted as stop:
@@ -502,7 +506,7 @@ def opened(group: FolderRuns, data: TaskData) -> Iterator[Job]:
 def run_orders(
     orders: list[RunOrder], jobs: list[Job], data: TaskData, progress: RunsProgress, pool: WorkerPool | None
 ) -> list[dict]:
-    """Each order's record; a finished run is read here, the rest run here or in `pool`."""
+    """Each order's record; a scored run is read here, the rest run here or in `pool`."""
     finished = [(order.run_dir / RESULT).is_file() for order in orders]
     shapes = [
         (len(job.train_set), order.task.epochs, order.config.data.max_seq_length)
@@ -519,7 +523,9 @@ def run_orders(
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):
-        if pool is None or finished[index]:
+        # A run stopped between its end and its scoring is scored in a worker, with a worker's share
+        # of the threads, as it would have been: more threads change the figures' last bits.
+        if pool is None or (orders[index].run_dir / SCORES).is_file():
             scored[index] = fine_tune_and_score(orders[index], jobs[index], data)
             done(index, scored[index])
     elsewhere = [index for index in range(len(orders)) if index not in scored]

@@ -70,13 +70,14 @@ def auto_jobs(device: str | None) -> int:
     return 2
 
 
-def worker_pool(jobs: int, threads_per_run: int) -> contextlib.AbstractContextManager:
-    """`jobs` workers of `threads_per_run` threads; for one job, none (the runs run in this process)."""
+def worker_pool(jobs: int, threads_per_run: int, unfinished: int) -> contextlib.AbstractContextManager:
+    """Workers of `threads_per_run` threads, `jobs` of them or as many as there are `unfinished` runs
+    if fewer; for one job, none (the runs run in this process)."""
     if jobs < 1:
         raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
     if jobs == 1:
         return contextlib.nullcontext()
-    return WorkerPool(jobs, threads_per_run)
+    return WorkerPool(max(1, min(jobs, unfinished)), threads_per_run)
 
 
 class WorkerPool:
