@@ -576,6 +576,9 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
             exit_info.value.code == 2 and "give a whole number of runs, 1 or more" in capsys.readouterr().err
         )
     assert not (tmp_path / "j").exists()
+    with pytest.raises(BertforgeError, match="`jobs` must be at least 1; got 0"):
+        run_glue(tiny_bench(tiny_pretrained_run, glue_dir, tmp_path), tmp_path / "j", jobs=0)
+    assert not (tmp_path / "j").exists()
     assert_clean_failure(
         capsys, [*argv[:-1], str(tmp_path / "y"), "--tasks", "squad"], "'squad' is not a GLUE task"
     )

@@ -148,6 +148,8 @@ def run_glue(
     fine-tuning runs at once, each in a worker process with a share of the threads (None:
     `worker_pool.auto_jobs`).
     """
+    if jobs is not None and jobs < 1:
+        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
     out = Path(out)
     lock = RunFolderLock(out).acquire()
     began = time.time()
@@ -183,7 +185,7 @@ def run_glue(
         jobs = auto_jobs(bench.device) if jobs is None else jobs
         # Each run's threads follow from the whole benchmark, not from the runs left, so that a
         # continued benchmark trains and scores as the uninterrupted one (threads change last bits).
-        jobs = min(jobs, len(planned))
+        jobs = min(jobs, max(1, len(planned)))
         threads_per_run = max(1, torch.get_num_threads() // jobs)
         unfinished = done.count(False)
         at_once = max(1, min(jobs, unfinished))

@@ -284,6 +284,8 @@ class JobSignals:
     def run(self, index: int, function: Callable, args: tuple) -> Outcome:
         try:
             self.in_job = True
+            if self.received:  # it came after the loop looked, before the job began
+                raise KeyboardInterrupt
             return outcome(index, function, args)
         except KeyboardInterrupt:  # outside a training loop, or its second signal
             return Outcome(index, "stopped", (self.received, None, None))
