@@ -19,7 +19,7 @@ from test_faults import wait_for
 
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.signals import StopSignals
-from bertforge.worker_pool import ORPHAN_POLL_S, WorkerPool, auto_jobs, work, worker_pool
+from bertforge.worker_pool import ORPHAN_POLL_S, WorkerPool, auto_jobs, share_threads, work, worker_pool
 
 # ------------------------------------------------------------- jobs (module level: workers import them)
 
@@ -252,6 +252,8 @@ def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(BertforgeError, match="`jobs` must be at least 1; got 0"):
-        worker_pool(0, 1, 3)
-    pool = worker_pool(2, 1, 1)  # one run left of a two-at-a-time benchmark: one worker of one thread
+        share_threads(0, 2, 3, 3)
+    pool = worker_pool(
+        share_threads(2, 2, 4, 1)
+    )  # one run left of four, two at a time: one worker of one thread
     assert isinstance(pool, WorkerPool) and (pool.jobs, pool.threads) == (1, 1)

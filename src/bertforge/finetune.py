@@ -96,7 +96,7 @@ from bertforge.tagging import (
 )
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import MetricsLog, Objective, train
-from bertforge.worker_pool import WorkerPool, auto_jobs, worker_runtime
+from bertforge.worker_pool import WorkerPool, auto_jobs, share_threads, worker_runtime
 
 TASK = "finetune.json"
 SUMMARY = "summary.json"
@@ -718,22 +718,16 @@ def run_seeds(
     """
     threads = config.runtime.threads or torch.get_num_threads()
     jobs = auto_jobs(config.runtime.device) if jobs is None else jobs
-    if jobs < 1:
-        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
     pending = [index for index, run in enumerate(runs) if not (run.run_dir / RESULT).is_file()]
-    if jobs == 1 or len(runs) < 2:
+    share = share_threads(jobs, threads, len(runs), len(pending))
+    if share.jobs == 1:
         results = [job.run(run.seed, run.run_dir, run.from_scratch) for run in runs]
         return results, {"jobs": 1, "threads_per_run": threads}
-    # The share follows from all the runs, not from those left, so that a continued run trains as it
-    # would have uninterrupted (another thread count changes its last bits, and they grow).
-    jobs = min(jobs, len(runs))
-    share = max(1, threads // jobs)
-    at_once = max(1, min(jobs, len(pending)))
-    runtime = worker_runtime(config.runtime, job.config.runtime.precision, share)
+    runtime = worker_runtime(config.runtime, job.config.runtime.precision, share.threads)
     order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
     steps = job.steps_per_epoch * job.task.epochs
     done = [index not in pending for index in range(len(runs))]
-    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=at_once)
+    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=share.workers)
 
     def finished(k: int, result: dict) -> None:
         metric = METRICS[result_kind(result)][0]
@@ -743,7 +737,7 @@ def run_seeds(
         (*order, runs[index].seed, runs[index].run_dir, runs[index].from_scratch) for index in pending
     ]
     try:
-        with WorkerPool(at_once, share) as pool:
+        with WorkerPool(share.workers, share.threads) as pool:
             values = pool.map(run_in_worker, arguments, finished) if arguments else []
     finally:
         progress.close()
@@ -751,7 +745,8 @@ def run_seeds(
     for index, run in enumerate(runs):
         if index not in results:
             results[index] = job.run(run.seed, run.run_dir, run.from_scratch)  # finished before: read
-    return [results[index] for index in range(len(runs))], {"jobs": jobs, "threads_per_run": share}
+    ordered = [results[index] for index in range(len(runs))]
+    return ordered, {"jobs": share.jobs, "threads_per_run": share.threads}
 
 
 _worker_jobs: dict[Path, Job] = {}  # a worker's opened fine-tuning folders

@@ -67,7 +67,14 @@ from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupie
 from bertforge.labeled import LabeledExamples
 from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
-from bertforge.worker_pool import WorkerPool, auto_jobs, worker_pool, worker_runtime
+from bertforge.worker_pool import (
+    WorkerPool,
+    auto_jobs,
+    check_jobs,
+    share_threads,
+    worker_pool,
+    worker_runtime,
+)
 
 SETTINGS = "glue_task.json"
 REPORT = "glue.json"
@@ -148,8 +155,8 @@ def run_glue(
     fine-tuning runs at once, each in a worker process with a share of the threads (None:
     `worker_pool.auto_jobs`).
     """
-    if jobs is not None and jobs < 1:
-        raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
+    if jobs is not None:
+        check_jobs(jobs)  # before anything is written
     out = Path(out)
     lock = RunFolderLock(out).acquire()
     began = time.time()
@@ -183,16 +190,11 @@ def run_glue(
         planned = plan(bench, datas, out)
         tokens, done = [run.tokens for run in planned], [run.done for run in planned]
         jobs = auto_jobs(bench.device) if jobs is None else jobs
-        # Each run's threads follow from the whole benchmark, not from the runs left, so that a
-        # continued benchmark trains and scores as the uninterrupted one (threads change last bits).
-        jobs = min(jobs, max(1, len(planned)))
-        threads_per_run = max(1, torch.get_num_threads() // jobs)
-        unfinished = done.count(False)
-        at_once = max(1, min(jobs, unfinished))
-        progress = RunsProgress("glue", tokens, done, show_progress, unit="token", at_once=at_once)
+        share = share_threads(jobs, torch.get_num_threads(), len(planned), done.count(False))
+        progress = RunsProgress("glue", tokens, done, show_progress, unit="token", at_once=share.workers)
         tasks = {}
         try:
-            with worker_pool(jobs, threads_per_run, unfinished) as pool:
+            with worker_pool(share) as pool:
                 for name, data in datas.items():
                     tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
         except Interrupted as stop:
@@ -201,7 +203,7 @@ def run_glue(
             raise
         finally:
             progress.close()
-        runs_at_once = {"jobs": jobs, "threads_per_run": threads_per_run}
+        runs_at_once = {"jobs": share.jobs, "threads_per_run": share.threads}
         report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, runs_at_once)
         write_json(out / REPORT, report)
         atomic_write_text(out / "glue.md", markdown_report(report))

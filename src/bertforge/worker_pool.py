@@ -70,14 +70,36 @@ def auto_jobs(device: str | None) -> int:
     return 2
 
 
-def worker_pool(jobs: int, threads_per_run: int, unfinished: int) -> contextlib.AbstractContextManager:
-    """Workers of `threads_per_run` threads, `jobs` of them or as many as there are `unfinished` runs
-    if fewer; for one job, none (the runs run in this process)."""
+def check_jobs(jobs: int) -> None:
     if jobs < 1:
         raise BertforgeError(f"`jobs` must be at least 1; got {jobs}")
-    if jobs == 1:
+
+
+@dataclass(frozen=True)
+class ThreadShare:
+    """How a command's runs share the threads: `jobs` side by side with `threads` each, and `workers`
+    to start now (fewer than `jobs` when fewer runs are left)."""
+
+    jobs: int
+    threads: int
+    workers: int
+
+
+def share_threads(jobs: int, threads: int, runs: int, unfinished: int) -> ThreadShare:
+    """`jobs` of the `runs` side by side (no more than there are), each with an equal share of
+    `threads`, in workers for the `unfinished` ones. The share follows from all the runs, not from
+    those left, so that a continued command trains and scores each run as the uninterrupted one
+    would have: another thread count changes a run's last bits, and they grow."""
+    check_jobs(jobs)
+    jobs = min(jobs, max(1, runs))
+    return ThreadShare(jobs, max(1, threads // jobs), max(1, min(jobs, unfinished)))
+
+
+def worker_pool(share: ThreadShare) -> contextlib.AbstractContextManager:
+    """The share's workers; for one job at a time, none (the runs run in this process)."""
+    if share.jobs == 1:
         return contextlib.nullcontext()
-    return WorkerPool(max(1, min(jobs, unfinished)), threads_per_run)
+    return WorkerPool(share.workers, share.threads)
 
 
 class WorkerPool:
