@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -645,19 +646,47 @@ def test_the_eta_weighs_each_run_by_the_tokens_it_trains_on(small_tokenizer_dir)
     assert len(ratios) == 4 and max(ratios) / min(ratios) < 1.25, ratios
 
 
-def test_the_eta_is_the_work_left_at_the_rate_of_this_invocations_work(monkeypatch, capsys):
+def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monkeypatch, capsys):
+    """Two workers take twelve runs of 5-15 minutes in turn, each at one unit of work a second: after
+    each run ends, the ETA is when the last one will end, within the minute it rounds to and a tenth.
+    The ended runs' work over the wall time alone gave none after the first run, and 68 minutes after
+    the second, with 40 left."""
     now = [0.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = RunsProgress(
-        "glue", [100, 300, 300, 600], [True, False, False, False], True, "token", at_once=2
-    )
-    now[0] = 110.0  # the first of two runs side by side: the other's work is not counted yet, no ETA
-    progress.advance("STS-B pretrained seed 1", 300, False, "dev score 47.5")
-    now[0] = 120.0  # 600 tokens in 2 minutes; the run done before does not count towards the rate
-    progress.advance("STS-B scratch seed 1", 300, False, "dev score 34.3")
+    work = [60 * minutes for minutes in [5, 15, 10, 5, 15, 10, 5, 5, 15, 10, 10, 5]]
+    progress = RunsProgress("glue", [600, *work], [True] + [False] * len(work), True, "token", at_once=2)
+    free, events = [0.0, 0.0], []  # events: (time, 0 for an end, 1 for a start, run)
+    for run, units in enumerate(work):
+        worker = free.index(min(free))
+        events += [(free[worker], 1, run), (free[worker] + units, 0, run)]
+        free[worker] += units
+    truths = []
+    for now[0], kind, run in sorted(events):
+        if kind:
+            progress.start(f"run {run}", work[run])
+        else:
+            progress.advance(f"run {run}", work[run], False, "dev score 50.0")
+            truths.append((max(free) - now[0]) / 60)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "glue: 2/13 runs: run 0 done, dev score 50.0; about 50 min left"
+    assert lines[-1] == "glue: 13/13 runs: run 11 done, dev score 50.0"  # the run done before counts
+    for line, truth in zip(lines[:-1], truths, strict=False):
+        eta = re.search(r"about (\d+) min left|under a minute left", line)
+        minutes = 0.5 if eta[1] is None else int(eta[1])
+        assert abs(minutes - truth) <= 0.5 + 0.1 * truth, (line, truth)
+
+
+def test_the_eta_of_runs_one_after_another_is_their_pace_over_the_work_left(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    progress = RunsProgress("finetune", [100, 300, 300, 600], [True, False, False, False], True)
+    now[0] = 150.0  # 300 steps in 150 s: 900 left at 2 a second
+    progress.advance("seed 1", 300, False, "accuracy 0.8")
+    now[0] = 300.0
+    progress.advance("seed 2", 300, False, "accuracy 0.8")
     assert capsys.readouterr().err.splitlines() == [
-        "glue: 2/4 runs: STS-B pretrained seed 1 done, dev score 47.5",
-        "glue: 3/4 runs: STS-B scratch seed 1 done, dev score 34.3; about 2 min left",
+        "finetune: 2/4 runs: seed 1 done, accuracy 0.8; about 8 min left",
+        "finetune: 3/4 runs: seed 2 done, accuracy 0.8; about 5 min left",
     ]
 
 

@@ -116,12 +116,20 @@ def parent_of_two_workers(job: str, marks: str, jobs: int) -> subprocess.Popen:
 
 
 def test_jobs_run_in_workers_with_their_share_of_threads_and_come_back_in_order():
-    finished = []
+    events = []  # ("start" or "end", index), as the parent hears of them
     with WorkerPool(2, 1) as pool:
-        results = pool.map(where_and_what, [(v,) for v in range(6)], lambda i, value: finished.append(i))
+        results = pool.map(
+            where_and_what,
+            [(v,) for v in range(6)],
+            lambda i, value: events.append(("end", i)),
+            lambda i: events.append(("start", i)),
+        )
         again = pool.map(where_and_what, [(10,)], lambda i, value: None)
     assert [r[3] for r in results] == [v * v for v in range(6)] and again[0][3] == 100
-    assert sorted(finished) == list(range(6))
+    assert sorted(events) == [(kind, i) for kind in ("end", "start") for i in range(6)]
+    under_way = [sum(+1 if kind == "start" else -1 for kind, _ in events[: k + 1]) for k in range(12)]
+    assert all(events.index(("start", i)) < events.index(("end", i)) for i in range(6))
+    assert max(under_way) <= 2 and under_way[-1] == 0  # two workers: no more than two jobs at once
     pids = {r[0] for r in results}
     assert os.getpid() not in pids and 1 <= len(pids) <= 2
     assert again[0][0] in pids  # the same workers serve every map

@@ -729,6 +729,9 @@ def run_seeds(
     done = [index not in pending for index in range(len(runs))]
     progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=share.workers)
 
+    def began(k: int) -> None:
+        progress.start(runs[pending[k]].label, steps)
+
     def finished(k: int, result: dict) -> None:
         metric = METRICS[result_kind(result)][0]
         progress.advance(runs[pending[k]].label, steps, False, f"{metric} {result['best'][metric]:.4f}")
@@ -738,7 +741,7 @@ def run_seeds(
     ]
     try:
         with WorkerPool(share.workers, share.threads) as pool:
-            values = pool.map(run_in_worker, arguments, finished) if arguments else []
+            values = pool.map(run_in_worker, arguments, finished, began) if arguments else []
     finally:
         progress.close()
     results = dict(zip(pending, values, strict=True))

@@ -518,12 +518,17 @@ def run_orders(
     ]
     tokens = {shape: run_tokens(data.train, *shape) for shape in set(shapes)}  # once, not per finished run
 
+    def label(index: int) -> str:
+        return f"{data.spec.name} {orders[index].arm} seed {orders[index].seed}"
+
+    def started(index: int) -> None:
+        if not finished[index]:  # a finished run, only scored, was counted from the start
+            progress.start(label(index), tokens[shapes[index]])
+
     def done(index: int, record: dict) -> None:
-        order = orders[index]
         score = record["score"]
         figure = "" if score is None else f"dev score {score:.1f}"
-        label = f"{data.spec.name} {order.arm} seed {order.seed}"
-        progress.advance(label, tokens[shapes[index]], finished[index], figure)
+        progress.advance(label(index), tokens[shapes[index]], finished[index], figure)
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):
@@ -535,7 +540,12 @@ def run_orders(
     elsewhere = [index for index in range(len(orders)) if index not in scored]
     if elsewhere:
         arguments = [(orders[index],) for index in elsewhere]
-        values = pool.map(run_in_worker, arguments, lambda k, record: done(elsewhere[k], record))
+        values = pool.map(
+            run_in_worker,
+            arguments,
+            lambda k, record: done(elsewhere[k], record),
+            lambda k: started(elsewhere[k]),
+        )
         scored.update(zip(elsewhere, values, strict=True))
     return [scored[index] for index in range(len(orders))]
 

@@ -46,10 +46,10 @@ STOP_WAIT_S = 30.0  # how long a worker has to finish after the pool is closed
 
 @dataclass
 class Outcome:
-    """A job's end, as a worker reports it. `kind` and `value`: "done" (what the job returned),
-    "stopped" (the signal, the step and the checkpoint; None for the last two outside a training
-    loop), "error" (a `BertforgeError`'s message), "crash" (a traceback), "skipped" (not started: the
-    pool stops)."""
+    """A job's start or end, as a worker reports it. `kind` and `value`: "started" (the job began; no
+    value), "done" (what the job returned), "stopped" (the signal, the step and the checkpoint; None
+    for the last two outside a training loop), "error" (a `BertforgeError`'s message), "crash" (a
+    traceback), "skipped" (not started: the pool stops)."""
 
     index: int
     kind: str
@@ -129,9 +129,16 @@ class WorkerPool:
         for worker in self.workers:
             worker.start()
 
-    def map(self, function: Callable, arguments: list[tuple], on_done: Callable[[int, object], None]) -> list:
-        """`function(*args)` for each of `arguments`, `jobs` at a time; `on_done(index, value)` as each
-        finishes; the values in the order of `arguments`. `function` must be importable by name."""
+    def map(
+        self,
+        function: Callable,
+        arguments: list[tuple],
+        on_done: Callable[[int, object], None],
+        on_start: Callable[[int], None] | None = None,
+    ) -> list:
+        """`function(*args)` for each of `arguments`, `jobs` at a time; `on_start(index)` as a worker
+        begins one, `on_done(index, value)` as each finishes; the values in the order of `arguments`.
+        `function` must be importable by name."""
         if not self.workers or not all(worker.is_alive() for worker in self.workers):
             self.close()  # a pool that was stopped starts afresh
             self.start()
@@ -140,13 +147,19 @@ class WorkerPool:
         waiting = Waiting(len(arguments))
         with StopSignals() as signals, SuspendTogether(self.workers):
             try:
-                self.collect(waiting, signals, on_done)
+                self.collect(waiting, signals, on_done, on_start or (lambda _index: None))
             except KeyboardInterrupt:  # a second signal: the workers stop at once too
                 self.stop(signal.SIGINT)
                 raise
         return waiting.values(signals.received, [worker.exitcode for worker in self.workers])
 
-    def collect(self, waiting: Waiting, signals: StopSignals, on_done: Callable[[int, object], None]) -> None:
+    def collect(
+        self,
+        waiting: Waiting,
+        signals: StopSignals,
+        on_done: Callable[[int, object], None],
+        on_start: Callable[[int], None],
+    ) -> None:
         """Receive outcomes until every job has one, or, once stopping, until the workers have ended.
         A signal, a failed job or a worker that ended stops them."""
         while not waiting.complete():
@@ -158,6 +171,9 @@ class WorkerPool:
             except queue.Empty:
                 if not any(worker.is_alive() for worker in self.workers):
                     return
+                continue
+            if outcome.kind == "started":
+                on_start(outcome.index)
                 continue
             waiting.outcomes[outcome.index] = outcome
             if outcome.kind == "done":
@@ -286,6 +302,7 @@ def work(todo, done, stopping, threads: int, parent: int) -> None:
             if stopping.is_set() or signals.received:
                 done.put(Outcome(index, "skipped"))
                 continue
+            done.put(Outcome(index, "started"))
             done.put(signals.run(index, function, args))
 
 
