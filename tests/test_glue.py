@@ -649,6 +649,7 @@ def test_the_eta_weighs_each_run_by_the_tokens_it_trains_on(small_tokenizer_dir)
 def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monkeypatch, capsys):
     """Two workers take twelve runs of 5-15 minutes in turn, each at one unit of work a second: after
     each run ends, the ETA is when the last one will end, within the minute it rounds to and a tenth.
+    The runs share one label, as a sweep's grid points do; their folders tell them apart.
     The ended runs' work over the wall time alone gave none after the first run, and 68 minutes after
     the second, with 40 left."""
     now = [0.0]
@@ -663,13 +664,13 @@ def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monk
     truths = []
     for now[0], kind, run in sorted(events):
         if kind:
-            progress.start(f"run {run}", work[run])
+            progress.start(f"lr{run}/seed_1", work[run])
         else:
-            progress.advance(f"run {run}", work[run], False, "dev score 50.0")
+            progress.advance("SST-2 seed 1", work[run], False, "dev score 50.0", f"lr{run}/seed_1")
             truths.append((max(free) - now[0]) / 60)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "glue: 2/13 runs: run 0 done, dev score 50.0; about 50 min left"
-    assert lines[-1] == "glue: 13/13 runs: run 11 done, dev score 50.0"  # the run done before counts
+    assert lines[0] == "glue: 2/13 runs: SST-2 seed 1 done, dev score 50.0; about 50 min left"
+    assert lines[-1] == "glue: 13/13 runs: SST-2 seed 1 done, dev score 50.0"  # the run done before counts
     for line, truth in zip(lines[:-1], truths, strict=False):
         eta = re.search(r"about (\d+) min left|under a minute left", line)
         minutes = 0.5 if eta[1] is None else int(eta[1])

@@ -521,14 +521,15 @@ def run_orders(
     def label(index: int) -> str:
         return f"{data.spec.name} {orders[index].arm} seed {orders[index].seed}"
 
-    def started(index: int) -> None:
+    def started(index: int) -> None:  # keyed by folder: a sweep's grid points share a label
         if not finished[index]:  # a finished run, only scored, was counted from the start
-            progress.start(label(index), tokens[shapes[index]])
+            progress.start(str(orders[index].run_dir), tokens[shapes[index]])
 
     def done(index: int, record: dict) -> None:
         score = record["score"]
         figure = "" if score is None else f"dev score {score:.1f}"
-        progress.advance(label(index), tokens[shapes[index]], finished[index], figure)
+        key = str(orders[index].run_dir)
+        progress.advance(label(index), tokens[shapes[index]], finished[index], figure, key)
 
     scored: dict[int, dict] = {}
     for index in range(len(orders)):

@@ -153,6 +153,8 @@ def clock(seconds: float) -> str:
 
 
 Progress = tqdm | PlainProgress  # what `progress_bar` returns
+# tqdm's own rate and ETA leave the runs under way out: RunsProgress puts its own in the postfix
+RUNS_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed}{postfix}]"
 
 
 class RunsProgress:
@@ -177,7 +179,7 @@ class RunsProgress:
         self.show, self.tty, self.at_once = show, show and is_terminal(sys.stderr), at_once
         self.last_end = time.time()
         self.new_work, self.run_seconds = 0, 0.0
-        self.under_way: dict[str, tuple[float, int]] = {}  # label: (when it began, its work)
+        self.under_way: dict[str, tuple[float, int]] = {}  # key: (when it began, its work)
         self.bar = (
             tqdm(
                 total=self.total,
@@ -186,20 +188,22 @@ class RunsProgress:
                 unit_scale=True,
                 desc=name,
                 dynamic_ncols=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+                bar_format=RUNS_BAR,
             )
             if self.tty
             else None
         )
 
-    def start(self, label: str, work: int) -> None:
-        """Run `label` of `work` units began now, in a worker."""
-        self.under_way[label] = (time.time(), work)
+    def start(self, key: str, work: int) -> None:
+        """Run `key` (its label, or anything unique among the runs under way) of `work` units began
+        now, in a worker."""
+        self.under_way[key] = (time.time(), work)
 
-    def advance(self, label: str, work: int, was_done: bool, figure: str = "") -> None:
-        """Run `label` ended after `work` units of work (`figure`: its result, for the user)."""
+    def advance(self, label: str, work: int, was_done: bool, figure: str = "", key: str = "") -> None:
+        """Run `label` (`key`, where `start` was given one) ended after `work` units of work (`figure`:
+        its result, for the user)."""
         now = time.time()
-        began, _ = self.under_way.pop(label, (self.last_end, work))
+        began, _ = self.under_way.pop(key or label, (self.last_end, work))
         self.last_end = now
         if was_done:
             return  # counted from the start
