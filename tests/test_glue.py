@@ -589,10 +589,17 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     assert not (tmp_path / "z").exists()  # nothing half-made is left
 
 
-def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretrained_run, glue_dir):
+def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
     recipes = tmp_path / "recipes.toml"
     recipes.write_text(
-        TINY_RECIPES + "\n[sweep]\nlearning_rate = [3e-3, 1e-4]\nbatch_size = [8]\n", encoding="utf-8"
+        TINY_RECIPES + "\n[sweep]\nlearning_rate = [3e-3, 1e-4]\nbatch_size = [4]\n", encoding="utf-8"
+    )
+    ends = []  # the progress's work done and planned, as it closes: the sweep's runs weighed alike
+    close = RunsProgress.close
+    monkeypatch.setattr(
+        RunsProgress, "close", lambda self: (ends.append((self.done_work, self.total)), close(self))
     )
     bench = benchmark(
         tiny_pretrained_run, [glue_dir], ["RTE"], [1], sweep=True, recipes_file=recipes, precision="fp32"
@@ -600,14 +607,15 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(tmp_path, tiny_pretr
     out, said = tmp_path / "sweep", []
     report = run_glue(bench, out, show_progress=False, say=said.append, jobs=2)  # the grid's points at once
     task = report["tasks"]["RTE"]
-    assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 8), (1e-4, 8)]
+    assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 4), (1e-4, 4)]
+    assert len(ends) == 1 and ends[0][0] == ends[0][1] > 0
     best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals
     assert task["recipe"]["learning_rate"] == best["learning_rate"] and task["recipe_chosen_on_dev"]
     assert said == [
-        f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size 8 on dev (seed 1); "
+        f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size 4 on dev (seed 1); "
         "its dev figures are optimistic"
     ]
-    assert sorted(p.name for p in (out / "sweep" / "RTE").iterdir()) == ["lr0.0001-bs8", "lr0.003-bs8"]
+    assert sorted(p.name for p in (out / "sweep" / "RTE").iterdir()) == ["lr0.0001-bs4", "lr0.003-bs4"]
     markdown = (out / "glue.md").read_text(encoding="utf-8")
     assert (
         "| RTE† | acc |" in markdown
@@ -655,7 +663,8 @@ def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monk
     now = [0.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
     work = [60 * minutes for minutes in [5, 15, 10, 5, 15, 10, 5, 5, 15, 10, 10, 5]]
-    progress = RunsProgress("glue", [600, *work], [True] + [False] * len(work), True, "token", at_once=2)
+    keys = {"before": 600} | {f"lr{run}/seed_1": units for run, units in enumerate(work)}
+    progress = RunsProgress("glue", keys, [True] + [False] * len(work), True, "token", at_once=2)
     free, events = [0.0, 0.0], []  # events: (time, 0 for an end, 1 for a start, run)
     for run, units in enumerate(work):
         worker = free.index(min(free))
@@ -664,9 +673,9 @@ def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monk
     truths = []
     for now[0], kind, run in sorted(events):
         if kind:
-            progress.start(f"lr{run}/seed_1", work[run])
+            progress.start(f"lr{run}/seed_1")
         else:
-            progress.advance("SST-2 seed 1", work[run], False, "dev score 50.0", f"lr{run}/seed_1")
+            progress.advance(f"lr{run}/seed_1", "SST-2 seed 1", False, "dev score 50.0")
             truths.append((max(free) - now[0]) / 60)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "glue: 2/13 runs: SST-2 seed 1 done, dev score 50.0; about 50 min left"
@@ -680,11 +689,12 @@ def test_the_eta_of_runs_side_by_side_counts_the_work_of_the_runs_under_way(monk
 def test_the_eta_of_runs_one_after_another_is_their_pace_over_the_work_left(monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    progress = RunsProgress("finetune", [100, 300, 300, 600], [True, False, False, False], True)
+    work = {"seed 0": 100, "seed 1": 300, "seed 2": 300, "seed 3": 600}
+    progress = RunsProgress("finetune", work, [True, False, False, False], True)
     now[0] = 150.0  # 300 steps in 150 s: 900 left at 2 a second
-    progress.advance("seed 1", 300, False, "accuracy 0.8")
+    progress.advance("seed 1", "seed 1", False, "accuracy 0.8")
     now[0] = 300.0
-    progress.advance("seed 2", 300, False, "accuracy 0.8")
+    progress.advance("seed 2", "seed 2", False, "accuracy 0.8")
     assert capsys.readouterr().err.splitlines() == [
         "finetune: 2/4 runs: seed 1 done, accuracy 0.8; about 8 min left",
         "finetune: 3/4 runs: seed 2 done, accuracy 0.8; about 5 min left",

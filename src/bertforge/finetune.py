@@ -727,14 +727,16 @@ def run_seeds(
     order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
     steps = job.steps_per_epoch * job.task.epochs
     done = [index not in pending for index in range(len(runs))]
-    progress = RunsProgress("finetune", [steps] * len(runs), done, job.show_progress, at_once=share.workers)
+    work = {run.label: steps for run in runs}
+    progress = RunsProgress("finetune", work, done, job.show_progress, at_once=share.workers)
 
     def began(k: int) -> None:
-        progress.start(runs[pending[k]].label, steps)
+        progress.start(runs[pending[k]].label)
 
     def finished(k: int, result: dict) -> None:
         metric = METRICS[result_kind(result)][0]
-        progress.advance(runs[pending[k]].label, steps, False, f"{metric} {result['best'][metric]:.4f}")
+        label = runs[pending[k]].label
+        progress.advance(label, label, False, f"{metric} {result['best'][metric]:.4f}")
 
     arguments = [
         (*order, runs[index].seed, runs[index].run_dir, runs[index].from_scratch) for index in pending

@@ -160,8 +160,8 @@ RUNS_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} [{elaps
 class RunsProgress:
     """Progress over many runs (of `glue`, of `finetune --seeds`) in units of work (`unit`: optimizer
     steps, estimated tokens), so that the ETA weighs long runs as such: a bar on a terminal, else one
-    line per run. `work` and `done`: each run's work and whether it finished before (counted from the
-    start); `at_once`: how many runs train side by side.
+    line per run. `work`: each run's work by a key unique to it (its folder, its label); `done`:
+    whether each finished before (counted from the start); `at_once`: how many train side by side.
 
     The pace is the work of the runs that ended over their own clocks (a run in a worker is timed
     from its `start`, one in this process from the end of the run before it). The ETA is the work
@@ -171,11 +171,17 @@ class RunsProgress:
     quarter to two thirds."""
 
     def __init__(
-        self, name: str, work: list[int], done: list[bool], show: bool, unit: str = "step", at_once: int = 1
+        self,
+        name: str,
+        work: dict[str, int],
+        done: list[bool],
+        show: bool,
+        unit: str = "step",
+        at_once: int = 1,
     ) -> None:
         self.name, self.unit, self.total_runs, self.runs_done = name, unit, len(work), sum(done)
-        self.total = sum(work)
-        self.done_work = sum(count for count, finished in zip(work, done, strict=True) if finished)
+        self.work, self.total = work, sum(work.values())
+        self.done_work = sum(count for count, finished in zip(work.values(), done, strict=True) if finished)
         self.show, self.tty, self.at_once = show, show and is_terminal(sys.stderr), at_once
         self.last_end = time.time()
         self.new_work, self.run_seconds = 0, 0.0
@@ -194,16 +200,14 @@ class RunsProgress:
             else None
         )
 
-    def start(self, key: str, work: int) -> None:
-        """Run `key` (its label, or anything unique among the runs under way) of `work` units began
-        now, in a worker."""
-        self.under_way[key] = (time.time(), work)
+    def start(self, key: str) -> None:
+        """Run `key` began now, in a worker."""
+        self.under_way[key] = (time.time(), self.work[key])
 
-    def advance(self, label: str, work: int, was_done: bool, figure: str = "", key: str = "") -> None:
-        """Run `label` (`key`, where `start` was given one) ended after `work` units of work (`figure`:
-        its result, for the user)."""
-        now = time.time()
-        began, _ = self.under_way.pop(key or label, (self.last_end, work))
+    def advance(self, key: str, label: str, was_done: bool, figure: str = "") -> None:
+        """Run `key` ended (`label` and `figure`: what it was and its result, for the user)."""
+        now, work = time.time(), self.work[key]
+        began, _ = self.under_way.pop(key, (self.last_end, work))
         self.last_end = now
         if was_done:
             return  # counted from the start
