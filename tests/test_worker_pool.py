@@ -261,7 +261,6 @@ def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
         torch.set_num_threads(threads)
     with pytest.raises(BertforgeError, match="`jobs` must be at least 1; got 0"):
         share_threads(0, 2, 3, 3)
-    pool = worker_pool(
-        share_threads(2, 2, 4, 1)
-    )  # one run left of four, two at a time: one worker of one thread
+    # one run left of four, two at a time: one worker of one thread
+    pool = worker_pool(share_threads(2, 2, 4, 1))
     assert isinstance(pool, WorkerPool) and (pool.jobs, pool.threads) == (1, 1)

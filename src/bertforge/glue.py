@@ -669,9 +669,10 @@ class PlannedRun:
 
 
 def run_tokens(train: LabeledExamples, examples: int, epochs: int, max_length: int) -> int:
-    """About how many tokens a run of `epochs` over `examples` of `train` trains on: the ETA's weight
-    for a run. On a 2-core EPYC the four tasks' runs trained on 3,700-4,500 of these a second (within
-    3% of the tokenizer's count), where their optimizer steps ran at 2.2-7.2 a second."""
+    """About how many tokens a run of `epochs` over `examples` of `train` trains on: most of the ETA's
+    weight for a run (`run_work`). On a 2-core EPYC the four tasks' runs trained on 3,700-4,500 of
+    these a second (within 3% of the tokenizer's count), where their optimizer steps ran at 2.2-7.2
+    a second."""
     specials = 2 if train.pairs is None else 3
     pairs = train.pairs if train.pairs is not None else [""] * len(train)
     lengths = [

@@ -185,7 +185,7 @@ class RunsProgress:
         self.show, self.tty, self.at_once = show, show and is_terminal(sys.stderr), at_once
         self.last_end = time.time()
         self.new_work, self.run_seconds = 0, 0.0
-        self.under_way: dict[str, tuple[float, int]] = {}  # key: (when it began, its work)
+        self.under_way: dict[str, float] = {}  # key: when it began
         self.bar = (
             tqdm(
                 total=self.total,
@@ -202,12 +202,12 @@ class RunsProgress:
 
     def start(self, key: str) -> None:
         """Run `key` began now, in a worker."""
-        self.under_way[key] = (time.time(), self.work[key])
+        self.under_way[key] = time.time()
 
     def advance(self, key: str, label: str, was_done: bool, figure: str = "") -> None:
         """Run `key` ended (`label` and `figure`: what it was and its result, for the user)."""
         now, work = time.time(), self.work[key]
-        began, _ = self.under_way.pop(key, (self.last_end, work))
+        began = self.under_way.pop(key, self.last_end)
         self.last_end = now
         if was_done:
             return  # counted from the start
@@ -217,7 +217,8 @@ class RunsProgress:
         self.run_seconds += now - began
         shown = f", {figure}" if figure else ""
         if self.bar is not None:
-            rate = f", {tqdm.format_sizeof(self.rate())}{self.unit}/s" if self.rate() else ""
+            rate = self.rate()
+            rate = f", {tqdm.format_sizeof(rate)}{self.unit}/s" if rate else ""
             self.bar.set_postfix_str(f"{label}{shown}{rate}{self.eta()}", refresh=False)
             self.bar.update(work)
         elif self.show:
@@ -243,8 +244,10 @@ class RunsProgress:
         pace, now = self.pace(), time.time()
         if not pace:
             return None
-        left_under_way = [max(work - pace * (now - began), 0) for began, work in self.under_way.values()]
-        done_under_way = sum(work for _, work in self.under_way.values()) - sum(left_under_way)
+        left_under_way = [
+            max(self.work[key] - pace * (now - began), 0) for key, began in self.under_way.items()
+        ]
+        done_under_way = sum(self.work[key] for key in self.under_way) - sum(left_under_way)
         # The runs side by side share the work left, but none ends before its own last part is done
         longest = max(left_under_way, default=0) / pace
         return max((self.total - self.done_work - done_under_way) / self.rate(), longest)
