@@ -9,7 +9,9 @@ with `max_train_examples`), scored on the first 100 dev examples. The benchmark 
 
 Reported: the whole run's wall minutes (the target's measure), each task and arm's minutes of
 fine-tuning on its runs' own clocks (the rest is reading the data, scoring each run's best epoch and
-writing the report), each task and arm's median dev score and both arms' GLUE average.
+writing the report), each task and arm's median dev score and figures (Pearson, F1, accuracy), the
+pretrained arm's paired gain over scratch per task (sign test and bootstrap, as `glue` reports it)
+and both arms' GLUE average.
 """
 
 from __future__ import annotations
@@ -143,19 +145,22 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
 
 
 def task_rows(report: dict) -> list[dict]:
-    """Per task and arm: its runs, their minutes of fine-tuning (own clocks) and the median dev score."""
+    """Per task and arm: its runs, their minutes of fine-tuning (own clocks), the median dev score and
+    figures; the pretrained arm's row adds its paired gain over scratch."""
     rows = []
     for name, task in report["tasks"].items():
         for arm in ARMS:
-            runs = task["arms"][arm]["runs"]
+            summary = task["arms"][arm]
             rows.append(
                 {
                     "task": name,
                     "arm": arm,
-                    "runs": len(runs),
+                    "runs": len(summary["runs"]),
                     "train_examples": task["train_examples"],
-                    "minutes": sum(run["elapsed_s"] for run in runs) / 60,
-                    "score": task["arms"][arm]["score"]["median"],
+                    "minutes": sum(run["elapsed_s"] for run in summary["runs"]) / 60,
+                    "score": summary["score"]["median"],
+                    "figures": {figure: values["median"] for figure, values in summary["dev"].items()},
+                    "comparison": task["comparison"] if arm == ARMS[0] else None,
                 }
             )
     return rows

@@ -25,6 +25,7 @@ from benchmarks import e2e, glue, ner, prep, quality, step
 from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
 from bertforge import flops
 from bertforge.cache import default_cache_dir
+from bertforge.glue_report import comparison_cells
 from bertforge.runtime import resolve_device
 
 MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue", "ner")
@@ -274,9 +275,16 @@ def glue_table(rows: list[dict]) -> str:
             "train examples": lambda r: f"{r['train_examples']:,}",
             "fine-tuning min": lambda r: f"{r['minutes']:.2f}",
             "median dev score": lambda r: f"{r['score']:.1f}",
+            "median dev figures": lambda r: ", ".join(f"{k} {v:.1f}" for k, v in r["figures"].items()),
+            "gain, p sign, p boot": gain_cells,
         },
         rows,
     )
+
+
+def gain_cells(row: dict) -> str:
+    """The pretrained arm's paired gain over scratch, as `glue`'s table gives it; blank for scratch."""
+    return ", ".join(comparison_cells(row["comparison"])) if row["comparison"] else ""
 
 
 def glue_lines(g: dict) -> list[str]:

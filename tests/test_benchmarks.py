@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,14 @@ def test_the_quick_glue_and_ner_benchmarks_time_their_fine_tuning(tmp_path):
     assert glue["fine_tuning_minutes"] == pytest.approx(sum(row["minutes"] for row in glue["per_task"]))
     assert glue["target_minutes"] == 60 and glue["target_met"] is None  # --quick is not the target's workload
     assert set(glue["average"]) == {"pretrained", "scratch"}
-    assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout
+    figures = {row["task"]: set(row["figures"]) for row in glue["per_task"]}
+    assert figures == {"SST-2": {"acc"}, "STS-B": {"pearson", "spearman"}}
+    for pretrained, scratch in zip(glue["per_task"][::2], glue["per_task"][1::2], strict=True):
+        assert scratch["comparison"] is None
+        pairs = pretrained["comparison"]["pairs"]  # the same seeds' scores as the rows' medians
+        assert statistics.median(pair["pretrained"] for pair in pairs) == pytest.approx(pretrained["score"])
+        assert statistics.median(pair["scratch"] for pair in pairs) == pytest.approx(scratch["score"])
+    assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout and "p boot" in done.stdout
     assert ner["epochs"] == 1 and ner["steps"] == 16  # 500 sentences in batches of 32
     assert ner["wall_minutes"] > ner["fine_tuning_minutes"] > 0
     assert ner["target_minutes"] == 10 and ner["target_met"] is None  # as GLUE's
