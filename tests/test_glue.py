@@ -23,7 +23,7 @@ from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator
-from bertforge.glue import SCORES, benchmark, run_glue, run_tokens
+from bertforge.glue import SCORES, benchmark, run_glue, run_tokens, write_task_files
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -321,6 +321,8 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
         ({"MRPC": {"learning_rate": 0}}, r"\[MRPC\]: learning_rate must be in \(0, 1\], got 0"),
         ({"MRPC": {"max_length": 2}}, r"\[MRPC\]: max_length must be at least 4, got 2"),
         ({"sweep": {"batch_size": 16}}, r"\[sweep\]: batch_size must be a list"),
+        ({"STS-B": {"both_orders": 1}}, r"\[STS-B\]: both_orders must be true or false, got 1"),
+        ({"RTE": {"both_orders": True}}, r"\[RTE\]: both_orders is for pairs that mean the same in either"),
     ):
         with pytest.raises(BertforgeError, match=message):
             read_recipes(table, "f.toml")
@@ -328,6 +330,23 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
     assert (
         recipes["STS-B"].epochs == 2 and recipes["STS-B"].learning_rate == 3e-4 and recipes["RTE"].epochs == 2
     )
+    recipes, _ = read_recipes({"default": {"both_orders": True}}, "f.toml")  # the symmetric tasks take it
+    assert {name for name, recipe in recipes.items() if recipe.both_orders} == {"MRPC", "STS-B", "QQP"}
+
+
+def test_both_orders_trains_on_each_pair_and_its_swap(tmp_path):
+    """STS-B's built-in recipe: each kept pair, then the same pairs with their sentences swapped and
+    the same scores; the examples are counted once."""
+    recipes, _ = read_recipes(DEFAULT_RECIPES, "built in")
+    assert recipes["STS-B"].both_orders and not recipes["RTE"].both_orders
+    found, _ = find_tasks([SHARED_DATA], ["STS-B"])
+    data = read_task(TASKS["STS-B"], found["STS-B"])
+    files = write_task_files(tmp_path, data, replace(recipes["STS-B"], max_train_examples=40))
+    rows = [json.loads(line) for line in files.train.read_text(encoding="utf-8").splitlines()]
+    assert files.train_examples == 40 and len(rows) == 80
+    first, swapped = rows[:40], rows[40:]
+    assert len({(row["text"], row["pair"]) for row in first}) == 40
+    assert swapped == [{"text": row["pair"], "label": row["label"], "pair": row["text"]} for row in first]
 
 
 # ----------------------------------------------------------------------------------------- benchmark
@@ -339,6 +358,9 @@ epochs = 1
 batch_size = 8
 max_length = 32
 warmup = 0.0
+
+[STS-B]
+both_orders = true
 """
 
 
@@ -415,6 +437,8 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
     assert (
         "| RTE | acc |" in markdown and "| average | score |" in markdown and "--compare-scratch" in markdown
     )
+    assert "STS-B: trained on each pair in both orders" in markdown
+    assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 48
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
     assert said == [f"note: {few_seeds_note(2)}"]  # nothing skipped, no unlabelled test file
 

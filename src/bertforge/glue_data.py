@@ -51,6 +51,7 @@ class TaskSpec:
     integer_labels: tuple[str, ...] = ()  # `datasets`' integer label i is labels_by_id[i]
     dev: tuple[str, ...] = ("dev",)  # file stems; the first is the one fine-tuning validates on
     test: tuple[str, ...] = ("test",)
+    symmetric: bool = False  # a pair means the same in either order (paraphrase, similarity)
 
     @property
     def key(self) -> str:
@@ -78,17 +79,20 @@ TASKS: dict[str, TaskSpec] = {
             "classification",
             _pairs(("#1 String", "#2 String"), label="Quality") + _pairs(("sentence1", "sentence2")),
             BINARY,
+            symmetric=True,
         ),
         TaskSpec(
             "STS-B",
             "regression",
             _pairs(("sentence1", "sentence2"), label="score") + _pairs(("sentence1", "sentence2")),
+            symmetric=True,
         ),
         TaskSpec(
             "QQP",
             "classification",
             _pairs(("question1", "question2"), label="is_duplicate") + _pairs(("question1", "question2")),
             BINARY,
+            symmetric=True,
         ),
         TaskSpec(
             "MNLI",

@@ -2,7 +2,9 @@
 
 Owns the built-in recipes (configs/glue.toml writes out the same, for a user to copy and edit),
 reading a recipes file of that form ([default], one table per task for what differs, [sweep]) and
-one clear message for an unknown table, an unknown setting or a value out of range.
+one clear message for an unknown table, an unknown setting or a value out of range. `both_orders`
+(each training pair also with its sentences swapped) holds for the tasks whose pairs mean the same
+either way; [default]'s applies to those alone.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ DEFAULT_RECIPES: dict[str, dict] = {
         "warmup": 0.1,
         "dropout": 0.0,
         "max_train_examples": 0,
+        "both_orders": False,
     },
     "CoLA": {"max_length": 64},
     "MRPC": {"epochs": 2},
+    "STS-B": {"epochs": 2, "both_orders": True},
     "SST-2": {"learning_rate": 3e-4, "epochs": 1, "batch_size": 128, "max_length": 64},
     "QQP": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
     "MNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
@@ -48,6 +52,7 @@ class Recipe:
     warmup: float  # the share of the steps spent warming up
     dropout: float
     max_train_examples: int  # 0: every training example
+    both_orders: bool = False  # each training pair in both orders (tasks whose pairs read either way)
 
 
 def load_recipes(path: str | Path | None) -> tuple[dict[str, Recipe], dict[str, list]]:
@@ -72,8 +77,22 @@ def read_recipes(table: dict, origin: str) -> tuple[dict[str, Recipe], dict[str,
         own = next(
             (values for key, values in table.items() if is_task(key) and task_spec(key).name == name), {}
         )
-        recipes[name] = Recipe(**recipe_values(own, base, f"{origin} [{name}]"))
+        recipes[name] = task_recipe(name, own, base, f"{origin} [{name}]")
     return recipes, sweep_grid(table.get("sweep", DEFAULT_RECIPES["sweep"]), f"{origin} [sweep]")
+
+
+def task_recipe(name: str, own: dict, base: dict, origin: str) -> Recipe:
+    """The task's recipe: `base` updated by its own table; `both_orders` for symmetric tasks only."""
+    values = recipe_values(own, base, origin)
+    if not TASKS[name].symmetric:
+        if own.get("both_orders"):
+            symmetric = ", ".join(task for task, spec in TASKS.items() if spec.symmetric)
+            raise BertforgeError(
+                f"{origin}: both_orders is for pairs that mean the same in either order ({symmetric}); "
+                f"{name}'s are not: drop it"
+            )
+        values["both_orders"] = False  # [default]'s holds for the symmetric tasks alone
+    return Recipe(**values)
 
 
 def is_task(name: str) -> bool:
@@ -97,7 +116,7 @@ def recipe_values(values: dict, base: dict, origin: str) -> dict:
     return merged
 
 
-# Each setting's range, as a run config's (`bertforge.config_rules`).
+# Each number's range, as a run config's (`bertforge.config_rules`); both_orders is true or false.
 LIMITS = {
     "learning_rate": RANGES["train.learning_rate"],
     "epochs": count(),
@@ -110,6 +129,10 @@ LIMITS = {
 
 
 def checked_setting(key: str, value, kind: str, origin: str):
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise BertforgeError(f"{origin}: {key} must be true or false, got {value!r}")
+        return value
     allowed = LIMITS[key]
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if not numeric or (kind == "int" and not isinstance(value, int)):

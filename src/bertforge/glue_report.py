@@ -267,6 +267,8 @@ def notes(report: dict) -> list[str]:
                 f"{name}: fine-tuned on {task['train_examples']:,} of its {task['train_examples_in_file']:,} "
                 "training examples (its recipe's max_train_examples)"
             )
+        if task["recipe"].get("both_orders"):
+            lines.append(f"{name}: trained on each pair in both orders (its recipe's both_orders)")
         if task["recipe_chosen_on_dev"]:
             recipe = task["recipe"]
             lines.append(
