@@ -515,6 +515,13 @@ def test_a_rerun_adds_tasks_seeds_and_the_scratch_arm_without_running_finished_r
     trained.clear()
     run_glue(None, out, resume=True, show_progress=False)  # the grown settings were saved
     assert trained == []
+    settings = json.loads((out / "glue_task.json").read_text(encoding="utf-8"))
+    for recipe in settings["recipes"].values():  # as saved before recipes had both_orders
+        if not recipe["both_orders"]:
+            del recipe["both_orders"]
+    (out / "glue_task.json").write_text(json.dumps(settings), encoding="utf-8")
+    run_glue(larger, out, show_progress=False)  # the same command continues it
+    assert trained == []
     with pytest.raises(BertforgeError, match=r"other settings \(compare_scratch\); a rerun may add"):
         run_glue(replace(larger, compare_scratch=False), out, show_progress=False)
     faster = {**larger.recipes["RTE"], "learning_rate": 1e-2}

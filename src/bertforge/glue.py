@@ -317,8 +317,16 @@ def same_setting(key: str, given, saved) -> bool:
     if key in ("tasks", "seeds"):
         return set(given) == set(saved or [])  # a rerun keeps the saved order (`grown`)
     if key == "recipes":  # of the tasks both name (other tasks are "tasks")
-        return all(recipe == (saved or {}).get(name, recipe) for name, recipe in given.items())
+        return all(same_recipe(recipe, (saved or {}).get(name, recipe)) for name, recipe in given.items())
     return given == saved
+
+
+def same_recipe(given: dict, saved: dict) -> bool:
+    """Equal recipes, a setting that a saved benchmark predates taking its default."""
+    try:
+        return Recipe(**given) == Recipe(**saved)
+    except TypeError:  # a damaged glue_task.json: not the same
+        return False
 
 
 def recipe_of(bench: GlueBenchmark, task: str) -> Recipe:
