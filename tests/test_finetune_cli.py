@@ -21,7 +21,7 @@ from bertforge.finetune import (
     default_learning_rate,
     finetuning_config,
 )
-from bertforge.glue_recipes import load_recipes
+from bertforge.glue_recipes import DEFAULT_RECIPES
 
 WORDS = {
     "yes": ("album", "song", "single", "music"),
@@ -295,9 +295,9 @@ def test_default_learning_rate_by_width(width, rate):
 
 
 def test_sentence_pairs_get_the_glue_pair_recipe():
-    recipe = load_recipes(None)[0]["STS-B"]  # the built-in [default], which MRPC and RTE share
+    recipe = DEFAULT_RECIPES["default"]  # the built-in [default]: Turc et al.'s 4 epochs, one order
     config = finetuning_config(256, pairs=True)
-    pair_recipe = (recipe.learning_rate, recipe.batch_size, recipe.epochs)
+    pair_recipe = (recipe["learning_rate"], recipe["batch_size"], recipe["epochs"])
     assert pair_recipe == (PAIR_LEARNING_RATE, PAIR_BATCH_SIZE, PAIR_EPOCHS)
     assert config.train.batch_size == PAIR_BATCH_SIZE and config.train.learning_rate == PAIR_LEARNING_RATE
     assert finetuning_config(256).train.batch_size == 32
