@@ -217,8 +217,8 @@ class RunsProgress:
         self.run_seconds += now - began
         shown = f", {figure}" if figure else ""
         if self.bar is not None:
-            rate = self.rate()
-            rate = f", {tqdm.format_sizeof(rate)}{self.unit}/s" if rate else ""
+            per_second = self.rate()
+            rate = f", {tqdm.format_sizeof(per_second)}{self.unit}/s" if per_second else ""
             self.bar.set_postfix_str(f"{label}{shown}{rate}{self.eta()}", refresh=False)
             self.bar.update(work)
         elif self.show:
