@@ -13,6 +13,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,8 +23,8 @@ from bertforge import glue_data
 from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
-from bertforge.finetune import EpochEvaluator
-from bertforge.glue import SCORES, benchmark, run_glue, run_tokens, write_task_files
+from bertforge.finetune import EpochEvaluator, task_data
+from bertforge.glue import SCORES, benchmark, finetune_task, run_glue, run_tokens, write_task_files
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
 from bertforge.glue_scores import (
@@ -334,19 +335,26 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
     assert {name for name, recipe in recipes.items() if recipe.both_orders} == {"MRPC", "STS-B", "QQP"}
 
 
-def test_both_orders_trains_on_each_pair_and_its_swap(tmp_path):
-    """STS-B's built-in recipe: each kept pair, then the same pairs with their sentences swapped and
-    the same scores; the examples are counted once."""
+def test_both_orders_trains_on_each_pair_and_its_swap(tmp_path, small_tokenizer_dir):
+    """STS-B's built-in recipe: glue writes each kept pair once and asks finetune for both orders,
+    which trains on the pairs, then on the same pairs with their sentences swapped and the same scores."""
     recipes, _ = read_recipes(DEFAULT_RECIPES, "built in")
     assert recipes["STS-B"].both_orders and not recipes["RTE"].both_orders
     found, _ = find_tasks([SHARED_DATA], ["STS-B"])
     data = read_task(TASKS["STS-B"], found["STS-B"])
-    files = write_task_files(tmp_path, data, replace(recipes["STS-B"], max_train_examples=40))
+    recipe = replace(recipes["STS-B"], max_train_examples=40)
+    files = write_task_files(tmp_path, data, recipe)
     rows = [json.loads(line) for line in files.train.read_text(encoding="utf-8").splitlines()]
-    assert files.train_examples == 40 and len(rows) == 80
-    first, swapped = rows[:40], rows[40:]
-    assert len({(row["text"], row["pair"]) for row in first}) == 40
-    assert swapped == [{"text": row["pair"], "label": row["label"], "pair": row["text"]} for row in first]
+    assert files.train_examples == len(rows) == 40 and len({(row["text"], row["pair"]) for row in rows}) == 40
+    task = finetune_task(SimpleNamespace(model="unused"), data, files, recipe, [1], False)
+    assert task.both_orders
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    train_set = task_data(task, tokenizer, 64).train_set
+    texts, pairs = [row["text"] for row in rows], [row["pair"] for row in rows]
+    encoded = [(example["input_ids"], example["token_type_ids"]) for example in train_set]
+    expected = tokenizer.encode_pairs(texts, pairs, 64) + tokenizer.encode_pairs(pairs, texts, 64)
+    assert encoded == [(list(ids), list(types)) for ids, types in expected]
+    assert [example["label"] for example in train_set] == [float(row["label"]) for row in rows] * 2
 
 
 # ----------------------------------------------------------------------------------------- benchmark
@@ -438,7 +446,8 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
         "| RTE | acc |" in markdown and "| average | score |" in markdown and "--compare-scratch" in markdown
     )
     assert "STS-B: trained on each pair in both orders" in markdown
-    assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 48
+    assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 24
+    assert json.loads((out / "STS-B" / "finetune.json").read_text(encoding="utf-8"))["task"]["both_orders"]
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
     assert said == [f"note: {few_seeds_note(2)}"]  # nothing skipped, no unlabelled test file
 

@@ -1,7 +1,7 @@
 """Regression fine-tuning (real-valued labels, one output, mean squared error): the head's Hugging Face
 parity for BERT and GPT-1, telling real-valued labels from classes, learning STS-B's similarity
-scores from a sample of its training file, `classify` printing the score, export and import, and the
-seeds summary and paired comparison on Pearson's r."""
+scores from a sample of its training file (also in both orders), `classify` printing
+the score, export and import, and the seeds summary and paired comparison on Pearson's r."""
 
 from __future__ import annotations
 
@@ -200,15 +200,29 @@ def test_finetune_learns_stsb_scores(regressor, stsb):
     assert result["best_epoch"] == best["epoch"] and result["best"]["pearson"] == best["pearson"]
     assert result["best"]["pearson"] > 0.25 and result["best"]["pearson"] > valid[0]["pearson"] + 0.1
     assert set(result["best"]) == {"pearson", "spearman", "mse"} and result["task_type"] == "regression"
-    assert best["mse"] < valid[0]["mse"]
     assert (regressor / "curves.png").stat().st_size > 10_000
     predictions = json.loads((regressor / "valid_predictions.json").read_text())
     scores = [float(line.split("\t")[-1]) for line in stsb[1].read_text().splitlines()[1:]]
     assert predictions["true"] == scores and len(predictions["predicted"]) == VALID_PAIRS
     assert pearson(predictions["predicted"], predictions["true"]) == pytest.approx(result["best"]["pearson"])
+    errors = np.subtract(predictions["predicted"], predictions["true"])
+    assert float(np.mean(errors**2)) == pytest.approx(result["best"]["mse"], rel=1e-4)
     final = regressor / "final"
     assert json.loads((final / "labels.json").read_text()) == {"labels": ["score"]}
     assert read_weights(final / "model.safetensors")["classifier.weight"].shape == (1, 32)
+
+
+def test_both_orders_trains_on_each_pair_twice(tmp_path, capsys, tiny_pretrained_run, stsb):
+    out = tmp_path / "run"
+    recipe = ("--both-orders", "--epochs", "1", "--batch-size", "32", "--lr", "5e-3")
+    assert main(finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
+    assert json.loads((out / "result.json").read_text())["steps"] == math.ceil(2 * TRAIN_PAIRS / 32)
+    assert json.loads((out / "finetune.json").read_text())["task"]["both_orders"] is True
+    single = finetune_argv(tiny_pretrained_run, stsb, tmp_path / "single", "--both-orders")
+    single = [arg for arg in single if arg not in ("--text-pair-column", "sentence2")]
+    message = "--both-orders swaps the two texts of each pair; name the second one's column with --text-pair"
+    assert_clean_failure(capsys, single, message)
+    assert not (tmp_path / "single").exists()
 
 
 def test_classify_prints_the_score(regressor, capsys):

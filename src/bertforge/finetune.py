@@ -73,6 +73,7 @@ from bertforge.labeled import (
     LabeledFormat,
     TaskType,
     check_regression_targets,
+    in_both_orders,
     label_ids,
     label_names,
     label_values,
@@ -155,6 +156,9 @@ class FinetuneTask:
     task_type: TaskType | str = "auto"  # or TAGGING
     # the dev metric that chooses the best epoch; None: the task type's first in METRICS (CoLA: matthews)
     best_by: str | None = None
+    # each training pair also with its texts swapped, after all the pairs: for pairs that mean the same
+    # in either order (glue's STS-B recipe)
+    both_orders: bool = False
 
 
 # Peak fine-tuning learning rate by the encoder's hidden size: (largest width, rate). Small BERTs
@@ -360,6 +364,11 @@ def check_task(task: FinetuneTask) -> None:
         )
     if task.dropout is not None and not 0.0 <= task.dropout < 1.0:
         raise BertforgeError(f"task.dropout must be in [0, 1), got {task.dropout}")
+    if task.both_orders and task.text_pair_column is None:
+        raise BertforgeError(
+            "task.both_orders swaps the two texts of each pair; name the second one's column with "
+            "task.text_pair_column, or drop task.both_orders"
+        )
     if task.compare_scratch and len(task.seeds or []) < 2:
         raise BertforgeError(
             "task.compare_scratch pairs the arms seed by seed and needs task.seeds with at least 2 seeds "
@@ -429,6 +438,8 @@ def task_data(task: FinetuneTask, tokenizer: BertTokenizer, length: int) -> Task
         valid_set = encode_tagged(tokenizer, valid_data, tags, length)
         return TaskData(TAGGING, tags, train_set.examples, valid_set.examples, valid_set.tags)
     train_data, valid_data, labels, regression = read_task_data(task)
+    if task.both_orders:
+        train_data = in_both_orders(train_data)
     train_set = encode(tokenizer, train_data, targets(train_data, labels, regression), length)
     valid_set = encode(tokenizer, valid_data, targets(valid_data, labels, regression), length)
     kind = "regression" if regression else "classification"

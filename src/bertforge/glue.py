@@ -12,9 +12,9 @@ glue.json's content, the table, glue.md and glue.png are `bertforge.glue_report`
 Benchmark folder (`out`):
 
     glue_task.json      the settings (model, data, tasks, seeds, arms, recipes): what a rerun continues
-    data/<task>/        train.jsonl (its recipe's `max_train_examples`: a fixed random subset; with
-                        `both_orders` each pair twice, its sentences swapped the second time) and
-                        dev.jsonl (the first dev file), what fine-tuning reads
+    data/<task>/        train.jsonl (its recipe's `max_train_examples`: a fixed random subset) and
+                        dev.jsonl (the first dev file), what fine-tuning reads (with `both_orders`,
+                        finetune's, each training pair in both orders)
     sweep/<task>/lr<LR>-bs<B>/   one fine-tuning folder per grid point (`sweep`), first seed only
     <task>/             the task's fine-tuning folder: seed_N/, or pretrained/seed_N/ and scratch/seed_N/
                         (each run's glue_scores.json: its figures on every dev and test file)
@@ -344,32 +344,26 @@ class TaskFiles:
 
 
 def write_task_files(folder: Path, data: TaskData, recipe: Recipe) -> TaskFiles:
-    """The training examples (a fixed random subset of `max_train_examples`; with `both_orders` each
-    pair also swapped) and the first dev file as JSON lines; a file whose content is unchanged is left
-    as it is. `train_examples` counts the examples, not their orders."""
+    """The training examples (a fixed random subset of `max_train_examples`) and the first dev file as
+    JSON lines; a file whose content is unchanged is left as it is."""
     total = len(data.train)
     keep = np.arange(total)
     if 0 < recipe.max_train_examples < total:
         rng = np.random.default_rng(SUBSET_SEED)
         keep = np.sort(rng.choice(total, recipe.max_train_examples, replace=False))
     train, dev = folder / "train.jsonl", folder / "dev.jsonl"
-    write_if_changed(train, jsonl(data.train, keep, recipe.both_orders))
+    write_if_changed(train, jsonl(data.train, keep))
     write_if_changed(dev, jsonl(data.dev[data.spec.dev[0]], np.arange(len(data.dev[data.spec.dev[0]]))))
     return TaskFiles(train, dev, len(keep), total)
 
 
-def jsonl(examples: LabeledExamples, keep: np.ndarray, both_orders: bool = False) -> str:
+def jsonl(examples: LabeledExamples, keep: np.ndarray) -> str:
     rows = []
     for i in keep:
         row = {"text": examples.texts[i], "label": examples.labels[i]}
         if examples.pairs is not None:
             row["pair"] = examples.pairs[i]
         rows.append(json.dumps(row, ensure_ascii=False))
-    if both_orders:  # after all the pairs, so that the first half reads as the file does
-        swapped = [
-            {"text": examples.pairs[i], "label": examples.labels[i], "pair": examples.texts[i]} for i in keep
-        ]
-        rows += [json.dumps(row, ensure_ascii=False) for row in swapped]
     return "\n".join(rows) + "\n"
 
 
@@ -397,6 +391,7 @@ def finetune_task(
         dropout=recipe.dropout,
         task_type=data.spec.kind,
         best_by=BEST_EPOCH_BY.get(data.spec.name),
+        both_orders=recipe.both_orders,
     )
 
 

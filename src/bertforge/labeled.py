@@ -3,10 +3,10 @@
 Owns reading a file of texts, or text pairs, with one label each; detecting its format; telling a
 classification from a regression (`task_type`: real-valued labels such as STS-B's "3.800" make a
 regression); the label mapping of a classification (names in id order: integer labels numerically,
-string labels alphabetically) and the scores of a regression (`label_values`); and one clear
-message for every bad input: a missing file, undecodable bytes, missing columns (naming the
-columns that exist), empty rows, a single class or a constant score, validation labels never seen
-in training, and labels that are neither (real numbers mixed with text).
+string labels alphabetically) and the scores of a regression (`label_values`); pairs in both orders
+(`in_both_orders`); and one clear message for every bad input: a missing file, undecodable bytes,
+missing columns (naming the columns that exist), empty rows, a single class or a constant score,
+validation labels never seen in training, and labels that are neither (real numbers mixed with text).
 A class with very few rows (a stray "maybe" among 0 and 1 would become a class of its own) is
 named in a warning that lists every class found.
 
@@ -25,7 +25,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -290,6 +290,19 @@ def task_type(data: LabeledExamples, requested: str = "auto") -> Literal["classi
             "class names or integer ids: fix those rows"
         )
     return "regression"
+
+
+def in_both_orders(data: LabeledExamples) -> LabeledExamples:
+    """Every pair, then the same pairs with their two texts swapped, with the same labels: for pairs
+    that mean the same in either order (paraphrase, similarity)."""
+    assert data.pairs is not None
+    return replace(
+        data,
+        texts=data.texts + data.pairs,
+        pairs=data.pairs + data.texts,
+        labels=data.labels * 2,
+        lines=data.lines * 2,
+    )
 
 
 def label_values(data: LabeledExamples) -> list[float]:

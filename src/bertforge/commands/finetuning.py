@@ -31,6 +31,8 @@ SETTING_FLAGS = {
     "task.from_scratch": "--from-scratch",
     "task.compare_scratch": "--compare-scratch",
     "task.reinit_pooler": "--reinit-pooler",
+    "task.both_orders": "--both-orders",
+    "task.text_pair_column": "--text-pair-column",
     "task.dropout": "--dropout",
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
@@ -40,6 +42,7 @@ RESUME_IGNORES = (
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "from_scratch"),
     "compare_scratch",
     "reinit_pooler",
+    "both_orders",
     "task",
     "dropout",
     *("precision", "device", "set"),
@@ -119,6 +122,12 @@ def add_finetune_command(commands) -> None:
         "--reinit-pooler",
         action="store_true",
         help="leave out the pretrained pooler ([CLS] dense + tanh, which NSP trains): it starts fresh",
+    )
+    p.add_argument(
+        "--both-orders",
+        action="store_true",
+        help="also train on each pair with its two texts swapped, for pairs that mean the same either "
+        "way (paraphrase, similarity: glue's STS-B recipe, with --epochs 2)",
     )
     p.add_argument(
         "--dropout",
@@ -227,6 +236,7 @@ def finetune_inputs(args):
         from_scratch=args.from_scratch,
         compare_scratch=args.compare_scratch,
         reinit_pooler=args.reinit_pooler,
+        both_orders=args.both_orders,
         dropout=args.dropout,
         task_type=args.task or "auto",
     )
