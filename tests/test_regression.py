@@ -1,6 +1,6 @@
 """Regression fine-tuning (real-valued labels, one output, mean squared error): the head's Hugging Face
 parity for BERT and GPT-1, telling real-valued labels from classes, learning STS-B's similarity
-scores from a sample of its training file (also in both orders), `classify` printing
+scores from a sample of its training file (from the mean score; in both orders), `classify` printing
 the score, export and import, and the seeds summary and paired comparison on Pearson's r."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def finetune_argv(model: Path, data: tuple[Path, Path], out: Path, *extra: str) 
 @pytest.fixture(scope="module")
 def regressor(tmp_path_factory, tiny_pretrained_run, stsb) -> Path:
     out = tmp_path_factory.mktemp("stsb-run") / "run"
-    recipe = ("--epochs", "3", "--batch-size", "16", "--lr", "5e-3")  # a 32-wide model: a high rate
+    recipe = ("--epochs", "3", "--batch-size", "16", "--lr", "2e-3")  # a 32-wide model: a high rate
     assert main(finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
     return out
 
@@ -210,6 +210,17 @@ def test_finetune_learns_stsb_scores(regressor, stsb):
     final = regressor / "final"
     assert json.loads((final / "labels.json").read_text()) == {"labels": ["score"]}
     assert read_weights(final / "model.safetensors")["classifier.weight"].shape == (1, 32)
+
+
+def test_a_regression_starts_at_the_mean_training_score(regressor, stsb):
+    """The head's bias starts at the training scores' mean: before any step the validation MSE is the
+    scores' spread around that mean, well below their spread around 0, where a bias of 0 would start."""
+    train, valid = ([float(row.split("\t")[-1]) for row in p.read_text().splitlines()[1:]] for p in stsb)
+    mean = sum(train) / len(train)
+    around_mean = float(np.mean([(score - mean) ** 2 for score in valid]))
+    start = metrics_lines(regressor, "valid")[0]
+    assert start["epoch"] == 0 and start["mse"] == pytest.approx(around_mean, rel=0.05)
+    assert around_mean < 0.5 * float(np.mean(np.square(valid)))
 
 
 def test_both_orders_trains_on_each_pair_twice(tmp_path, capsys, tiny_pretrained_run, stsb):
