@@ -30,6 +30,7 @@ Each run's best epoch is chosen on the first dev file, which also scores it (as 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -65,7 +66,7 @@ from bertforge.glue_recipes import Recipe, load_recipes
 from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
-from bertforge.labeled import LabeledExamples
+from bertforge.labeled import LabeledExamples, in_both_orders
 from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
 from bertforge.worker_pool import (
@@ -185,7 +186,9 @@ def run_glue(
         if not (out / SETTINGS).is_file() or read_json(out / SETTINGS) != asdict(whole):
             write_json(out / SETTINGS, asdict(whole))  # new, or grown
         files = {
-            name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
+            name: write_task_files(
+                out / "data" / name, data, recipe_of(bench, name), saved_train_hashes(out, name)
+            )
             for name, data in datas.items()
         }
         planned = plan(bench, datas, out)
@@ -341,20 +344,38 @@ class TaskFiles:
     dev: Path
     train_examples: int
     train_examples_in_file: int
+    both_orders_in_file: bool = False  # the training file holds each pair, then each pair swapped
 
 
-def write_task_files(folder: Path, data: TaskData, recipe: Recipe) -> TaskFiles:
+def write_task_files(
+    folder: Path, data: TaskData, recipe: Recipe, saved_hashes: frozenset[str] = frozenset()
+) -> TaskFiles:
     """The training examples (a fixed random subset of `max_train_examples`) and the first dev file as
-    JSON lines; a file whose content is unchanged is left as it is."""
+    JSON lines; a file whose content is unchanged is left as it is. With `both_orders` fine-tuning
+    swaps the pairs itself, but where `saved_hashes` (`saved_train_hashes`) hold the file with both
+    orders written in, as glue once wrote it, the runs begun on it continue on it."""
     total = len(data.train)
     keep = np.arange(total)
     if 0 < recipe.max_train_examples < total:
         rng = np.random.default_rng(SUBSET_SEED)
         keep = np.sort(rng.choice(total, recipe.max_train_examples, replace=False))
     train, dev = folder / "train.jsonl", folder / "dev.jsonl"
-    write_if_changed(train, jsonl(data.train, keep))
+    text, in_file = jsonl(data.train, keep), False
+    if recipe.both_orders:
+        doubled = jsonl(in_both_orders(data.train), np.concatenate([keep, keep + total]))
+        in_file = hashlib.sha256(doubled.encode("utf-8")).hexdigest() in saved_hashes
+        text = doubled if in_file else text
+    write_if_changed(train, text)
     write_if_changed(dev, jsonl(data.dev[data.spec.dev[0]], np.arange(len(data.dev[data.spec.dev[0]]))))
-    return TaskFiles(train, dev, len(keep), total)
+    return TaskFiles(train, dev, len(keep), total, in_file)
+
+
+def saved_train_hashes(out: Path, name: str) -> frozenset[str]:
+    """The training file's hash that each of the task's fine-tuning folders (its runs, its sweep's
+    grid points) began on."""
+    folders = [out / name, *(out / "sweep" / name).glob("*")]
+    saved = [read_json(folder / TASK) for folder in folders if (folder / TASK).is_file()]
+    return frozenset(payload.get("data_sha256", {}).get("train", "") for payload in saved)
 
 
 def jsonl(examples: LabeledExamples, keep: np.ndarray) -> str:
@@ -391,7 +412,7 @@ def finetune_task(
         dropout=recipe.dropout,
         task_type=data.spec.kind,
         best_by=BEST_EPOCH_BY.get(data.spec.name),
-        both_orders=recipe.both_orders,
+        both_orders=recipe.both_orders and not files.both_orders_in_file,
     )
 
 
