@@ -361,7 +361,7 @@ def write_task_files(
         keep = np.sort(rng.choice(total, recipe.max_train_examples, replace=False))
     train, dev = folder / "train.jsonl", folder / "dev.jsonl"
     text, in_file = jsonl(data.train, keep), False
-    if recipe.both_orders:
+    if recipe.both_orders and saved_hashes:  # only runs saved earlier can have begun on such a file
         doubled = jsonl(in_both_orders(data.train), np.concatenate([keep, keep + total]))
         in_file = hashlib.sha256(doubled.encode("utf-8")).hexdigest() in saved_hashes
         text = doubled if in_file else text
