@@ -366,7 +366,8 @@ def write_task_files(
         in_file = hashlib.sha256(doubled.encode("utf-8")).hexdigest() in saved_hashes
         text = doubled if in_file else text
     write_if_changed(train, text)
-    write_if_changed(dev, jsonl(data.dev[data.spec.dev[0]], np.arange(len(data.dev[data.spec.dev[0]]))))
+    first_dev = data.dev[data.spec.dev[0]]
+    write_if_changed(dev, jsonl(first_dev, np.arange(len(first_dev))))
     return TaskFiles(train, dev, len(keep), total, in_file)
 
 
