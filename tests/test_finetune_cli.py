@@ -292,6 +292,9 @@ def test_default_learning_rate_by_width(width, rate):
     assert default_learning_rate(width) == rate == finetuning_config(width).train.learning_rate
     pair_rate = finetuning_config(width, pairs=True).train.learning_rate
     assert pair_rate == default_learning_rate(width, pairs=True) == min(rate, 1e-4)
+    scored_rate = finetuning_config(width, pairs=True, regression=True).train.learning_rate
+    assert scored_rate == default_learning_rate(width, pairs=True, regression=True) == min(rate, 2e-4)
+    assert default_learning_rate(width, regression=True) == rate  # single texts: by width alone
 
 
 def test_sentence_pairs_get_the_glue_pair_recipe():

@@ -28,8 +28,9 @@ from bertforge.comparison import compare_runs, paired_bootstrap_pearson, run_fol
 from bertforge.config import ModelConfig, apply_objective
 from bertforge.errors import BertforgeError
 from bertforge.export import export_model, import_hf
-from bertforge.finetune import regression_loss, summarize_seeds
+from bertforge.finetune import PAIR_BATCH_SIZE, PAIR_LEARNING_RATE, regression_loss, summarize_seeds
 from bertforge.folders import open_classifier
+from bertforge.glue_recipes import DEFAULT_RECIPES
 from bertforge.gpt import GPTForSequenceClassification
 from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
 from bertforge.labeled import read_labeled, task_type
@@ -234,6 +235,36 @@ def test_both_orders_trains_on_each_pair_twice(tmp_path, capsys, tiny_pretrained
     message = "--both-orders swaps the two texts of each pair; name the second one's column with --text-pair"
     assert_clean_failure(capsys, single, message)
     assert not (tmp_path / "single").exists()
+
+
+def as_classes(data: tuple[Path, Path], folder: Path) -> tuple[Path, Path]:
+    """The pairs with each score replaced by whether it is at least 2.5 (0 or 1)."""
+    copies = []
+    for path in data:
+        header, *rows = path.read_text(encoding="utf-8").splitlines()
+        split = [row.rsplit("\t", 1) for row in rows]
+        classes = [f"{columns}\t{int(float(score) >= 2.5)}" for columns, score in split]
+        copy = folder / path.name
+        copy.write_text("\n".join([header, *classes]) + "\n", encoding="utf-8")
+        copies.append(copy)
+    return copies[0], copies[1]
+
+
+@pytest.mark.parametrize("labels", ["scores", "classes"])
+def test_scored_pairs_default_to_glues_stsb_recipe(tmp_path, tiny_pretrained_run, stsb, labels):
+    """Without --lr or --epochs, pairs whose labels are scores train at STS-B's recipe's rate (classes:
+    the pair rate), and pairs in both orders for its epochs: the steps of `PAIR_EPOCHS` of one order."""
+    data = stsb if labels == "scores" else as_classes(stsb, tmp_path)
+    out = tmp_path / "run"
+    assert main(finetune_argv(tiny_pretrained_run, data, out, "--both-orders")) == 0
+    saved = json.loads((out / "finetune.json").read_text())
+    recipe = DEFAULT_RECIPES["STS-B"]
+    assert recipe["learning_rate"] != PAIR_LEARNING_RATE  # the two cases differ
+    rate = recipe["learning_rate"] if labels == "scores" else PAIR_LEARNING_RATE
+    assert saved["config"]["train"]["learning_rate"] == rate
+    assert saved["task"]["epochs"] == recipe["epochs"]
+    steps = recipe["epochs"] * math.ceil(2 * TRAIN_PAIRS / PAIR_BATCH_SIZE)
+    assert json.loads((out / "result.json").read_text())["steps"] == steps
 
 
 def test_classify_prints_the_score(regressor, capsys):

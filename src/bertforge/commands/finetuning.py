@@ -101,12 +101,14 @@ def add_finetune_command(commands) -> None:
         "not integers, such as 3.8)",
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
-    p.add_argument("--epochs", type=int, help="passes over the training data (default 3; pairs 4)")
+    p.add_argument(
+        "--epochs", type=int, help="passes over the training data (default 3; pairs 4, in both orders 2)"
+    )
     p.add_argument(
         "--lr",
         type=float,
         help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
-        "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4)",
+        "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4, scored pairs 2e-4)",
     )
     p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32; pairs 16)")
     p.add_argument(
@@ -127,7 +129,7 @@ def add_finetune_command(commands) -> None:
         "--both-orders",
         action="store_true",
         help="also train on each pair with its two texts swapped, for pairs that mean the same either "
-        "way (paraphrase, similarity: glue's STS-B recipe, with --epochs 2)",
+        "way (paraphrase, similarity: glue's STS-B recipe); the default epochs halve, the steps stay",
     )
     p.add_argument(
         "--dropout",
@@ -240,7 +242,8 @@ def finetune_inputs(args):
         dropout=args.dropout,
         task_type=args.task or "auto",
     )
-    config = finetuning_config(model_width(args.model), pairs=args.text_pair_column is not None)
+    pairs = args.text_pair_column is not None
+    config = finetuning_config(model_width(args.model), pairs, regression=pairs and scored_pairs(args))
     flags = {
         "train": {"learning_rate": args.lr, "batch_size": args.batch_size},
         "data": {"max_seq_length": args.max_length},
@@ -256,10 +259,28 @@ def finetune_inputs(args):
 
 
 def default_epochs(args) -> int:
-    """3 (Devlin et al.'s), for sentence pairs GLUE's pair recipe's `PAIR_EPOCHS`."""
-    from bertforge.finetune import PAIR_EPOCHS, FinetuneTask
+    """3 (Devlin et al.'s), for sentence pairs GLUE's pair recipe's `PAIR_EPOCHS`, for pairs in both
+    orders `BOTH_ORDERS_EPOCHS` (the same steps)."""
+    from bertforge.finetune import BOTH_ORDERS_EPOCHS, PAIR_EPOCHS, FinetuneTask
 
-    return PAIR_EPOCHS if args.text_pair_column is not None else FinetuneTask.epochs
+    if args.text_pair_column is None:
+        return FinetuneTask.epochs
+    return BOTH_ORDERS_EPOCHS if args.both_orders else PAIR_EPOCHS
+
+
+def scored_pairs(args) -> bool:
+    """Whether the pairs' labels are real-valued scores: `--task regression`, or by default what the
+    training file's labels say (`labeled.task_type`)."""
+    from bertforge.labeled import read_labeled, task_type
+
+    if args.task not in (None, "auto"):
+        return args.task == "regression"
+    columns = (args.text_column, args.label_column)
+    if None in columns:
+        return False  # finetune names the missing column
+    format = args.format or "auto"
+    train = read_labeled(args.train, *columns, text_pair_column=args.text_pair_column, format=format)
+    return task_type(train) == "regression"
 
 
 def tagged_task(args) -> bool:
