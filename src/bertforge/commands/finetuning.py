@@ -278,8 +278,8 @@ def scored_pairs(args) -> bool:
     columns = (args.text_column, args.label_column)
     if None in columns:
         return False  # finetune names the missing column
-    format = args.format or "auto"
-    train = read_labeled(args.train, *columns, text_pair_column=args.text_pair_column, format=format)
+    file_format = args.format or "auto"
+    train = read_labeled(args.train, *columns, text_pair_column=args.text_pair_column, format=file_format)
     return task_type(train) == "regression"
 
 
