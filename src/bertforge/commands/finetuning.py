@@ -243,7 +243,9 @@ def finetune_inputs(args):
         task_type=args.task or "auto",
     )
     pairs = args.text_pair_column is not None
-    config = finetuning_config(model_width(args.model), pairs, regression=pairs and scored_pairs(args))
+    # whether the pairs are scored decides only the default rate: no need to read the file for a given --lr
+    regression = pairs and args.lr is None and scored_pairs(args)
+    config = finetuning_config(model_width(args.model), pairs, regression=regression)
     flags = {
         "train": {"learning_rate": args.lr, "batch_size": args.batch_size},
         "data": {"max_seq_length": args.max_length},
