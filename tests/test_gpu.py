@@ -156,7 +156,7 @@ def test_fine_tuning_and_inference_on_gpu(tmp_path, tiny_pretrained_run):
         valid=str(toy_file(tmp_path / "valid.jsonl", 30, 1)),
         text_column="text",
         label_column="label",
-        epochs=4,
+        epochs=8,  # 4 reached 0.87-0.97 on generated text: too near the bar
     )
     config = finetuning_config()
     config.data.max_seq_length, config.train.batch_size, config.train.learning_rate = 32, 8, 3e-3
