@@ -378,6 +378,27 @@ def test_the_final_masking_rate_must_be_a_rate():
     validate(config)
 
 
+def test_a_warmup_that_leaves_the_full_length_little_of_the_learning_rate_is_warned_about():
+    import warnings
+
+    from bertforge.config import RunConfig
+    from bertforge.pretrain import warn_short_full_length_phase
+
+    train = TrainConfig(warmup_ratio=0.06, max_steps=1000)
+    for fraction in (0.5, 0.8, 0.936):  # linear decay: the area after f is (1 - f)^2 / (1 - warmup)
+        assert Schedule(train).share_after(fraction) == pytest.approx((1 - fraction) ** 2 / 0.94, abs=1e-4)
+    config = RunConfig(train=train)
+    config.data.warmup_seq_length, config.data.max_seq_length = 32, 128
+    config.data.warmup_seq_fraction = 0.936
+    with pytest.warns(UserWarning, match=r"leaves the 128-token phase 0\.4% of the run's learning-rate area"):
+        warn_short_full_length_phase(config)
+    for fraction, length in ((0.8, 32), (0.936, 0)):  # the demo's share; no warmup at all
+        config.data.warmup_seq_fraction, config.data.warmup_seq_length = fraction, length
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            warn_short_full_length_phase(config)
+
+
 def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice, small_tokenizer_dir):
     import warnings
 

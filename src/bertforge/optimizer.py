@@ -54,3 +54,9 @@ class Schedule:
         if self.train.schedule == "wsd":
             return peak * min(1.0, (1.0 - progress) / self.train.decay_ratio)
         return peak * max(0.0, 1.0 - progress) / (1.0 - self.warmup)
+
+    def share_after(self, progress: float, points: int = 2000) -> float:
+        """The share of the run's learning-rate area (the sum of its step sizes) left after `progress`."""
+        rates = [self.learning_rate((i + 0.5) / points) for i in range(points)]
+        total = sum(rates)
+        return sum(rates[int(progress * points) :]) / total if total else 0.0
