@@ -26,6 +26,7 @@ from test_finetune_cli import finetune_argv, pair_rows, write_csv
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.cli import main
 from bertforge.errors import Interrupted
+from bertforge.plots import pyplot, save_png
 from bertforge.signals import StopSignals
 
 BERTFORGE = [sys.executable, "-m", "bertforge"]
@@ -239,6 +240,44 @@ def test_a_second_signal_acts_at_once():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     stop = Interrupted(signal.SIGTERM, 7, Path("run/checkpoints/step_000007"), report=True)
     assert stop.exit_status == 143 and "continue with --resume" in str(stop)
+
+
+class SignalledWhileDrawn:
+    """A matplotlib artist that receives SIGINT while it is drawn, inside code that turns a
+    KeyboardInterrupt into another exception, as matplotlib's C++ converters do ("ValueError: Invalid
+    bounding box", seen ending a stopped fine-tuning worker's run as a bug)."""
+
+    def __init__(self) -> None:
+        self.drawn = False
+
+    def __call__(self):
+        from matplotlib.lines import Line2D
+
+        figure = pyplot().figure()
+        artist = self
+
+        class Line(Line2D):
+            def draw(self, renderer):
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    raise ValueError("Invalid bounding box") from None
+                super().draw(renderer)
+                artist.drawn = True
+
+        figure.add_artist(Line([0.1, 0.9], [0.1, 0.9]))
+        return figure
+
+
+def test_a_signal_while_a_png_is_drawn_acts_once_it_is_drawn(tmp_path):
+    drawing = SignalledWhileDrawn()
+    with pytest.raises(KeyboardInterrupt):
+        save_png(drawing, tmp_path / "curves.png")
+    assert drawing.drawn and not list(tmp_path.iterdir())  # drawn whole, then stopped before writing
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with StopSignals() as signals:  # inside a training loop, the loop's handler records it after the draw
+        save_png(SignalledWhileDrawn(), tmp_path / "curves.png")
+        assert signals.received == signal.SIGINT and (tmp_path / "curves.png").stat().st_size > 0
 
 
 def rank_pid(launcher: int, rank: int) -> int:

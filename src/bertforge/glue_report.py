@@ -349,7 +349,7 @@ def plot_report(report: dict, out_png: Path) -> None:
         series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))
     settings = report["settings"]
     title = f"GLUE: {Path(settings['model']).name}, median of {len(settings['seeds'])} seeds"
-    save_png(score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
+    save_png(lambda: score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
 
 
 def score_bars(groups: list[str], series: list[tuple], ylabel: str, title: str) -> Figure:

@@ -72,7 +72,7 @@ def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0])
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "compare.json", comparison)
     atomic_write_text(out / "compare.md", markdown_comparison(comparison))
-    save_png(comparison_figure(comparison), out / "compare.png")
+    save_png(lambda: comparison_figure(comparison), out / "compare.png")
     return comparison
 
 

@@ -2,12 +2,13 @@
 held-out curves on one figure (`bertforge plot`), and a model's attention maps (`bertforge attention`).
 
 Each `*_figure` function builds a matplotlib figure from data (so tests can read its panels); the
-PNG is written atomically by `save_png`.
+PNG is drawn and written atomically by `save_png`.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ import numpy as np
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_bytes, read_json
 from bertforge.metrics_log import MetricsLog
+from bertforge.signals import stop_signals_held
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,17 +43,23 @@ def pyplot():
     return plt
 
 
-def save_png(fig: Figure, out_png: Path, dpi: int = 110) -> None:
-    """Write `fig` as a PNG at `out_png` atomically, and close it."""
+def save_png(build: Callable[[], Figure], out_png: Path, dpi: int = 110) -> None:
+    """Draw the figure that `build` makes and write it as a PNG at `out_png` atomically. A stop signal
+    waits until it is drawn (`stop_signals_held`)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    pyplot().close(fig)
+    with stop_signals_held():
+        fig = build()
+        try:
+            fig.savefig(buffer, format="png", dpi=dpi)
+        finally:
+            pyplot().close(fig)
     atomic_write_bytes(Path(out_png), buffer.getvalue())
 
 
 def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
     """Write `pretraining_figure` of a run's `metrics.jsonl` as a PNG."""
-    save_png(pretraining_figure(MetricsLog(Path(metrics_path)).read()), out_png)
+    records = MetricsLog(Path(metrics_path)).read()
+    save_png(lambda: pretraining_figure(records), out_png)
 
 
 @dataclass
@@ -166,7 +174,7 @@ def plot_finetuning(
 ) -> None:
     """Write `finetuning_figure` of a fine-tuning run's `metrics.jsonl` as a PNG."""
     records = MetricsLog(Path(metrics_path)).read()
-    save_png(finetuning_figure(records, steps_per_epoch, kind), out_png)
+    save_png(lambda: finetuning_figure(records, steps_per_epoch, kind), out_png)
 
 
 def finetuning_figure(records: list[dict], steps_per_epoch: int, kind: str) -> Figure:
@@ -303,7 +311,7 @@ def comparison_figure(curves: list[RunCurves]) -> Figure:
 def plot_runs(runs: list[Path], out_png: Path) -> list[RunCurves]:
     """Draw several runs' held-out curves on one figure (`comparison_figure`) and write it as a PNG."""
     curves = [run_curves(run, label) for run, label in zip(runs, run_labels(runs), strict=True)]
-    save_png(comparison_figure(curves), out_png)
+    save_png(lambda: comparison_figure(curves), out_png)
     return curves
 
 

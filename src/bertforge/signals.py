@@ -1,13 +1,16 @@
 """SIGINT and SIGTERM during training: recorded, not acted on, so that the loop stops between steps
 with a checkpoint (`StopSignals`); data workers ignore them (`ignore_stop_signals`), the loop
-stops them. Ctrl-C before a loop has saved anything, or in a command without one, is reported as
+stops them. Code that a KeyboardInterrupt must not reach halfway holds them until it ends
+(`stop_signals_held`). Ctrl-C before a loop has saved anything, or in a command without one, is reported as
 `StoppedEarly`, which says what to do instead of `--resume`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from bertforge.errors import Interrupted
@@ -52,6 +55,17 @@ class StopSignals:
 
     def __exit__(self, *_exc) -> None:
         self.restore()
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then act as they would have (a second one acts at
+    once). matplotlib's C++ drawing code turns a KeyboardInterrupt raised inside it into another
+    exception, such as "ValueError: Invalid bounding box", which would end a stopped run as a bug."""
+    with StopSignals() as signals:
+        yield
+    if signals.received:
+        signal.raise_signal(signals.received)
 
 
 class StoppedEarly(Interrupted):

@@ -116,7 +116,7 @@ def run_attention(args) -> int:
         numbers = {"layers": [n + 1 for n in layers], "heads": [n + 1 for n in heads]}
         print(json.dumps({"tokens": maps.tokens, **numbers, "causal": maps.causal, "weights": selected}))
     if args.out is not None:
-        save_png(attention_figure(maps.tokens, weights, layers, heads), args.out, dpi=100)
+        save_png(lambda: attention_figure(maps.tokens, weights, layers, heads), args.out, dpi=100)
     if args.out is not None and not args.json:  # with --json, stdout holds the JSON only
         kind = "causal (GPT)" if maps.causal else "bidirectional (BERT)"
         print(
