@@ -1,8 +1,8 @@
 """SIGINT and SIGTERM during training: recorded, not acted on, so that the loop stops between steps
 with a checkpoint (`StopSignals`); data workers ignore them (`ignore_stop_signals`), the loop
 stops them. Code that a KeyboardInterrupt must not reach halfway holds them until it ends
-(`stop_signals_held`). Ctrl-C before a loop has saved anything, or in a command without one, is reported as
-`StoppedEarly`, which says what to do instead of `--resume`.
+(`stop_signals_held`). Ctrl-C before a loop has saved anything, or in a command without one, is
+reported as `StoppedEarly`, which says what to do instead of `--resume`.
 """
 
 from __future__ import annotations
