@@ -417,7 +417,7 @@ def warn_short_full_length_phase(config: RunConfig) -> None:
         warnings.warn(
             f"data.warmup_seq_fraction = {data.warmup_seq_fraction:g} leaves the {data.max_seq_length}-token "
             f"phase {share:.1%} of the run's learning-rate area, and the model may stay weak at that "
-            "length; lower the fraction (the configs use 0.5 and 0.8)",
+            "length; lower the fraction (the configs use 0.7 and 0.8)",
             stacklevel=2,
         )
 
