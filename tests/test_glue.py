@@ -27,9 +27,11 @@ from bertforge.finetune import EpochEvaluator, task_data
 from bertforge.glue import SCORES, benchmark, finetune_task, run_glue, run_tokens, write_task_files
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
+from bertforge.glue_report import at_chance, chance_note, majority_class
 from bertforge.glue_scores import (
     PUBLISHED,
     glue_average,
+    majority_label,
     paired_bootstrap_score,
     published_scores,
     split_figures,
@@ -303,6 +305,45 @@ def test_the_bootstrap_of_a_task_score_sees_a_real_gain_and_no_gain():
     assert paired_bootstrap_score("MRPC", true, same, same, ["0", "1"], 200)["p_value"] == 1.0
 
 
+def test_the_majority_class_is_what_a_model_at_chance_scores():
+    assert majority_label(["1", "0", "1"]) == "1" and majority_label(["1", "0", "1", "0"]) == "0"
+    rng = random.Random(2)
+    true = ["0"] * 160 + ["1"] * 140
+    rng.shuffle(true)
+    flip = {"0": "1", "1": "0"}
+    runs = [  # pretrained: 1 in 5 wrong; scratch: a coin
+        {"arm": arm, "seed": seed, "predicted": [t if rng.random() > rate else flip[t] for t in true]}
+        for seed in (1, 2, 3)
+        for arm, rate in (("pretrained", 0.2), ("scratch", 0.5))
+    ]
+    sst2 = majority_class(
+        "SST-2", {"train_majority": "0", "true": true, "runs": runs}, ["pretrained", "scratch"]
+    )
+    assert sst2["label"] == "0" and sst2["dev"] == {"acc": pytest.approx(100 * 160 / 300)}
+    assert not at_chance(sst2, "pretrained") and at_chance(sst2, "scratch")
+    # MRPC's constant "paraphrase": precision p (the share of "1"), recall 1, so F1 = 2p / (1 + p)
+    mrpc = majority_class("MRPC", {"train_majority": "1", "true": true, "runs": runs}, ["pretrained"])
+    share = 140 / 300
+    assert mrpc["dev"] == pytest.approx({"f1": 100 * 2 * share / (1 + share), "acc": 100 * share})
+    assert mrpc["score"] == pytest.approx((mrpc["dev"]["f1"] + mrpc["dev"]["acc"]) / 2)
+    report = {
+        "average": {"pretrained": {}, "scratch": {}},
+        "tasks": {"SST-2": {"majority": sst2}, "STS-B": {}},
+    }
+    assert chance_note(report).endswith("at chance: SST-2 (scratch)")
+    sst2["above"]["pretrained"] = sst2["above"]["scratch"]
+    assert chance_note(report).endswith("at chance: SST-2 (both arms)")
+
+
+def test_the_shared_rte_and_mrpc_have_the_majority_classes_glue_reports():
+    """RTE's training set leans to entailment by 8 pairs, its dev set by 15 of 277; MRPC's are paraphrases."""
+    found, _ = find_tasks([SHARED_DATA], ["RTE", "MRPC"])
+    rte, mrpc = (read_task(TASKS[name], found[name]) for name in ("RTE", "MRPC"))
+    assert majority_label(rte.train.labels) == "entailment" and majority_label(mrpc.train.labels) == "1"
+    dev = rte.dev["dev"].labels
+    assert dev.count("entailment") / len(dev) == pytest.approx(146 / 277)
+
+
 # ------------------------------------------------------------------------------------------- recipes
 
 
@@ -447,6 +488,14 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
         "| RTE | acc |" in markdown and "| average | score |" in markdown and "--compare-scratch" in markdown
     )
     assert "STS-B: trained on each pair in both orders" in markdown
+    # RTE's 24 training pairs are half entailment: the tie goes to the first name, half of dev right
+    assert (
+        saved["tasks"]["RTE"]["majority"]["label"] == "entailment"
+        and "majority" not in saved["tasks"]["STS-B"]
+    )
+    assert saved["tasks"]["RTE"]["majority"]["dev"] == {"acc": 50.0}
+    assert "| pretrained | scratch | majority | gain |" in markdown and "| RTE | acc |" in markdown
+    assert "- majority: the training set's most frequent label" in markdown
     assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 24
     assert json.loads((out / "STS-B" / "finetune.json").read_text(encoding="utf-8"))["task"]["both_orders"]
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
@@ -615,7 +664,8 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     printed = capsys.readouterr()
     assert printed.out.startswith(f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}\n")
     table = printed.out.split("\n\n")
-    assert table[2].split("\n")[0].split() == ["task", "figure", "pretrained", "Tiny*", "Mini*", "Small*"]
+    header = ["task", "figure", "pretrained", "majority", "Tiny*", "Mini*", "Small*"]
+    assert table[2].split("\n")[0].split() == header
     assert "labelled test files:" in printed.out and "average" in printed.out
     progress = printed.err.strip().split("\n")  # not a terminal: a line per run
     assert progress[0].startswith("glue: 1/2 runs: MRPC pretrained seed 1 done, dev score ")
@@ -626,6 +676,8 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
         (mnli["dev"]["acc_m"]["median"] + mnli["dev"]["acc_mm"]["median"]) / 2
     )
     assert set(mrpc["test"]) == {"f1", "acc"} and saved["tasks"]["MRPC"]["test_examples"] == {"test": 10}
+    majority = saved["tasks"]["MNLI"]["majority"]  # three classes of 8: the first name; matched alone
+    assert majority["label"] == "contradiction" and set(majority["dev"]) == {"acc_m"}
     assert saved["skipped"] == [f"WNLI: skipped, no WNLI/ folder with a train.tsv in {glue_dir}"]
     assert_clean_failure(capsys, ["glue", "--out", str(out), "--resume", "--seeds", "1,2"], "drop --seeds")
     assert_clean_failure(capsys, ["glue", "--out", str(tmp_path / "x")], "glue needs --model and --data")

@@ -64,7 +64,7 @@ from bertforge.folders import find_model_folder, open_classifier, refuse_other_k
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, load_recipes
 from bertforge.glue_report import build_report, markdown_report, plot_report
-from bertforge.glue_scores import BEST_EPOCH_BY, split_figures, task_score
+from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
 from bertforge.labeled import LabeledExamples, in_both_orders
 from bertforge.progress import RunsProgress
@@ -470,6 +470,7 @@ def run_task(
         "sweep": grid,
         "runs": scored,
         "true": dev_truth(data),
+        "train_majority": None if data.spec.kind == "regression" else majority_label(data.train.labels),
     }
 
 

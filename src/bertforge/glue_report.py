@@ -4,13 +4,16 @@
 glue.json: the settings and the command, the machine, the time; per task its recipe, each run's
 figures, each arm's median and spread, and the paired comparison of the arms in the task score
 (the per-seed differences, the sign test over seeds, a paired bootstrap over the first dev file's
-examples); each arm's GLUE average; the published figures with their source.
+examples); per classification task the majority class (the training set's most frequent label for
+every dev example: what a model at chance scores) and each arm's paired bootstrap over it; each
+arm's GLUE average; the published figures with their source.
 
 The table: a row per task figure and, for a task of two figures, its score; per arm the median over
-seeds and the range; the pretrained arm's gain over scratch in the task score with the sign test's
-and the paired bootstrap's p; the published BERT-Tiny, Mini and Small figures (GLUE test sets, so
-not the same examples); and the GLUE average. The figure: each task's score and the average, this
-model's (the seeds' range as a bar) beside the scratch arm's and the published models'.
+seeds and the range; the majority class's figure; the pretrained arm's gain over scratch in the task
+score with the sign test's and the paired bootstrap's p; the published BERT-Tiny, Mini and Small
+figures (GLUE test sets, so not the same examples); and the GLUE average. The figure: each task's
+score and the average, this model's (the seeds' range as a bar) beside the scratch arm's, the
+majority class's and the published models'.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from bertforge.glue_scores import (
     glue_average,
     paired_bootstrap_score,
     published_scores,
+    split_figures,
     task_score,
 )
 from bertforge.plots import pyplot, save_png
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
 SHORT = {"BERT-Tiny (2/128)": "Tiny", "BERT-Mini (4/256)": "Mini", "BERT-Small (4/512)": "Small"}
 OPTIMISTIC = "†"
 BOOTSTRAP_RESAMPLES = 1000
+AT_CHANCE_P = 0.05  # an arm not above the majority class at this paired bootstrap p is at chance
 
 
 def build_report(
@@ -65,10 +70,12 @@ def build_report(
     arms = list(ARMS if settings["compare_scratch"] else ARMS[:1])
     report_tasks = {}
     for name, task in tasks.items():
-        entry = {key: value for key, value in task.items() if key not in ("runs", "true")}
+        entry = {key: value for key, value in task.items() if key not in ("runs", "true", "train_majority")}
         entry["arms"] = {arm: arm_summary([r for r in task["runs"] if r["arm"] == arm]) for arm in arms}
         if settings["compare_scratch"]:
             entry["comparison"] = compare_arms(name, task)
+        if task.get("train_majority") is not None:
+            entry["majority"] = majority_class(name, task, arms)
         report_tasks[name] = entry
     every_run = [run for task in tasks.values() for run in task["runs"]]
     sweep_runs = [point for task in tasks.values() for point in task["sweep"]]
@@ -109,6 +116,27 @@ def compare_arms(name: str, task: dict) -> dict:
     """The task score's paired statistics of the pretrained arm against the scratch arm."""
     by_arm = [sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS]
     return paired_comparison(name, task["kind"], task["true"], *by_arm, names=ARMS)
+
+
+def majority_class(name: str, task: dict, arms: list[str]) -> dict:
+    """The training set's most frequent label given to every example of the first dev file: its
+    figures and task score, and per arm the paired bootstrap of the arm's score over it."""
+    label, true, labels = task["train_majority"], task["true"], sorted(TASKS[name].labels)
+    constant = [label] * len(true)
+    dev = split_figures(name, 0, true, constant, labels)
+    above = {}
+    for arm in arms:
+        runs = sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
+        above[arm] = paired_bootstrap_score(
+            name, true, [r["predicted"] for r in runs], [constant], labels, resamples=BOOTSTRAP_RESAMPLES
+        )
+    return {"label": label, "dev": dev, "score": task_score(name, dev), "above": above}
+
+
+def at_chance(majority: dict, arm: str) -> bool:
+    """Whether the arm's task score fails to beat the majority class's (paired bootstrap)."""
+    test = majority["above"][arm]
+    return not (test["gain"] > 0 and test["p_value"] < AT_CHANCE_P)
 
 
 def paired_comparison(
@@ -190,12 +218,14 @@ def command_line(settings: dict, out: Path) -> str:
 
 
 def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
-    """The table's rows (a header first): task, figure, each arm's median (range), the gain over
-    scratch with its two p-values, and the published figures."""
+    """The table's rows (a header first): task, figure, each arm's median (range), the majority
+    class's figure, the gain over scratch with its two p-values, and the published figures."""
     arms = list(report["average"])
     compare = "scratch" in arms and split == "dev"  # the arms are compared on the dev file
+    majority = split == "dev" and any("majority" in task for task in report["tasks"].values())
     published = report["published"]["models"]
-    header = ["task", "figure", *arms] + (["gain", "p sign", "p boot"] if compare else [])
+    header = ["task", "figure", *arms] + ["majority"] * majority
+    header += ["gain", "p sign", "p boot"] if compare else []
     rows = [header + [f"{SHORT[m]}*" for m in published]]
     for name, task in report["tasks"].items():
         figures = [f for f, _, _ in FIGURES[name] if f in task["arms"][arms[0]][split]]
@@ -207,6 +237,8 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
             row = [label if i == 0 else "", figure]
             for arm in arms:
                 row.append(median_range(arm_figure(task["arms"][arm], split, figure, len(shown) == 1)))
+            if majority:
+                row.append(majority_cell(task.get("majority"), figure))
             last = i == len(shown) - 1
             if compare:
                 row += comparison_cells(task["comparison"]) if last else ["", "", ""]
@@ -216,8 +248,17 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
                 row.append("" if value is None else f"{value:.1f}")
             rows.append(row)
     if split == "dev":
-        rows.append(average_row(report, arms, compare))
+        rows.append(average_row(report, arms, compare, majority))
     return rows
+
+
+def majority_cell(majority: dict | None, figure: str) -> str:
+    """The majority class's figure; none for a regression or a figure of another dev file (MNLI's
+    mismatched: the majority class is scored on the first dev file, as the paired tests)."""
+    if majority is None:
+        return ""
+    value = majority["score"] if figure == "score" else majority["dev"].get(figure)
+    return "" if value is None else f"{value:.1f}"
 
 
 def arm_figure(arm: dict, split: str, figure: str, single: bool) -> dict:
@@ -237,9 +278,9 @@ def comparison_cells(comparison: dict) -> list[str]:
     return [f"{comparison['difference']['median']:+.1f}", f"{comparison['sign_test']['p_value']:.3f}", p_boot]
 
 
-def average_row(report: dict, arms: list[str], compare: bool) -> list[str]:
+def average_row(report: dict, arms: list[str], compare: bool, majority: bool) -> list[str]:
     averages = report["average"]
-    row = ["average", "score", *(f"{averages[arm]['score']:.1f}" for arm in arms)]
+    row = ["average", "score", *(f"{averages[arm]['score']:.1f}" for arm in arms)] + [""] * majority
     if compare:
         row += [f"{averages['pretrained']['score'] - averages['scratch']['score']:+.1f}", "", ""]
     row += [f"{m['average_of_these_tasks']:.1f}" for m in report["published"]["models"].values()]
@@ -261,6 +302,8 @@ def notes(report: dict) -> list[str]:
             "median of the per-seed differences in the task score (the average's: the difference of the two "
             "averages); p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples"
         )
+    if any("majority" in task for task in report["tasks"].values()):
+        lines.append(chance_note(report))
     for name, task in report["tasks"].items():
         if task["train_examples"] < task["train_examples_in_file"]:
             lines.append(
@@ -290,6 +333,21 @@ def notes(report: dict) -> list[str]:
         f"torch {machine['torch']}"
     )
     return lines
+
+
+def chance_note(report: dict) -> str:
+    """What the majority column is, and which tasks' arms do not beat it."""
+    arms, low = list(report["average"]), []
+    for name, task in report["tasks"].items():
+        behind = [arm for arm in arms if "majority" in task and at_chance(task["majority"], arm)]
+        if behind:
+            low.append(f"{name} ({'both arms' if len(behind) == 2 else behind[0]})")
+    verdict = f"at chance: {', '.join(low)}" if low else "every arm of every task beats it"
+    return (
+        "majority: the training set's most frequent label for every dev example (none for a "
+        "regression: a constant has no correlation); an arm whose task score does not beat it with "
+        f"paired bootstrap p < {AT_CHANCE_P:g} is at chance; {verdict}"
+    )
 
 
 def text_table(rows: list[list[str]]) -> str:
@@ -344,6 +402,9 @@ def plot_report(report: dict, out_png: Path) -> None:
         lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [medians[-1]]
         highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
         series.append((f"{arm} (dev)" if arm == "pretrained" else "from scratch (dev)", medians, lows, highs))
+    if any("majority" in report["tasks"][t] for t in tasks):
+        values = [report["tasks"][t].get("majority", {}).get("score", np.nan) for t in tasks]
+        series.append(("majority class (dev)", [*values, np.nan], None, None))
     for model, row in report["published"]["models"].items():
         values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]
         series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))

@@ -1,5 +1,5 @@
 """GLUE's scoring: each task's figures, its score, the average, a paired bootstrap of a task's score,
-and the published figures of Google's small BERTs.
+the majority label (a constant at chance), and the published figures of Google's small BERTs.
 
 A task's figures, in percent as GLUE reports them (correlations x 100): accuracy for SST-2, QNLI,
 RTE and WNLI, and for MNLI on the matched and mismatched dev sets (`acc_m`, `acc_mm`); F1 of the
@@ -12,6 +12,7 @@ leaderboard: the model card's "Score" column is that mean over the nine tasks).
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -124,6 +125,13 @@ def task_score(task: str, figures: dict[str, float]) -> float | None:
     alone); None when none is."""
     present = [figures[name] for name, _, _ in FIGURES[task] if name in figures]
     return statistics.fmean(present) if present else None
+
+
+def majority_label(labels: Sequence[str]) -> str:
+    """The most frequent label (of equals, the first in sorted order): the constant that a model at
+    chance matches."""
+    counts = Counter(labels)
+    return min(counts, key=lambda label: (-counts[label], label))
 
 
 def glue_average(scores: dict[str, float]) -> float:
