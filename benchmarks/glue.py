@@ -10,8 +10,8 @@ with `max_train_examples`), scored on the first 100 dev examples. The benchmark 
 Reported: the whole run's wall minutes (the target's measure), each task and arm's minutes of
 fine-tuning on its runs' own clocks (the rest is reading the data, scoring each run's best epoch and
 writing the report), each task and arm's median dev score and figures (Pearson, F1, accuracy), the
-pretrained arm's paired gain over scratch per task (sign test and bootstrap, as `glue` reports it)
-and both arms' GLUE average.
+pretrained arm's paired gain over scratch per task (sign test and bootstrap, as `glue` reports it),
+whether each arm of a classification task beats its majority class, and both arms' GLUE average.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bertforge.errors import BertforgeError
 from bertforge.folders import find_model_folder
 from bertforge.glue import benchmark, run_glue
 from bertforge.glue_data import find_tasks
+from bertforge.glue_report import at_chance
 from bertforge.pretrain import pretrain
 
 GLUE_DATA = os.environ.get(
@@ -146,7 +147,8 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
 
 def task_rows(report: dict) -> list[dict]:
     """Per task and arm: its runs, their minutes of fine-tuning (own clocks), the median dev score and
-    figures; the pretrained arm's row adds its paired gain over scratch."""
+    figures, whether it is at chance (None for a regression); the pretrained arm's row adds its paired
+    gain over scratch."""
     rows = []
     for name, task in report["tasks"].items():
         for arm in ARMS:
@@ -161,6 +163,7 @@ def task_rows(report: dict) -> list[dict]:
                     "score": summary["score"]["median"],
                     "figures": {figure: values["median"] for figure, values in summary["dev"].items()},
                     "comparison": task["comparison"] if arm == ARMS[0] else None,
+                    "at_chance": at_chance(task["majority"], arm) if "majority" in task else None,
                 }
             )
     return rows

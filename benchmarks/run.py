@@ -277,6 +277,7 @@ def glue_table(rows: list[dict]) -> str:
             "median dev score": lambda r: f"{r['score']:.1f}",
             "median dev figures": lambda r: ", ".join(f"{k} {v:.1f}" for k, v in r["figures"].items()),
             "gain, p sign, p boot": gain_cells,
+            "majority class": lambda r: {True: "at chance", False: "beaten"}.get(r.get("at_chance"), ""),
         },
         rows,
     )

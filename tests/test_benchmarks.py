@@ -61,12 +61,15 @@ def test_the_quick_glue_and_ner_benchmarks_time_their_fine_tuning(tmp_path):
     assert set(glue["average"]) == {"pretrained", "scratch"}
     figures = {row["task"]: set(row["figures"]) for row in glue["per_task"]}
     assert figures == {"SST-2": {"acc"}, "STS-B": {"pearson", "spearman"}}
+    chance = {row["task"]: row["at_chance"] for row in glue["per_task"]}
+    assert chance["STS-B"] is None and isinstance(chance["SST-2"], bool)  # a regression has no majority
     for pretrained, scratch in zip(glue["per_task"][::2], glue["per_task"][1::2], strict=True):
         assert scratch["comparison"] is None
         pairs = pretrained["comparison"]["pairs"]  # the same seeds' scores as the rows' medians
         assert statistics.median(pair["pretrained"] for pair in pairs) == pytest.approx(pretrained["score"])
         assert statistics.median(pair["scratch"] for pair in pairs) == pytest.approx(scratch["score"])
     assert "(5) glue" in done.stdout and "target <= 60 min" in done.stdout and "p boot" in done.stdout
+    assert "majority class" in done.stdout
     assert ner["epochs"] == 1 and ner["steps"] == 16  # 500 sentences in batches of 32
     assert ner["wall_minutes"] > ner["fine_tuning_minutes"] > 0
     assert ner["target_minutes"] == 10 and ner["target_met"] is None  # as GLUE's
