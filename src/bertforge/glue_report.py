@@ -114,8 +114,13 @@ def arm_summary(runs: list[dict]) -> dict:
 
 def compare_arms(name: str, task: dict) -> dict:
     """The task score's paired statistics of the pretrained arm against the scratch arm."""
-    by_arm = [sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS]
+    by_arm = [seed_runs(task, arm) for arm in ARMS]
     return paired_comparison(name, task["kind"], task["true"], *by_arm, names=ARMS)
+
+
+def seed_runs(task: dict, arm: str) -> list[dict]:
+    """The task's runs of `arm`, in seed order."""
+    return sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
 
 
 def majority_class(name: str, task: dict, arms: list[str]) -> dict:
@@ -126,10 +131,8 @@ def majority_class(name: str, task: dict, arms: list[str]) -> dict:
     dev = split_figures(name, 0, true, constant, labels)
     above = {}
     for arm in arms:
-        runs = sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
-        above[arm] = paired_bootstrap_score(
-            name, true, [r["predicted"] for r in runs], [constant], labels, resamples=BOOTSTRAP_RESAMPLES
-        )
+        predicted = [r["predicted"] for r in seed_runs(task, arm)]
+        above[arm] = paired_bootstrap_score(name, true, predicted, [constant], labels, BOOTSTRAP_RESAMPLES)
     return {"label": label, "dev": dev, "score": task_score(name, dev), "above": above}
 
 
@@ -222,7 +225,7 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
     class's figure, the gain over scratch with its two p-values, and the published figures."""
     arms = list(report["average"])
     compare = "scratch" in arms and split == "dev"  # the arms are compared on the dev file
-    majority = split == "dev" and any("majority" in task for task in report["tasks"].values())
+    majority = split == "dev" and has_majority(report)
     published = report["published"]["models"]
     header = ["task", "figure", *arms] + ["majority"] * majority
     header += ["gain", "p sign", "p boot"] if compare else []
@@ -302,7 +305,7 @@ def notes(report: dict) -> list[str]:
             "median of the per-seed differences in the task score (the average's: the difference of the two "
             "averages); p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples"
         )
-    if any("majority" in task for task in report["tasks"].values()):
+    if has_majority(report):
         lines.append(chance_note(report))
     for name, task in report["tasks"].items():
         if task["train_examples"] < task["train_examples_in_file"]:
@@ -369,6 +372,10 @@ def text_report(report: dict) -> str:
     return "\n\n".join(parts) + "\n\n" + "\n".join(notes(report))
 
 
+def has_majority(report: dict) -> bool:
+    return any("majority" in task for task in report["tasks"].values())
+
+
 def has_test(report: dict) -> bool:
     return any(task["test_examples"] for task in report["tasks"].values())
 
@@ -402,7 +409,7 @@ def plot_report(report: dict, out_png: Path) -> None:
         lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [medians[-1]]
         highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
         series.append((f"{arm} (dev)" if arm == "pretrained" else "from scratch (dev)", medians, lows, highs))
-    if any("majority" in report["tasks"][t] for t in tasks):
+    if has_majority(report):
         values = [report["tasks"][t].get("majority", {}).get("score", np.nan) for t in tasks]
         series.append(("majority class (dev)", [*values, np.nan], None, None))
     for model, row in report["published"]["models"].items():
