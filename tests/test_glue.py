@@ -26,7 +26,7 @@ from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator, task_data
 from bertforge.glue import SCORES, benchmark, finetune_task, run_glue, run_tokens, write_task_files
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
-from bertforge.glue_recipes import DEFAULT_RECIPES, read_recipes
+from bertforge.glue_recipes import DEFAULT_RECIPES, Recipe, read_recipes, recipe_text
 from bertforge.glue_report import at_chance, chance_note, majority_class
 from bertforge.glue_scores import (
     PUBLISHED,
@@ -344,6 +344,22 @@ def test_the_shared_rte_and_mrpc_have_the_majority_classes_glue_reports():
     assert dev.count("entailment") / len(dev) == pytest.approx(146 / 277)
 
 
+def test_the_majority_class_is_that_of_the_examples_trained_on(tmp_path):
+    """A recipe's subset of RTE (max_train_examples) has its own most frequent label: the one counted
+    in the training file glue writes, not the whole set's (entailment)."""
+    found, _ = find_tasks([SHARED_DATA], ["RTE"])
+    rte = read_task(TASKS["RTE"], found["RTE"])
+    recipe, _ = read_recipes({}, "built in")
+    majorities = set()
+    for size in (9, 15, 21, 27, 33):
+        files = write_task_files(tmp_path / str(size), rte, replace(recipe["RTE"], max_train_examples=size))
+        written = [json.loads(line)["label"] for line in files.train.read_text(encoding="utf-8").splitlines()]
+        counts = {label: written.count(label) for label in set(written)}
+        assert len(written) == size and counts[files.majority] > size / 2
+        majorities.add(files.majority)
+    assert majorities == {"entailment", "not_entailment"}
+
+
 # ------------------------------------------------------------------------------------------- recipes
 
 
@@ -375,6 +391,35 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
     )
     recipes, _ = read_recipes({"default": {"both_orders": True}}, "f.toml")  # the symmetric tasks take it
     assert {name for name, recipe in recipes.items() if recipe.both_orders} == {"MRPC", "STS-B", "QQP"}
+
+
+def test_a_recipes_file_changes_what_it_sets_and_keeps_the_rest_built_in():
+    """A task table with one setting keeps the task's built-in recipe for the others; the file's
+    [default] reaches every task, even one whose built-in table sets the key; the file's own task
+    table is above its [default]."""
+    built_in, _ = read_recipes({}, "built in")
+    recipes, _ = read_recipes({"sst-2": {"learning_rate": 1e-4}}, "f.toml")
+    assert recipes["SST-2"] == replace(built_in["SST-2"], learning_rate=1e-4)
+    assert (recipes["SST-2"].batch_size, recipes["SST-2"].epochs, recipes["SST-2"].max_length) == (128, 1, 64)
+    assert {name: recipe for name, recipe in recipes.items() if name != "SST-2"} == {
+        name: recipe for name, recipe in built_in.items() if name != "SST-2"
+    }
+    recipes, _ = read_recipes({"default": {"epochs": 3}, "MRPC": {"epochs": 1}}, "f.toml")
+    assert {name: recipe.epochs for name, recipe in recipes.items()} == {
+        name: 1 if name == "MRPC" else 3 for name in TASKS
+    }
+    assert recipes["STS-B"] == replace(built_in["STS-B"], epochs=3)  # its rate and both orders kept
+
+
+def test_each_recipe_reads_as_a_line():
+    built_in, _ = read_recipes({}, "built in")
+    assert recipe_text(built_in["SST-2"]) == (
+        "learning rate 0.0003, 1 epoch, batch 128, 64 tokens, warmup 0.1, dropout 0"
+    )
+    assert recipe_text(built_in["STS-B"]).endswith(
+        "2 epochs, batch 16, 128 tokens, warmup 0.1, dropout 0, pairs in both orders"
+    )
+    assert recipe_text(built_in["QQP"]).split(", ")[-1] == "at most 50,000 training examples"
 
 
 def test_both_orders_trains_on_each_pair_and_its_swap(tmp_path, small_tokenizer_dir):
@@ -499,7 +544,10 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
     assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 24
     assert json.loads((out / "STS-B" / "finetune.json").read_text(encoding="utf-8"))["task"]["both_orders"]
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
-    assert said == [f"note: {few_seeds_note(2)}"]  # nothing skipped, no unlabelled test file
+    recipes = [
+        f"{name}'s recipe: {recipe_text(Recipe(**saved['tasks'][name]['recipe']))}" for name in saved["tasks"]
+    ]
+    assert said == [*recipes, f"note: {few_seeds_note(2)}"]  # nothing skipped, no unlabelled test file
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
@@ -618,6 +666,7 @@ def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_la
     with pytest.raises(KeyboardInterrupt):
         run_glue(bench, out, show_progress=False)
     assert started == [out / "RTE" / "seed_1", out / "STS-B" / "seed_1"]
+    capsys.readouterr()  # the stopped run's lines
 
     trained = counting_training(monkeypatch)
     assert main(["glue", "--out", str(out), "--resume", "--tasks", "rte", "--quiet"]) == 0
@@ -723,8 +772,9 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals
     assert task["recipe"]["learning_rate"] == best["learning_rate"] and task["recipe_chosen_on_dev"]
     assert said == [
+        f"RTE's recipe: {recipe_text(Recipe(**bench.recipes['RTE']))}",
         f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size 4 on dev (seed 1); "
-        "its dev figures are optimistic"
+        "its dev figures are optimistic",
     ]
     assert sorted(p.name for p in (out / "sweep" / "RTE").iterdir()) == ["lr0.0001-bs4", "lr0.003-bs4"]
     markdown = (out / "glue.md").read_text(encoding="utf-8")

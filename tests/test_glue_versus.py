@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from scipy import stats as scipy_stats
 from test_glue import tiny_bench, write_glue
 
 from bertforge.errors import BertforgeError
-from bertforge.glue import run_glue
+from bertforge.glue import GlueBenchmark, move_to_pretrained_arm, run_glue
 from bertforge.glue_versus import arm_runs, compare_benchmarks
 
 
@@ -61,6 +62,20 @@ def test_the_shared_task_is_compared_seed_for_seed(two_benchmarks, tmp_path):
     markdown = (tmp_path / "cmp" / "compare.md").read_text(encoding="utf-8")
     assert "| STS-B |" in markdown and "different recipes (learning_rate)" in markdown
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_benchmark_stopped_while_gaining_the_scratch_arm_still_compares(two_benchmarks, tmp_path):
+    """A rerun with --compare-scratch moves the runs so far under pretrained/; stopped before its new
+    report, the folder's glue.json is the old one, whose runs glue-compare still finds."""
+    first, second = two_benchmarks
+    grown = tmp_path / "copy" / second.name  # the same name: the same column names
+    shutil.copytree(second, grown)
+    settings = json.loads((grown / "glue.json").read_text(encoding="utf-8"))["settings"]
+    move_to_pretrained_arm(replace(GlueBenchmark(**settings), compare_scratch=True), grown)
+    assert (grown / "STS-B" / "pretrained" / "seed_1").is_dir() and not (grown / "STS-B" / "seed_1").exists()
+    before = compare_benchmarks(first, second, tmp_path / "before")
+    after = compare_benchmarks(first, grown, tmp_path / "after")
+    assert after["tasks"]["STS-B"]["comparison"] == before["tasks"]["STS-B"]["comparison"]
 
 
 def test_each_runs_predictions_score_as_its_report_says(two_benchmarks):

@@ -62,7 +62,7 @@ from bertforge.finetune import (
 )
 from bertforge.folders import find_model_folder, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
-from bertforge.glue_recipes import Recipe, load_recipes
+from bertforge.glue_recipes import Recipe, load_recipes, recipe_text
 from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
@@ -153,9 +153,9 @@ def run_glue(
 
     `bench` None with `resume`: the saved settings; `only_tasks` then narrows them to some of the
     saved tasks, so that a benchmark stopped in a task can be reported without it. `say` receives the
-    lines for the user: a task skipped, a test file without labels, the sweep's choice. `jobs`: the
-    fine-tuning runs at once, each in a worker process with a share of the threads (None:
-    `worker_pool.auto_jobs`).
+    lines for the user: a task skipped, a test file without labels, each task's recipe, the sweep's
+    choice. `jobs`: the fine-tuning runs at once, each in a worker process with a share of the
+    threads (None: `worker_pool.auto_jobs`).
     """
     if jobs is not None:
         check_jobs(jobs)  # before anything is written
@@ -176,9 +176,10 @@ def run_glue(
             )
         find_model_folder(bench.model)  # a wrong --model is refused before anything is written
         datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
-        for data in datas.values():
+        for name, data in datas.items():
             for line in data.notes:
                 say(line)
+            say(f"{name}'s recipe: {recipe_text(recipe_of(bench, name))}")
         if len(bench.seeds) < SEEDS_FOR_A_CLAIM and bench.compare_scratch:
             say(f"note: {few_seeds_note(len(bench.seeds))}")
         if whole.compare_scratch:
@@ -345,6 +346,7 @@ class TaskFiles:
     train_examples: int
     train_examples_in_file: int
     both_orders_in_file: bool = False  # the training file holds each pair, then each pair swapped
+    majority: str | None = None  # the most frequent label of the examples trained on; None: regression
 
 
 def write_task_files(
@@ -368,7 +370,9 @@ def write_task_files(
     write_if_changed(train, text)
     first_dev = data.dev[data.spec.dev[0]]
     write_if_changed(dev, jsonl(first_dev, np.arange(len(first_dev))))
-    return TaskFiles(train, dev, len(keep), total, in_file)
+    kept_labels = [data.train.labels[i] for i in keep]
+    majority = None if data.spec.kind == "regression" else majority_label(kept_labels)
+    return TaskFiles(train, dev, len(keep), total, in_file, majority)
 
 
 def saved_train_hashes(out: Path, name: str) -> frozenset[str]:
@@ -470,7 +474,7 @@ def run_task(
         "sweep": grid,
         "runs": scored,
         "true": dev_truth(data),
-        "train_majority": None if data.spec.kind == "regression" else majority_label(data.train.labels),
+        "train_majority": files.majority,
     }
 
 

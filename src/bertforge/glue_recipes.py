@@ -2,9 +2,11 @@
 
 Owns the built-in recipes (configs/glue.toml writes out the same, for a user to copy and edit),
 reading a recipes file of that form ([default], one table per task for what differs, [sweep]) and
-one clear message for an unknown table, an unknown setting or a value out of range. `both_orders`
-(each training pair also with its sentences swapped) holds for the tasks whose pairs mean the same
-either way; [default]'s applies to those alone.
+one clear message for an unknown table, an unknown setting or a value out of range. A file changes
+what it sets and keeps the rest built in: its [default] reaches every task, its task tables their
+task, so `[SST-2] learning_rate = 1e-4` alone keeps SST-2's batch size, epochs and length.
+`both_orders` (each training pair also with its sentences swapped) holds for the tasks whose pairs
+mean the same either way; [default]'s applies to those alone.
 """
 
 from __future__ import annotations
@@ -58,22 +60,24 @@ class Recipe:
 def load_recipes(path: str | Path | None) -> tuple[dict[str, Recipe], dict[str, list]]:
     """Each task's recipe and the sweep's grid, from `path` (None: the built-in recipes)."""
     if path is None:
-        return read_recipes(DEFAULT_RECIPES, "the built-in recipes")
+        return read_recipes({}, "the built-in recipes")
     return read_recipes(load_toml(path), str(path))
 
 
 def read_recipes(table: dict, origin: str) -> tuple[dict[str, Recipe], dict[str, list]]:
-    """Each task's recipe ([default] under the task's own table) and the sweep's grid, from a TOML
-    table in configs/glue.toml's form; `origin` names it in messages."""
+    """Each task's recipe and the sweep's grid, from a TOML table in configs/glue.toml's form laid
+    over the built-in recipes: per task, the built-in [default] and task table, then `table`'s
+    [default], then its task table. `origin` names the table in messages."""
     unknown = [name for name in table if name not in ("default", "sweep") and not is_task(name)]
     if unknown:
         raise BertforgeError(
             f"{origin}: [{unknown[0]}] is not a GLUE task; the tables are [default], [sweep] and one "
             f"per task: {', '.join(TASKS)}"
         )
-    base = recipe_values(table.get("default", {}), DEFAULT_RECIPES["default"], f"{origin} [default]")
+    given_default = recipe_values(table.get("default", {}), {}, f"{origin} [default]")
     recipes = {}
     for name in TASKS:
+        base = {**DEFAULT_RECIPES["default"], **DEFAULT_RECIPES.get(name, {}), **given_default}
         own = next(
             (values for key, values in table.items() if is_task(key) and task_spec(key).name == name), {}
         )
@@ -93,6 +97,24 @@ def task_recipe(name: str, own: dict, base: dict, origin: str) -> Recipe:
             )
         values["both_orders"] = False  # [default]'s holds for the symmetric tasks alone
     return Recipe(**values)
+
+
+def recipe_text(recipe: Recipe) -> str:
+    """The recipe in a line, for the user to see what each task runs."""
+    plural = "s" if recipe.epochs != 1 else ""
+    parts = [
+        f"learning rate {recipe.learning_rate:g}",
+        f"{recipe.epochs} epoch{plural}",
+        f"batch {recipe.batch_size}",
+        f"{recipe.max_length} tokens",
+        f"warmup {recipe.warmup:g}",
+        f"dropout {recipe.dropout:g}",
+    ]
+    if recipe.max_train_examples:
+        parts.append(f"at most {recipe.max_train_examples:,} training examples")
+    if recipe.both_orders:
+        parts.append("pairs in both orders")
+    return ", ".join(parts)
 
 
 def is_task(name: str) -> bool:

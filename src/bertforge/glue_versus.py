@@ -171,6 +171,8 @@ def arm_runs(task: str, folder: Path, report: dict, seeds: list[int], arm: str) 
         if seed not in runs:
             raise BertforgeError(f"{folder}: {task} has no {arm} run of seed {seed}; {again}")
         path = arm_folder(folder / task, arm, seed, compare) / SCORES
+        if not compare and not path.is_file():  # a rerun adding --compare-scratch moved it, then stopped
+            path = arm_folder(folder / task, arm, seed, compare=True) / SCORES
         scores = read_json(path, damaged=again, missing=again)
         if "predicted" not in scores or "score" not in runs[seed]:
             raise BertforgeError(f"{path} is damaged (no predictions); delete it and {again}")
