@@ -71,7 +71,12 @@ def register(commands) -> None:
         action="store_true",
         help="also fine-tune the same architecture and tokenizer from random weights, per seed; paired tests",
     )
-    p.add_argument("--recipes", type=Path, help="per-task recipes, a TOML file as configs/glue.toml")
+    p.add_argument(
+        "--recipes",
+        type=Path,
+        help="per-task recipes, a TOML file as configs/glue.toml: what it sets replaces the built-in "
+        "recipes' settings ([default] for every task), the rest stay",
+    )
     p.add_argument(
         "--sweep",
         action="store_true",
