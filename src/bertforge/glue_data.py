@@ -192,7 +192,7 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
     for stem in spec.test:
         path = folder / f"{stem}.tsv"
         if path.is_file():
-            examples = read_split(spec, path)
+            examples = read_split(spec, path, test=True)
             if examples is None:
                 notes.append(f"{spec.name}: {path.name} has no labels, not scored")
             else:
@@ -200,8 +200,9 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
     return TaskData(spec, folder, train, dev, test, notes)
 
 
-def read_split(spec: TaskSpec, path: Path) -> LabeledExamples | None:
-    """One file of `spec`'s task; None when its header has the texts but no label column."""
+def read_split(spec: TaskSpec, path: Path, test: bool = False) -> LabeledExamples | None:
+    """One file of `spec`'s task; None when its header has the texts but no label column, or, for a
+    `test` file, when every label is -1 (how `datasets` writes a test split whose labels are withheld)."""
     lines = read_text(Path(path)).split("\n")
     rows = [line.rstrip("\r").split("\t") for line in lines]
     layout, start = choose_layout(spec, path, rows[0])
@@ -210,6 +211,8 @@ def read_split(spec: TaskSpec, path: Path) -> LabeledExamples | None:
     header = rows[0] if layout.has_header else None
     width = len(header) if header else layout.fields
     text, pair, label = (position(header, column) for column in (layout.text, layout.pair, layout.label))
+    if test and labels_withheld([row[label] for row in rows[start:] if len(row) == width]):
+        return None
     examples = LabeledExamples(Path(path), [], [] if pair is not None else None, [], [])
     for number in range(start, len(rows)):
         row, where = rows[number], f"{path} line {number + 1}"
@@ -224,6 +227,14 @@ def read_split(spec: TaskSpec, path: Path) -> LabeledExamples | None:
     if not examples.texts:
         raise BertforgeError(f"{path} holds a header but no examples")
     return examples
+
+
+def labels_withheld(labels: list[str]) -> bool:
+    """Whether every label is -1 (or -1.0)."""
+    try:
+        return bool(labels) and all(float(label) == -1 for label in labels)
+    except ValueError:
+        return False
 
 
 def choose_layout(spec: TaskSpec, path: Path, first: list[str]) -> tuple[Layout | None, int]:
