@@ -11,7 +11,7 @@ import re
 import shutil
 import signal
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +27,7 @@ from bertforge.finetune import EpochEvaluator, task_data
 from bertforge.glue import SCORES, benchmark, finetune_task, run_glue, run_tokens, write_task_files
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, Recipe, read_recipes, recipe_text
-from bertforge.glue_report import at_chance, chance_note, majority_class
+from bertforge.glue_report import at_chance, chance_note, majority_class, plotted_series
 from bertforge.glue_scores import (
     PUBLISHED,
     glue_average,
@@ -145,6 +145,8 @@ def glue_dir(tmp_path) -> Path:
 
 
 def test_each_task_is_read_in_the_layout_it_is_distributed_in(glue_dir):
+    withheld = [["sentence1", "sentence2", "label", "idx"]] + [["a", "b", -1, i] for i in range(10)]
+    tsv(glue_dir / "RTE" / "test.tsv", withheld)  # as `datasets` writes a test split
     found, skipped = find_tasks([glue_dir], list(TASKS))
     assert skipped == [] and set(found) == set(TASKS)
     data = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
@@ -163,6 +165,19 @@ def test_each_task_is_read_in_the_layout_it_is_distributed_in(glue_dir):
     assert data["MRPC"].train.lines[0] == 2 and set(data["MRPC"].train.labels) == {"0", "1"}
     assert len(data["MRPC"].test["test"]) == 10  # labelled: scored
     assert data["CoLA"].test == {} and data["CoLA"].notes == ["CoLA: test.tsv has no labels, not scored"]
+    assert data["RTE"].test == {} and data["RTE"].notes == ["RTE: test.tsv has no labels, not scored"]
+
+
+def test_a_score_of_minus_one_is_a_withheld_label_in_a_test_file_only(tmp_path):
+    write_glue(tmp_path)
+    folder = tmp_path / "STS-B"
+    rows = (folder / "dev.tsv").read_text().split("\n")
+    withheld = [rows[0]] + ["\t".join(row.split("\t")[:-1] + ["-1.0"]) for row in rows[1:] if row]
+    (folder / "test.tsv").write_text("\n".join(withheld) + "\n")
+    assert read_task(TASKS["STS-B"], folder).test == {}
+    (folder / "dev.tsv").write_text("\n".join(withheld) + "\n")
+    with pytest.raises(BertforgeError, match=r"dev.tsv line 2: the score '-1.0' is not a number from 0 to 5"):
+        read_task(TASKS["STS-B"], folder)
 
 
 def test_folder_names_in_any_case_and_a_folder_above_them(tmp_path):
@@ -544,6 +559,19 @@ def test_a_short_benchmark_with_both_arms_writes_its_report(
     assert len((out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()) == 24
     assert json.loads((out / "STS-B" / "finetune.json").read_text(encoding="utf-8"))["task"]["both_orders"]
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
+    groups, series = plotted_series(saved)
+    assert groups == ["RTE", "STS-B", "average"]
+    drawn = {label: values for label, values, _, _ in series}
+    assert list(drawn) == [
+        "pretrained (dev)",
+        "from scratch (dev)",
+        "majority class (dev)",
+        *(f"{model}, published (test)" for model in PUBLISHED),
+    ]
+    for label, arm in (("pretrained (dev)", "pretrained"), ("from scratch (dev)", "scratch")):
+        scores = [saved["tasks"][t]["arms"][arm]["score"]["median"] for t in ("RTE", "STS-B")]
+        assert drawn[label] == [*scores, saved["average"][arm]["score"]]
+    assert drawn["BERT-Mini (4/256), published (test)"] == pytest.approx([57.9, 74.35, (57.9 + 74.35) / 2])
     recipes = [
         f"{name}'s recipe: {recipe_text(Recipe(**saved['tasks'][name]['recipe']))}" for name in saved["tasks"]
     ]
@@ -747,6 +775,46 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     too_long = [*argv[:-1], str(tmp_path / "z"), "--tasks", "rte", "--recipes", str(recipes), "--quiet"]
     assert_clean_failure(capsys, too_long, "RTE: the recipe's max_length must be between 4 and the model's")
     assert not (tmp_path / "z").exists()  # nothing half-made is left
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"recipes": {}}, "it has no whole recipe for RTE"),
+        ({"tasks": ["RTE", "SQuAD"]}, "'SQuAD' is not a GLUE task"),
+        ({"seeds": "1,2"}, "its seeds or tasks are not lists of numbers and names"),
+        ({"data": "glue"}, "its model or data is not a path"),
+        ({"colour": "red"}, "an unknown setting 'colour'"),
+        ({"model": "removed"}, "it lacks settings every benchmark has"),
+    ],
+)
+def test_a_damaged_settings_file_is_one_error_naming_it(tmp_path, glue_dir, capsys, change, problem):
+    out = tmp_path / "bench"
+    out.mkdir()
+    settings = {**asdict(benchmark(tmp_path / "model", [glue_dir], tasks=["rte"])), **change}
+    settings = {key: value for key, value in settings.items() if value != "removed"}
+    (out / "glue_task.json").write_text(json.dumps(settings), encoding="utf-8")
+    message = f"glue_task.json is damaged ({problem}"
+    assert_clean_failure(capsys, ["glue", "--out", str(out), "--resume", "--quiet"], message)
+    again = [
+        "glue",
+        "--model",
+        str(tmp_path / "model"),
+        "--data",
+        str(glue_dir),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    assert_clean_failure(capsys, again, message)
+    assert sorted(p.name for p in out.iterdir()) == ["glue_task.json"]
+
+
+def test_tasks_that_name_no_task_are_refused(tmp_path, glue_dir, capsys):
+    argv = ["glue", "--model", str(tmp_path / "model"), "--data", str(glue_dir), "--out", str(tmp_path / "b")]
+    for tasks in ("", ",", " , "):
+        assert_clean_failure(capsys, [*argv, "--tasks", tasks], "--tasks names no task")
+    assert not (tmp_path / "b").exists()
 
 
 def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(

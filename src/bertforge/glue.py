@@ -38,7 +38,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -239,25 +239,22 @@ def clear_folder(out: Path) -> None:
 def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchmark:
     """The settings to run: the saved ones with `resume`; else `bench`, which must equal the saved
     ones when `out` already holds a benchmark (a rerun of the same command continues it)."""
-    saved = read_json(out / SETTINGS) if (out / SETTINGS).is_file() else None
     if resume:
         refuse_other_kind(out, "GLUE benchmark", f"; to benchmark it, give it as --model {out}")
-        if saved is None:
+    saved_bench = saved_settings(out)
+    if resume:
+        if saved_bench is None:
             raise BertforgeError(f"{out} holds no glue benchmark to resume; start one without `resume=True`")
-        try:
-            return GlueBenchmark(**saved)
-        except TypeError as error:
-            raise BertforgeError(
-                f"{out / SETTINGS} is damaged ({error}); start the benchmark again"
-            ) from None
+        return saved_bench
     if bench is None:
         raise BertforgeError("give the benchmark's settings, or `resume=True` to continue one")
-    if saved is None:
+    if saved_bench is None:
         if is_occupied(out):
             raise BertforgeError(
                 f"{out} is not an empty folder and holds no glue benchmark; choose a new `out`"
             )
         return bench
+    saved = asdict(saved_bench)
     different = [key for key, value in asdict(bench).items() if not same_setting(key, value, saved.get(key))]
     larger = grown(bench, saved) if set(different) <= set(GROWING) else None
     if different and larger is None:
@@ -267,6 +264,44 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
             "(its own settings), or choose a new `out`"
         )
     return larger or bench
+
+
+def saved_settings(out: Path) -> GlueBenchmark | None:
+    """The settings of the benchmark in `out`, None where it holds none; a damaged file is one error."""
+    path = out / SETTINGS
+    if not path.is_file():
+        return None
+    values = read_json(path, damaged="start the benchmark again in a new folder")
+    unknown = sorted(set(values) - {setting.name for setting in fields(GlueBenchmark)})
+    try:
+        saved = GlueBenchmark(**values) if not unknown else None
+        problem = f"an unknown setting {unknown[0]!r}" if unknown else settings_problem(saved)
+    except TypeError:
+        problem = "it lacks settings every benchmark has"
+    if problem:
+        raise BertforgeError(f"{path} is damaged ({problem}); start the benchmark again in a new folder")
+    return saved
+
+
+def settings_problem(saved: GlueBenchmark) -> str | None:
+    """What in saved settings cannot be run, None where nothing is."""
+    if not isinstance(saved.model, str) or not all_of(saved.data, str) or not saved.data:
+        return "its model or data is not a path"
+    if not all_of(saved.seeds, int) or not saved.seeds or not all_of(saved.tasks, str):
+        return "its seeds or tasks are not lists of numbers and names"
+    for name in saved.tasks:
+        if name not in TASKS:
+            return f"{name!r} is not a GLUE task"
+        try:
+            Recipe(**saved.recipes[name])
+        except (KeyError, TypeError):
+            return f"it has no whole recipe for {name}"
+    return None
+
+
+def all_of(values, kind: type) -> bool:
+    """Whether `values` is a list of `kind` (booleans are no numbers here)."""
+    return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
 
 
 def grown(bench: GlueBenchmark, saved: dict) -> GlueBenchmark | None:

@@ -398,7 +398,16 @@ def markdown_report(report: dict) -> str:
 
 def plot_report(report: dict, out_png: Path) -> None:
     """glue.png: per task its score and the average, grouped: this model (bar: median, whisker: the
-    seeds' range), the scratch arm, and the published models."""
+    seeds' range), the scratch arm, the majority class and the published models."""
+    settings = report["settings"]
+    title = f"GLUE: {Path(settings['model']).name}, median of {len(settings['seeds'])} seeds"
+    groups, series = plotted_series(report)
+    save_png(lambda: score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
+
+
+def plotted_series(report: dict) -> tuple[list[str], list[tuple]]:
+    """glue.png's groups (the tasks, then "average") and its series (label, values, lows, highs), as
+    `score_bars` draws them."""
     tasks = list(report["tasks"])
     groups = [*tasks, "average"]
     series = []
@@ -415,9 +424,7 @@ def plot_report(report: dict, out_png: Path) -> None:
     for model, row in report["published"]["models"].items():
         values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]
         series.append((f"{model}, published (test)", values + [row["average_of_these_tasks"]], None, None))
-    settings = report["settings"]
-    title = f"GLUE: {Path(settings['model']).name}, median of {len(settings['seeds'])} seeds"
-    save_png(lambda: score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
+    return groups, series
 
 
 def score_bars(groups: list[str], series: list[tuple], ylabel: str, title: str) -> Figure:

@@ -145,7 +145,12 @@ def glue_settings(args):
 
 def task_names(args) -> list[str] | None:
     """The tasks --tasks names, None without it."""
-    return [name.strip() for name in args.tasks.split(",") if name.strip()] if args.tasks else None
+    if args.tasks is None:
+        return None
+    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    if not names:
+        raise BertforgeError(f"--tasks names no task ({args.tasks!r}); name some, e.g. --tasks sst-2,rte")
+    return names
 
 
 def run_glue_command(args) -> int:
