@@ -160,6 +160,32 @@ def tiny_pretrained_run(tmp_path_factory, wiki_slice, small_tokenizer_dir) -> Pa
     return run
 
 
+STSB_TRAIN_PAIRS, STSB_VALID_PAIRS = 600, 300
+
+
+@pytest.fixture(scope="session")
+def stsb(tmp_path_factory) -> tuple[Path, Path]:
+    """The first 600 pairs of STS-B's training file as training data, the next 300 as validation data
+    (GLUE's ten columns and header, scores 0-5 written as "3.800")."""
+    header, *rows = (SHARED_DATA / "glue" / "stsb" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    folder = tmp_path_factory.mktemp("stsb")
+    train, valid = folder / "train.tsv", folder / "dev.tsv"
+    train.write_text("\n".join([header, *rows[:STSB_TRAIN_PAIRS]]) + "\n", encoding="utf-8")
+    valid_rows = rows[STSB_TRAIN_PAIRS : STSB_TRAIN_PAIRS + STSB_VALID_PAIRS]
+    valid.write_text("\n".join([header, *valid_rows]) + "\n", encoding="utf-8")
+    return train, valid
+
+
+def stsb_finetune_argv(model: Path, data: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    """`bertforge finetune` on STS-B's pairs in `data` (train, valid), 48 tokens, fp32, quiet."""
+    train, valid = data
+    return [
+        "finetune", "--model", str(model), "--train", str(train), "--valid", str(valid),
+        "--text-column", "sentence1", "--text-pair-column", "sentence2", "--label-column", "score",
+        "--out", str(out), "--max-length", "48", "--precision", "fp32", "--quiet", *extra,
+    ]  # fmt: skip
+
+
 # A tiny GPT-1 in our `ModelConfig` field names (OpenAIGPT's activation and epsilon), for parity tests.
 HF_TINY_GPT_SIZES = dict(
     vocab_size=99,

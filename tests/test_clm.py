@@ -1,6 +1,6 @@
 """GPT-1 in the pipeline (`--objective clm`): packed windows, pretraining through the shared loop with
 exact resume, export to and import from Hugging Face, `evaluate`, `generate`, fine-tuning a GPT
-classifier, and the BERT commands refusing a GPT."""
+classifier and a GPT regressor (STS-B's scores), and the BERT commands refusing a GPT."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HF_TINY_GPT_SIZES, assert_clean_failure, metrics_lines, tiny_config
+from conftest import (
+    HF_TINY_GPT_SIZES,
+    STSB_VALID_PAIRS,
+    assert_clean_failure,
+    metrics_lines,
+    stsb_finetune_argv,
+    tiny_config,
+)
 
 from bertforge.batches import pad_batch, real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
@@ -475,6 +482,32 @@ def test_gpt_classifier_export_equals_hugging_face(gpt_classifier, tmp_path):
     assert [r["label"] for r in classify(exported, hf_tokenizer, hf_labels, texts)] == [
         r["label"] for r in expected
     ]
+
+
+def test_finetune_a_gpt_learns_stsb_scores_as_a_regression(tmp_path, capsys, gpt_run, stsb):
+    out = tmp_path / "gpt-stsb"
+    recipe = ("--epochs", "5", "--batch-size", "16", "--lr", "2e-3")  # a 32-wide GPT of 40 steps
+    assert main(stsb_finetune_argv(gpt_run, stsb, out, *recipe)) == 0
+    capsys.readouterr()  # its summary
+    result = json.loads((out / "result.json").read_text())
+    valid = [r for r in metrics_lines(out, "valid") if "epoch" in r]
+    assert [r["epoch"] for r in valid] == [0, 1, 2, 3, 4, 5] and result["task_type"] == "regression"
+    best = max(valid[1:], key=lambda r: r["pearson"])  # the best epoch is the one of highest Pearson's r
+    assert result["best_epoch"] == best["epoch"] and result["best"]["pearson"] == best["pearson"]
+    assert set(result["best"]) == {"pearson", "spearman", "mse"}
+    curve = [r["pearson"] for r in valid]
+    assert result["best"]["pearson"] > 0.2 and result["best"]["pearson"] > valid[0]["pearson"] + 0.15, curve
+    predictions = json.loads((out / "valid_predictions.json").read_text())
+    assert len(predictions["predicted"]) == STSB_VALID_PAIRS
+    assert read_weights(out / "final" / "model.safetensors")["score.weight"].shape == (1, 32)
+    pair = ("A man is playing a guitar.", "A man plays the guitar.")
+    assert main(["classify", "--model", str(out), "--json", "\t".join(pair)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    model, tokenizer, labels, _ = open_classifier(out)
+    assert set(printed) == {"text", "score"}
+    assert printed["score"] == pytest.approx(
+        classify(model, tokenizer, labels, [pair[0]], [pair[1]])[0]["score"]
+    )
 
 
 def test_finetune_a_gpt_refuses_reinit_pooler(tmp_path, capsys, gpt_run, toy):

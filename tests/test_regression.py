@@ -15,9 +15,11 @@ import torch
 from conftest import (
     HF_TINY_GPT_SIZES,
     HF_TINY_SIZES,
-    SHARED_DATA,
+    STSB_TRAIN_PAIRS,
+    STSB_VALID_PAIRS,
     assert_clean_failure,
     metrics_lines,
+    stsb_finetune_argv,
     tiny_config,
 )
 
@@ -40,8 +42,6 @@ from bertforge.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
-STSB_TRAIN = SHARED_DATA / "glue" / "stsb" / "train.tsv"
-TRAIN_PAIRS, VALID_PAIRS = 600, 300
 PAIRS = [
     ("A man is playing a guitar.", "A man plays the guitar."),
     ("A cat sleeps.", "The stock market fell."),
@@ -49,32 +49,10 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def stsb(tmp_path_factory) -> tuple[Path, Path]:
-    """The first 600 pairs of STS-B's training file as training data, the next 300 as validation data
-    (GLUE's ten columns and header, scores 0-5 written as "3.800")."""
-    header, *rows = STSB_TRAIN.read_text(encoding="utf-8").splitlines()
-    folder = tmp_path_factory.mktemp("stsb")
-    train, valid = folder / "train.tsv", folder / "dev.tsv"
-    train.write_text("\n".join([header, *rows[:TRAIN_PAIRS]]) + "\n", encoding="utf-8")
-    valid_rows = rows[TRAIN_PAIRS : TRAIN_PAIRS + VALID_PAIRS]
-    valid.write_text("\n".join([header, *valid_rows]) + "\n", encoding="utf-8")
-    return train, valid
-
-
-def finetune_argv(model: Path, data: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
-    train, valid = data
-    return [
-        "finetune", "--model", str(model), "--train", str(train), "--valid", str(valid),
-        "--text-column", "sentence1", "--text-pair-column", "sentence2", "--label-column", "score",
-        "--out", str(out), "--max-length", "48", "--precision", "fp32", "--quiet", *extra,
-    ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
 def regressor(tmp_path_factory, tiny_pretrained_run, stsb) -> Path:
     out = tmp_path_factory.mktemp("stsb-run") / "run"
     recipe = ("--epochs", "3", "--batch-size", "16", "--lr", "2e-3")  # a 32-wide model: a high rate
-    assert main(finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
+    assert main(stsb_finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
     return out
 
 
@@ -179,12 +157,14 @@ def test_finetune_refuses_labels_that_are_neither(tmp_path, capsys, tiny_pretrai
     path = tmp_path / "mixed.tsv"
     path.write_text("sentence1\tsentence2\tscore\na man\ta man plays\t4.5\na dog\tthe sky\t0.2\na\tb\thigh\n")
     out, model = tmp_path / "out", tiny_pretrained_run
-    assert_clean_failure(capsys, finetune_argv(model, (path, path), out), "mixes real-valued labels")
-    argv = finetune_argv(model, (path, path), out, "--task", "regression")
+    assert_clean_failure(capsys, stsb_finetune_argv(model, (path, path), out), "mixes real-valued labels")
+    argv = stsb_finetune_argv(model, (path, path), out, "--task", "regression")
     assert_clean_failure(capsys, argv, "line 4: the label 'high' is not a number")
     same = tmp_path / "same.tsv"
     same.write_text("sentence1\tsentence2\tscore\na\tb\t2.5\nc\td\t2.5\n", encoding="utf-8")
-    assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, (same, same), out), "has the score '2.5'")
+    assert_clean_failure(
+        capsys, stsb_finetune_argv(tiny_pretrained_run, (same, same), out), "has the score '2.5'"
+    )
     assert not out.exists()
 
 
@@ -204,7 +184,7 @@ def test_finetune_learns_stsb_scores(regressor, stsb):
     assert (regressor / "curves.png").stat().st_size > 10_000
     predictions = json.loads((regressor / "valid_predictions.json").read_text())
     scores = [float(line.split("\t")[-1]) for line in stsb[1].read_text().splitlines()[1:]]
-    assert predictions["true"] == scores and len(predictions["predicted"]) == VALID_PAIRS
+    assert predictions["true"] == scores and len(predictions["predicted"]) == STSB_VALID_PAIRS
     assert pearson(predictions["predicted"], predictions["true"]) == pytest.approx(result["best"]["pearson"])
     errors = np.subtract(predictions["predicted"], predictions["true"])
     assert float(np.mean(errors**2)) == pytest.approx(result["best"]["mse"], rel=1e-4)
@@ -227,10 +207,10 @@ def test_a_regression_starts_at_the_mean_training_score(regressor, stsb):
 def test_both_orders_trains_on_each_pair_twice(tmp_path, capsys, tiny_pretrained_run, stsb):
     out = tmp_path / "run"
     recipe = ("--both-orders", "--epochs", "1", "--batch-size", "32", "--lr", "5e-3")
-    assert main(finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
-    assert json.loads((out / "result.json").read_text())["steps"] == math.ceil(2 * TRAIN_PAIRS / 32)
+    assert main(stsb_finetune_argv(tiny_pretrained_run, stsb, out, *recipe)) == 0
+    assert json.loads((out / "result.json").read_text())["steps"] == math.ceil(2 * STSB_TRAIN_PAIRS / 32)
     assert json.loads((out / "finetune.json").read_text())["task"]["both_orders"] is True
-    single = finetune_argv(tiny_pretrained_run, stsb, tmp_path / "single", "--both-orders")
+    single = stsb_finetune_argv(tiny_pretrained_run, stsb, tmp_path / "single", "--both-orders")
     single = [arg for arg in single if arg not in ("--text-pair-column", "sentence2")]
     message = "--both-orders swaps the two texts of each pair; name the second one's column with --text-pair"
     assert_clean_failure(capsys, single, message)
@@ -256,14 +236,14 @@ def test_scored_pairs_default_to_glues_stsb_recipe(tmp_path, tiny_pretrained_run
     the pair rate), and pairs in both orders for its epochs: the steps of `PAIR_EPOCHS` of one order."""
     data = stsb if labels == "scores" else as_classes(stsb, tmp_path)
     out = tmp_path / "run"
-    assert main(finetune_argv(tiny_pretrained_run, data, out, "--both-orders")) == 0
+    assert main(stsb_finetune_argv(tiny_pretrained_run, data, out, "--both-orders")) == 0
     saved = json.loads((out / "finetune.json").read_text())
     recipe = DEFAULT_RECIPES["STS-B"]
     assert recipe["learning_rate"] != PAIR_LEARNING_RATE  # the two cases differ
     rate = recipe["learning_rate"] if labels == "scores" else PAIR_LEARNING_RATE
     assert saved["config"]["train"]["learning_rate"] == rate
     assert saved["task"]["epochs"] == recipe["epochs"]
-    steps = recipe["epochs"] * math.ceil(2 * TRAIN_PAIRS / PAIR_BATCH_SIZE)
+    steps = recipe["epochs"] * math.ceil(2 * STSB_TRAIN_PAIRS / PAIR_BATCH_SIZE)
     assert json.loads((out / "result.json").read_text())["steps"] == steps
 
 
