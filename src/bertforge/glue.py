@@ -241,13 +241,13 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
     ones when `out` already holds a benchmark (a rerun of the same command continues it)."""
     if resume:
         refuse_other_kind(out, "GLUE benchmark", f"; to benchmark it, give it as --model {out}")
-    saved_bench = saved_settings(out)
-    if resume:
+        saved_bench = saved_settings(out)
         if saved_bench is None:
             raise BertforgeError(f"{out} holds no glue benchmark to resume; start one without `resume=True`")
         return saved_bench
     if bench is None:
         raise BertforgeError("give the benchmark's settings, or `resume=True` to continue one")
+    saved_bench = saved_settings(out)
     if saved_bench is None:
         if is_occupied(out):
             raise BertforgeError(
