@@ -80,6 +80,26 @@ def test_each_subcommand_has_help(capsys, argv, expected):
     assert expected in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["nope"], "invalid choice: 'nope'"),
+        (
+            ["finetune", "--jobs", "0"],
+            "give a whole number of runs, 1 or more; see `bertforge finetune --help`",
+        ),
+        (["pretrain", "--max-steps", "abc"], "argument --max-steps: invalid"),
+        (["attention", "a b", "--heads", "0"], "layers and heads count from 1"),
+    ],
+)
+def test_a_usage_error_is_one_line_pointing_at_help(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("bertforge: error:") and message in err, err
+    assert err.count("\n") == 1 and "usage:" not in err
+
+
 @dataclass
 class Pipeline:
     """What a user gets from typing tokenizer train, prepare, pretrain and evaluate in turn."""

@@ -264,6 +264,14 @@ def test_a_missing_task_is_skipped_with_a_line(glue_dir, tmp_path):
     ]
 
 
+def test_a_task_folder_without_its_dev_file_is_one_error(glue_dir):
+    (glue_dir / "SST-2" / "dev.tsv").unlink()
+    with pytest.raises(
+        BertforgeError, match=r"SST-2 has no dev.tsv; .* hold train.tsv and dev.tsv: add it, or"
+    ):
+        read_task(TASKS["SST-2"], glue_dir / "SST-2")
+
+
 def test_task_names_in_any_spelling():
     assert [glue_data.task_spec(n).name for n in ("sst2", "STS-B", "sts_b", "mnli")] == [
         "SST-2",

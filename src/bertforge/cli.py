@@ -2,12 +2,13 @@
 
 Each command group lives in `bertforge.commands.<group>` and registers its subcommands; a handler
 parses its arguments, builds a config and calls exactly one library function. User mistakes
-(`BertforgeError`) print one line on stderr and exit with status 2, no traceback; so does an
-`OSError` that reaches the top (an unreadable input, a disk that refused a write). The library's
-messages name settings (`data.max_seq_length`) and function arguments (`` `out` ``); that line shows
-them as the command's flags (`--max-length`, `--out`; `in_flags`). bertforge's own warnings print as
-one `bertforge: warning: ...` line. A run stopped by SIGINT or SIGTERM after saving a checkpoint
-(`Interrupted`) prints how to resume and exits with 128 + the signal's number.
+(`BertforgeError`, and argparse's usage errors) print one line on stderr and exit with status 2, no
+traceback; so does an `OSError` that reaches the top (an unreadable input, a disk that refused a
+write). The library's messages name settings (`data.max_seq_length`) and function arguments
+(`` `out` ``); that line shows them as the command's flags (`--max-length`, `--out`; `in_flags`).
+bertforge's own warnings print as one `bertforge: warning: ...` line. A run stopped by SIGINT or
+SIGTERM after saving a checkpoint (`Interrupted`) prints how to resume and exits with 128 + the
+signal's number.
 """
 
 from __future__ import annotations
@@ -122,8 +123,16 @@ def one_line_warnings() -> Iterator[None]:
         warnings.formatwarning = python_format
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose usage errors are one `bertforge: error:` line
+    pointing at `--help`, exit status 2, as every other user error."""
+
+    def error(self, message: str):
+        self.exit(2, f"bertforge: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bertforge",
         description="Pretrain BERT (masked language modelling + next sentence prediction) on your own text.",
         epilog=EXAMPLES,

@@ -181,7 +181,8 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
         if not path.is_file():
             if stem == spec.dev[0]:
                 raise BertforgeError(
-                    f"{folder} has no {path.name}; GLUE's task folders hold train.tsv and it"
+                    f"{folder} has no {path.name}; GLUE's task folders hold train.tsv and {path.name}: "
+                    "add it, or leave the task out of --tasks"
                 )
             notes.append(f"{spec.name}: no {path.name}, not scored")
             continue
