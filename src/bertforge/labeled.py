@@ -135,14 +135,15 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
             f"{path} has no column {missing}; its columns are: {', '.join(first)} "
             "(for a file without a header row, give columns by number, counting from 0)"
         )
+    width = len(first)
     for line, row in rows:
         if not any(field.strip() for field in row):
             raise BertforgeError(f"{path} line {line} is empty; remove empty rows")
-        short = [(c, p) for c, p in zip(columns, positions, strict=True) if p >= len(row)]
-        if short:
+        if len(row) != width:
+            fix = "a TSV text cannot hold a tab" if format == "tsv" else "quote a text that holds commas"
             raise BertforgeError(
-                f"{path} line {line} has {len(row)} fields but column {short[0][0]!r} is field "
-                f"{short[0][1] + 1}; every row needs a value in every column"
+                f"{path} line {line} has {len(row)} fields where line 1 has {width}; every row has one value "
+                f"per column ({fix})"
             )
         yield line, [row[position] for position in positions]
 
