@@ -17,9 +17,11 @@ from bertforge import io
 from bertforge.cache import remove_orphans
 from bertforge.checkpoint import list_checkpoints, prune_checkpoints, read_state, verify_files
 from bertforge.cli import main
+from bertforge.config import TokenizerConfig
 from bertforge.io import RunFolderLock, entry_lock
 from bertforge.labeled import label_names, read_labeled
 from bertforge.pretrain import pretrain
+from bertforge.tokenizer import train_tokenizer
 from bertforge.train import TrainState
 
 
@@ -66,6 +68,25 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
 
 
 @pytest.mark.slow
+def test_resume_refuses_a_tokenizer_other_than_the_runs_own(own_corpus_run, tmp_path, capsys, wiki_slice):
+    run = own_corpus_run
+    resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
+    shutil.move(run / "tokenizer", tmp_path / "own")
+    train_tokenizer([wiki_slice], TokenizerConfig(vocab_size=500), run / "tokenizer")
+    before = snapshot(run)
+    assert_clean_failure(capsys, resume, f"{run / 'tokenizer'} is not the tokenizer this run started with")
+    data = json.loads((run / "data.json").read_text(encoding="utf-8"))
+    del data["tokenizer"]  # as a run from before data.json held it: the model's rows still tell
+    (run / "data.json").write_text(json.dumps(data), encoding="utf-8")
+    assert_clean_failure(capsys, resume, "the tokenizer has 500 tokens but the model in")
+    assert {k: v for k, v in snapshot(run).items() if k != "data.json"} == {
+        k: v for k, v in before.items() if k != "data.json"
+    }
+    shutil.rmtree(run / "tokenizer")
+    shutil.move(tmp_path / "own", run / "tokenizer")
+    assert main(resume) == 0
+
+
 def test_data_paths_are_absolute_so_a_run_resumes_from_another_folder(
     tmp_path, monkeypatch, capsys, wiki_slice, small_tokenizer_dir
 ):

@@ -59,7 +59,13 @@ from bertforge.cache import (
     refuse_changed_data,
     remove_orphans,
 )
-from bertforge.checkpoint import CONFIG, list_checkpoints, pretraining_model, save_model_folder
+from bertforge.checkpoint import (
+    CONFIG,
+    check_tokenizer_fits,
+    list_checkpoints,
+    pretraining_model,
+    save_model_folder,
+)
 from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
 from bertforge.corpus import resolve_corpus_files
@@ -220,7 +226,7 @@ def run_pretraining(
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
     if world.is_main and (not resume or allow_changed_data):
-        write_json(out / DATA, {"sha256": hashes})
+        write_json(out / DATA, {"sha256": hashes, "tokenizer": tokenizer.fingerprint})
     try:
         result = train_and_save(
             config, out, tokenizer, train_shards, held_out, resume, show_progress, init_state=init_state
@@ -545,7 +551,7 @@ def run_tokenizer(
 ) -> BertTokenizer:
     """The run's own tokenizer when resuming, a given one, or one trained (and cached) on the corpus files."""
     if resume:
-        return load_tokenizer(out / "tokenizer")
+        return run_own_tokenizer(out, config)
     if tokenizer_dir:
         return load_tokenizer(Path(tokenizer_dir))
     if not corpus_files:
@@ -555,6 +561,21 @@ def run_tokenizer(
         )
     data = config.data
     return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
+
+
+def run_own_tokenizer(out: Path, config: RunConfig) -> BertTokenizer:
+    """The tokenizer of the run in `out`, refused where it is not the one the run started with (its
+    fingerprint in data.json; runs from before it: its size against the model's rows)."""
+    folder = out / "tokenizer"
+    tokenizer = load_tokenizer(folder)
+    started_with = read_json(out / DATA).get("tokenizer") if (out / DATA).is_file() else None
+    if started_with not in (None, tokenizer.fingerprint):
+        raise BertforgeError(
+            f"{folder} is not the tokenizer this run started with (data.json holds another fingerprint); "
+            "put the run's own tokenizer back, or start a new run"
+        )
+    check_tokenizer_fits(tokenizer, config, out)
+    return tokenizer
 
 
 def epoch_batches(
