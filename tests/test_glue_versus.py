@@ -113,6 +113,13 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_compare(two_ben
         capsys, ["glue-compare", str(first), str(damaged), "--out", str(tmp_path / "d")], "different dev"
     )
     assert not (tmp_path / "d").exists()  # nothing is written for a refused comparison
+    again = ["glue-compare", str(second), str(first), "--out"]
+    assert main([*again, str(tmp_path / "c")]) == 0  # an earlier comparison is replaced
+    files = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    assert_clean_failure(capsys, [*again, str(first)], f"{first} holds other things than a comparison (")
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == files
+    (tmp_path / "file").write_text("x")
+    assert_clean_failure(capsys, [*again, str(tmp_path / "file")], "is a file; --out must name a folder")
 
 
 def test_benchmarks_without_a_shared_task_or_seed_are_refused(two_benchmarks, tmp_path):

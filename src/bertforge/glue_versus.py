@@ -30,9 +30,11 @@ from bertforge.glue_report import (
     text_table,
 )
 from bertforge.glue_scores import glue_average
-from bertforge.io import atomic_write_text, read_json, write_json
+from bertforge.io import LOCK_FILE, atomic_write_text, check_folder_path, read_json, write_json
 from bertforge.labeled import read_labeled
 from bertforge.plots import save_png
+
+OUTPUTS = ("compare.json", "compare.md", "compare.png")
 
 
 def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0]) -> dict:
@@ -43,6 +45,7 @@ def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0])
         raise BertforgeError(f"glue-compare needs two different benchmark folders; both are {first}")
     if arm not in ARMS:
         raise BertforgeError(f"arm must be one of {', '.join(ARMS)}, not {arm!r}")
+    check_comparison_folder(out)
     reports = [finished_report(folder) for folder in (first, second)]
     for folder, report in zip((first, second), reports, strict=True):
         if arm == "scratch" and not report["settings"]["compare_scratch"]:
@@ -74,6 +77,19 @@ def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0])
     atomic_write_text(out / "compare.md", markdown_comparison(comparison))
     save_png(lambda: comparison_figure(comparison), out / "compare.png")
     return comparison
+
+
+def check_comparison_folder(out: Path) -> None:
+    """Refuse an `out` that is a file or holds anything but an earlier comparison (which is replaced)."""
+    if out.is_file():
+        raise BertforgeError(f"{out} is a file; `out` must name a folder for the comparison")
+    check_folder_path(out)
+    kept = {*OUTPUTS, LOCK_FILE}
+    others = sorted(entry.name for entry in out.iterdir() if entry.name not in kept) if out.is_dir() else []
+    if others:
+        raise BertforgeError(
+            f"{out} holds other things than a comparison ({', '.join(others[:3])}); choose a new `out`"
+        )
 
 
 def shared_tasks_and_seeds(first: Path, second: Path, reports: list[dict]) -> tuple[list[str], list[int]]:
