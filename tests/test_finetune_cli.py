@@ -222,6 +222,24 @@ def test_resume_refuses_changed_data_and_writes_nothing(tmp_path, capsys, tiny_p
     assert (out / "finetune.json").read_text() == saved and not (out / "seed_3").exists()
 
 
+def test_a_run_started_with_relative_paths_resumes_from_another_folder(
+    tmp_path, capsys, monkeypatch, tiny_pretrained_run, data
+):
+    here = tmp_path / "here"
+    here.mkdir()
+    for path in (*data, tiny_pretrained_run):
+        (shutil.copytree if path.is_dir() else shutil.copy)(path, here / path.name)
+    monkeypatch.chdir(here)
+    names = [Path(path.name) for path in (tiny_pretrained_run, *data)]
+    argv = finetune_argv(*names, Path("tuned"), "--epochs", "1", "--seeds", "1,2", "--jobs", "1")
+    assert main(argv) == 0
+    task = json.loads((here / "tuned" / "finetune.json").read_text())["task"]
+    assert [task[key] for key in ("model", "train", "valid")] == [str(here / name) for name in names]
+    monkeypatch.chdir(tmp_path)
+    assert main(["finetune", "--out", str(here / "tuned"), "--resume", "--seeds", "1,2,3", "--quiet"]) == 0
+    assert "over 3 seeds" in capsys.readouterr().out
+
+
 def test_from_scratch_flag(tmp_path, capsys, tiny_pretrained_run, data):
     out = tmp_path / "scratch"
     assert main(finetune_argv(tiny_pretrained_run, *data, out, "--epochs", "1", "--from-scratch")) == 0

@@ -266,6 +266,10 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     """`start` in a folder this process owns."""
     check_finetuning_folder(out, resume)
     check_task(task)
+    # saved absolute, so that `--resume` continues the run from any working directory
+    task = replace(
+        task, **{name: str(Path(getattr(task, name)).absolute()) for name in ("model", "train", "valid")}
+    )
     config = RunConfig.from_dict(config.to_dict())  # a copy: the caller's stays as it was
     pretrained, tokenizer, encoder = open_encoder(task.model)
     config.model, config.tokenizer = pretrained.model, pretrained.tokenizer
