@@ -21,6 +21,7 @@ from bertforge import pretrain as pretrain_module
 from bertforge.checkpoint import list_checkpoints, read_config, read_weights
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
+from bertforge.io import file_sha256
 from bertforge.pretrain import pretrain
 from bertforge.train import Trainer
 
@@ -120,6 +121,30 @@ def test_a_damaged_checkpoint_file_is_skipped_for_the_previous_intact_one(tmp_pa
     assert result["step"] == 6
     assert trained(run) == trained(six_step_run)  # steps 3 to 6 trained again, as the first time
     assert same_weights(run / "final", six_step_run / "final")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"step": "two"}, "holds step = 'two', not a whole number from 0"),
+        ({"step": -5}, "holds step = -5, not a whole number from 0"),
+        ({"rng": None}, "does not hold a bertforge training state"),
+        ({"rng": {"torch_cpu": "xx"}}, "holds a damaged random state"),
+    ],
+)
+def test_a_state_json_of_impossible_values_is_a_damaged_checkpoint_even_with_its_checksum(
+    tmp_path, six_step_run, change, message
+):
+    run = stopped_at_step_4(six_step_run, tmp_path / "run")
+    newest = run / "checkpoints" / "step_000004"
+    state = json.loads((newest / "state.json").read_text())
+    (newest / "state.json").write_text(json.dumps({**state, **change}))
+    checksums = json.loads((newest / "checksums.json").read_text())
+    checksums["sha256"]["state.json"] = file_sha256(newest / "state.json")  # edited, not damaged in transit
+    (newest / "checksums.json").write_text(json.dumps(checksums))
+    with pytest.warns(UserWarning, match=rf"{re.escape(message)}.*resuming from step_000002 instead"):
+        result = pretrain(read_config(run), run, resume=True, show_progress=False)
+    assert result["step"] == 6 and trained(run) == trained(six_step_run)
 
 
 def test_a_checkpoint_of_the_older_layout_without_checksums_is_read(tmp_path, six_step_run):

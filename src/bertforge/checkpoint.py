@@ -300,8 +300,16 @@ def load_checkpoint(
         ) from None
     if scaler is not None and extra.get("scaler"):
         scaler.load_state_dict(extra["scaler"])
-    restore_rng_states(state["rng"], model_device(model))
+    try:
+        restore_rng_states(state["rng"], model_device(model))
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:  # binascii.Error is a ValueError
+        raise DamagedCheckpoint(
+            f"{path / STATE} holds a damaged random state ({error}); use another checkpoint"
+        ) from None
     return state
+
+
+COUNTS = ("step", "epoch", "batch", "tokens", "micro_batch", "world_size")  # state.json's whole numbers
 
 
 def read_state(path: Path) -> dict:
@@ -311,9 +319,19 @@ def read_state(path: Path) -> dict:
         missing="the checkpoint is incomplete",
         error=DamagedCheckpoint,
     )
-    if "step" not in state or "rng" not in state:
+    if "step" not in state or not isinstance(state.get("rng"), dict):
         raise DamagedCheckpoint(f"{path / STATE} does not hold a bertforge training state")
+    wrong = [name for name in COUNTS if name in state and not is_count(state[name])]
+    if wrong:
+        raise DamagedCheckpoint(
+            f"{path / STATE} holds {wrong[0]} = {state[wrong[0]]!r}, not a whole number from 0; "
+            "use another checkpoint"
+        )
     return state
+
+
+def is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def read_config(folder: Path) -> RunConfig:
