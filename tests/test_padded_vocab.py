@@ -247,6 +247,14 @@ def test_a_tokenizer_larger_than_the_embeddings_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_far_smaller_than_the_embeddings_is_another_models(tmp_path, capsys):
+    source = save_with_vocab(hf_bert(transformers.BertForMaskedLM, len(TOKENS) + 128), tmp_path / "hf")
+    argv = ["import-hf", "--from", str(source), "--out", str(tmp_path / "out")]
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert_clean_failure(capsys, argv, f"the tokenizer has 60 tokens but the model in {source} expects 188")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_padded_hugging_face_classifier_classifies_as_transformers_does(tmp_path):
     model = hf_bert(transformers.BertForSequenceClassification, ROWS)
     model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}

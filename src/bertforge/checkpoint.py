@@ -348,12 +348,15 @@ def pretraining_model(config: ModelConfig) -> BertForPreTraining | GPTLMHeadMode
     return GPTLMHeadModel(config) if config.objective == "clm" else BertForPreTraining(config)
 
 
+PADDING_ROWS = 128  # the most rows a padded vocabulary adds (models pad to a multiple of 8, 64 or 128)
+
+
 def check_tokenizer_fits(tokenizer: BertTokenizer, config: RunConfig, source: Path) -> None:
     """One embedding row per token, or a padded vocabulary: more rows than tokens (Hugging Face models
     pad to a multiple of 8 or 64 for speed), recorded as such by the config's tokenizer section holding
     the tokenizer's own size. The extra rows stand for no token and are never predicted."""
     tokens, rows = tokenizer.vocab_size, config.model.vocab_size
-    if tokens == rows or (tokens < rows and config.tokenizer.vocab_size == tokens):
+    if tokens == rows or (tokens < rows < tokens + PADDING_ROWS and config.tokenizer.vocab_size == tokens):
         return
     expects = f"has only {rows} embedding rows" if tokens > rows else f"expects {rows}"
     raise BertforgeError(
