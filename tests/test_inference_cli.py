@@ -206,7 +206,20 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
         capsys, ["fill-mask", *model, "--input", str(tmp_path / "missing.txt")], "does not exist"
     )
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 [MASK]\n")
-    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(tmp_path / "latin1.txt")], "UTF-8")
+    latin1 = ["fill-mask", *model, "--input", str(tmp_path / "latin1.txt")]
+    assert_clean_failure(capsys, latin1, "is not UTF-8 text; convert it to UTF-8, e.g. `iconv")
+    folder = ["fill-mask", *model, "--input", str(tmp_path)]
+    assert_clean_failure(capsys, folder, f"{tmp_path} is a folder; give a file with")
+    tokenizer_file = [
+        "prepare",
+        "--corpus",
+        str(tmp_path / "latin1.txt"),
+        "--tokenizer",
+        str(tmp_path / "latin1.txt"),
+    ]
+    assert_clean_failure(
+        capsys, [*tokenizer_file, "--out", str(tmp_path / "s")], "is a file, not a folder; train"
+    )
 
     assert_clean_failure(capsys, ["nsp", *model, "only one sentence"], "give two sentences")
     tabs = lines_file(tmp_path, "bad.tsv", ["a\tb", "no tab here"])

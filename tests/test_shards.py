@@ -140,7 +140,7 @@ def test_missing_files(copy, tmp_path):
     with pytest.raises(BertforgeError, match="sentence_offsets.bin is missing"):
         TokenShards.open(copy)
     (copy / "meta.json").unlink()
-    with pytest.raises(BertforgeError, match="meta.json is missing.*delete it and re-run prepare"):
+    with pytest.raises(BertforgeError, match=r"is not a token shard folder \(it has no meta.json\); give"):
         TokenShards.open(copy)
 
 

@@ -168,7 +168,9 @@ def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int,
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise BertforgeError(f"{path} line {line} is not valid JSON ({error.msg})") from None
+            raise BertforgeError(
+                f"{path} line {line} is not valid JSON ({error.msg}); each line holds one JSON object"
+            ) from None
         if not isinstance(record, dict):
             raise BertforgeError(f"{path} line {line} is not a JSON object; give one object per line")
         missing = [column for column in columns if column not in record]

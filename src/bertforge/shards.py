@@ -334,6 +334,11 @@ def _damaged(path: Path, why: str) -> BertforgeError:
 
 
 def _read_meta(path: Path) -> dict:
+    if not (path / META_FILE).is_file():
+        raise BertforgeError(
+            f"{path} is not a token shard folder (it has no {META_FILE}); give the folder that "
+            "`bertforge prepare` wrote, or run prepare again if that folder lost the file"
+        )
     advice = "the token shard folder is damaged: delete it and re-run prepare"
     meta = read_json(path / META_FILE, damaged=advice, missing=advice)
     if meta.get("format_version") != FORMAT_VERSION:

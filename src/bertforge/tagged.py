@@ -144,7 +144,9 @@ def _read_json_lines(path: Path, text: str, token_field: str, tag_field: str) ->
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise BertforgeError(f"{path} line {number} is not valid JSON ({error.msg})") from None
+            raise BertforgeError(
+                f"{path} line {number} is not valid JSON ({error.msg}); each line holds one JSON object"
+            ) from None
         if not isinstance(record, dict) or token_field not in record or tag_field not in record:
             shown = ", ".join(record) if isinstance(record, dict) else "none: not an object"
             raise BertforgeError(

@@ -268,8 +268,9 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
     """Load a tokenizer folder: `tokenizer.json` (+ settings), or just a BERT `vocab.txt`."""
     path = Path(path)
     if not path.is_dir():
+        state = "is a file, not a folder" if path.exists() else "does not exist"
         raise BertforgeError(
-            f"tokenizer folder {path} does not exist; train a tokenizer first or give the folder that "
+            f"tokenizer folder {path} {state}; train a tokenizer first or give the folder that "
             f"holds {TOKENIZER_FILE} or {VOCAB_FILE}"
         )
     settings = _read_settings(path / SETTINGS_FILE)

@@ -204,11 +204,14 @@ def load_on_device(args, objective: str = "mlm"):
 def read_lines(path: Path, what: str) -> list[str]:
     """The lines of a UTF-8 file, refusing a missing or empty file and blank lines (naming the line)."""
     if not path.is_file():
-        raise BertforgeError(f"{path} does not exist; give a file with {what}")
+        state = "is a folder" if path.is_dir() else "does not exist"
+        raise BertforgeError(f"{path} {state}; give a file with {what}")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
-        raise BertforgeError(f"{path} is not UTF-8 text") from None
+        raise BertforgeError(
+            f"{path} is not UTF-8 text; convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
+        ) from None
     if not lines:
         raise BertforgeError(f"{path} is empty; give a file with {what}")
     for number, line in enumerate(lines, 1):
