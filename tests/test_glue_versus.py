@@ -90,7 +90,9 @@ def test_each_runs_predictions_score_as_its_report_says(two_benchmarks):
             assert run["score"] == pytest.approx(50 * (pearson + spearman), abs=1e-6)
 
 
-def test_the_command_prints_the_table_and_refuses_what_it_cannot_compare(two_benchmarks, tmp_path, capsys):
+def test_the_command_prints_the_table_and_refuses_what_it_cannot_compare(
+    two_benchmarks, tmp_path, capsys, tiny_pretrained_run
+):
     from bertforge.cli import main
 
     first, second = two_benchmarks
@@ -113,6 +115,8 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_compare(two_ben
         capsys, ["glue-compare", str(first), str(damaged), "--out", str(tmp_path / "d")], "different dev"
     )
     assert not (tmp_path / "d").exists()  # nothing is written for a refused comparison
+    run = ["glue-compare", str(first), str(tiny_pretrained_run), "--out", str(tmp_path / "d")]
+    assert_clean_failure(capsys, run, f"{tiny_pretrained_run} holds a pretraining run, not a GLUE benchmark;")
     again = ["glue-compare", str(second), str(first), "--out"]
     assert main([*again, str(tmp_path / "c")]) == 0  # an earlier comparison is replaced
     files = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bertforge.comparison import ARMS
 from bertforge.errors import BertforgeError
+from bertforge.folders import folder_kind
 from bertforge.glue import REPORT, SCORES, arm_folder, truth
 from bertforge.glue_report import (
     comparison_cells,
@@ -110,6 +111,11 @@ def shared_tasks_and_seeds(first: Path, second: Path, reports: list[dict]) -> tu
 
 def finished_report(folder: Path) -> dict:
     """glue.json of `folder`, with what a comparison reads of it."""
+    kind = folder_kind(folder)
+    if kind is not None and kind.name != "GLUE benchmark":
+        raise BertforgeError(
+            f"{folder} holds {kind.what}, not a GLUE benchmark; compare two folders `bertforge glue` wrote"
+        )
     rewrite = f"run `bertforge glue --out {folder} --resume` to write it again"
     report = read_json(
         folder / REPORT,
