@@ -348,15 +348,22 @@ def pretraining_model(config: ModelConfig) -> BertForPreTraining | GPTLMHeadMode
     return GPTLMHeadModel(config) if config.objective == "clm" else BertForPreTraining(config)
 
 
-PADDING_ROWS = 128  # the most rows a padded vocabulary adds (models pad to a multiple of 8, 64 or 128)
+PADDING_ROWS = 128  # below this many extra rows, a Hugging Face model's rows are taken as padding
 
 
-def check_tokenizer_fits(tokenizer: BertTokenizer, config: RunConfig, source: Path) -> None:
+def check_tokenizer_fits(
+    tokenizer: BertTokenizer, config: RunConfig, source: Path, recorded: bool = True
+) -> None:
     """One embedding row per token, or a padded vocabulary: more rows than tokens (Hugging Face models
     pad to a multiple of 8 or 64 for speed), recorded as such by the config's tokenizer section holding
-    the tokenizer's own size. The extra rows stand for no token and are never predicted."""
+    the tokenizer's own size. The extra rows stand for no token and are never predicted. A Hugging Face
+    folder records no tokenizer size (`recorded` False): there, fewer than `PADDING_ROWS` extra rows are
+    padding, and more mean the tokenizer is another model's."""
     tokens, rows = tokenizer.vocab_size, config.model.vocab_size
-    if tokens == rows or (tokens < rows < tokens + PADDING_ROWS and config.tokenizer.vocab_size == tokens):
+    padded = (
+        tokens < rows and config.tokenizer.vocab_size == tokens and (recorded or rows < tokens + PADDING_ROWS)
+    )
+    if tokens == rows or padded:
         return
     expects = f"has only {rows} embedding rows" if tokens > rows else f"expects {rows}"
     raise BertforgeError(

@@ -20,8 +20,8 @@ Owns:
 
 Special tokens may sit at any ids (Google's original BERT vocabularies put them at 0 and 100-103);
 a vocabulary without all five of `[PAD] [UNK] [CLS] [SEP] [MASK]` is refused on import. A padded
-vocabulary (up to 127 more embedding rows than tokens, e.g. 30,522 tokens in 30,528 rows) is kept as it is,
-both ways: `model.vocab_size` counts the rows, the tokenizer section the tokens.
+vocabulary (more embedding rows than tokens, e.g. 30,522 tokens in 30,528 rows; on import, fewer than 128
+more) is kept as it is, both ways: `model.vocab_size` counts the rows, the tokenizer section the tokens.
 """
 
 from __future__ import annotations

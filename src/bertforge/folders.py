@@ -288,7 +288,7 @@ def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, R
         raise BertforgeError(f"{src} is not a folder; give a Hugging Face model folder")
     model_config, tokenizer = hf_model_config_and_tokenizer(src)
     config = run_config_for(src, model_config, tokenizer)
-    check_tokenizer_fits(tokenizer, config, src)
+    check_tokenizer_fits(tokenizer, config, src, recorded=False)
     weights = read_hf_weights(src)
     if model_config.objective == "clm":
         model, dropped = gpt_convert.language_model_from_hf(model_config, weights, src)
@@ -322,7 +322,7 @@ def hf_classifier_parts(src: Path) -> tuple[RunConfig, BertTokenizer, dict[str, 
     model_config, tokenizer = hf_model_config_and_tokenizer(src)
     config = RunConfig(model=model_config)
     config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
-    check_tokenizer_fits(tokenizer, config, src)
+    check_tokenizer_fits(tokenizer, config, src, recorded=False)
     weights = read_hf_weights(src)
     if model_config.objective == "clm":
         return config, tokenizer, gpt_convert.from_hf_state_dict(weights)
