@@ -789,6 +789,10 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     "change, problem",
     [
         ({"recipes": {}}, "it has no whole recipe for RTE"),
+        (
+            {"recipes": {"RTE": {**asdict(read_recipes({}, "built in")[0]["RTE"]), "epochs": "two"}}},
+            "RTE's recipe: epochs must be a whole number, got 'two'",
+        ),
         ({"tasks": ["RTE", "SQuAD"]}, "'SQuAD' is not a GLUE task"),
         ({"seeds": "1,2"}, "its seeds or tasks are not lists of numbers and names"),
         ({"data": "glue"}, "its model or data is not a path"),

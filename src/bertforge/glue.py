@@ -62,7 +62,7 @@ from bertforge.finetune import (
 )
 from bertforge.folders import find_model_folder, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
-from bertforge.glue_recipes import Recipe, load_recipes, recipe_text
+from bertforge.glue_recipes import Recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
 from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
@@ -293,9 +293,11 @@ def settings_problem(saved: GlueBenchmark) -> str | None:
         if name not in TASKS:
             return f"{name!r} is not a GLUE task"
         try:
-            Recipe(**saved.recipes[name])
+            Recipe(**recipe_values(saved.recipes[name], {}, f"{name}'s recipe"))
         except (KeyError, TypeError):
             return f"it has no whole recipe for {name}"
+        except BertforgeError as error:
+            return str(error)
     return None
 
 
