@@ -339,8 +339,9 @@ def _read_meta(path: Path) -> dict:
             f"{path} is not a token shard folder (it has no {META_FILE}); give the folder that "
             "`bertforge prepare` wrote, or run prepare again if that folder lost the file"
         )
-    advice = "the token shard folder is damaged: delete it and re-run prepare"
-    meta = read_json(path / META_FILE, damaged=advice, missing=advice)
+    meta = read_json(
+        path / META_FILE, damaged="the token shard folder is damaged: delete it and re-run prepare"
+    )
     if meta.get("format_version") != FORMAT_VERSION:
         raise BertforgeError(
             f"token shard folder {path} has format_version {meta.get('format_version')!r}, but this "
