@@ -24,7 +24,15 @@ from bertforge.comparison import few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator, task_data
-from bertforge.glue import SCORES, benchmark, finetune_task, run_glue, run_tokens, write_task_files
+from bertforge.glue import (
+    SCORES,
+    benchmark,
+    finetune_task,
+    run_glue,
+    run_tokens,
+    sweep_points,
+    write_task_files,
+)
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, Recipe, read_recipes, recipe_text
 from bertforge.glue_report import at_chance, chance_note, majority_class, plotted_series
@@ -847,21 +855,36 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     out, said = tmp_path / "sweep", []
     report = run_glue(bench, out, show_progress=False, say=said.append, jobs=2)  # the grid's points at once
     task = report["tasks"]["RTE"]
-    assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 4), (1e-4, 4)]
+    # the task's own recipe first (TINY_RECIPES: 3e-3, batch 8), then the grid's points
+    assert [(p["learning_rate"], p["batch_size"]) for p in task["sweep"]] == [(3e-3, 8), (3e-3, 4), (1e-4, 4)]
     assert len(ends) == 1 and ends[0][0] == ends[0][1] > 0
     best = max(task["sweep"], key=lambda p: p["score"])  # the first among equals
-    assert task["recipe"]["learning_rate"] == best["learning_rate"] and task["recipe_chosen_on_dev"]
+    assert (task["recipe"]["learning_rate"], task["recipe"]["batch_size"]) == (
+        best["learning_rate"],
+        best["batch_size"],
+    )
+    assert task["recipe_chosen_on_dev"]
     assert said == [
         f"RTE's recipe: {recipe_text(Recipe(**bench.recipes['RTE']))}",
-        f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size 4 on dev (seed 1); "
+        f"RTE: --sweep chose learning rate {best['learning_rate']:g}, batch size {best['batch_size']} on dev "
+        "(seed 1); "
         "its dev figures are optimistic",
     ]
-    assert sorted(p.name for p in (out / "sweep" / "RTE").iterdir()) == ["lr0.0001-bs4", "lr0.003-bs4"]
+    points = sorted(p.name for p in (out / "sweep" / "RTE").iterdir())
+    assert points == ["lr0.0001-bs4", "lr0.003-bs4", "lr0.003-bs8"]
     markdown = (out / "glue.md").read_text(encoding="utf-8")
     assert (
         "| RTE† | acc |" in markdown
         and "chosen on dev by --sweep: its dev figures are optimistic" in markdown
     )
+
+
+def test_the_sweep_tries_the_tasks_own_recipe_first_and_each_grid_point_once():
+    grid = {"learning_rate": [3e-4, 1e-4], "batch_size": [16, 32]}
+    own_in_grid = Recipe(**{**DEFAULT_RECIPES["default"], "learning_rate": 1e-4, "batch_size": 32})
+    assert sweep_points(grid, own_in_grid) == [(1e-4, 32), (3e-4, 16), (3e-4, 32), (1e-4, 16)]
+    own_outside = Recipe(**{**DEFAULT_RECIPES["default"], "learning_rate": 2e-4, "batch_size": 16})
+    assert sweep_points(grid, own_outside) == [(2e-4, 16), (3e-4, 16), (3e-4, 32), (1e-4, 16), (1e-4, 32)]
 
 
 def run_figures(report: dict) -> dict:

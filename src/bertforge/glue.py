@@ -5,8 +5,9 @@ Owns the benchmark's settings (with each task's recipe from `bertforge.glue_reci
 and how a rerun continues it, each task's runs through `bertforge.finetune` (with
 `compare_scratch` both arms per seed, laid out as `bertforge.comparison` lays them out), scoring
 each run's best epoch on the task's dev and labelled test files (`bertforge.glue_scores`), the
-`--sweep` over a small grid, and the progress over all runs. With `jobs` above 1 the unfinished runs
-of a task train at once in `bertforge.worker_pool`'s processes; this process keeps each folder.
+`--sweep` over each task's recipe and a small grid, and the progress over all runs. With `jobs` above
+1 the unfinished runs of a task train at once in `bertforge.worker_pool`'s processes; this process
+keeps each folder.
 glue.json's content, the table, glue.md and glue.png are `bertforge.glue_report`'s.
 
 Benchmark folder (`out`):
@@ -15,7 +16,7 @@ Benchmark folder (`out`):
     data/<task>/        train.jsonl (its recipe's `max_train_examples`: a fixed random subset) and
                         dev.jsonl (the first dev file), what fine-tuning reads (with `both_orders`,
                         finetune's, each training pair in both orders)
-    sweep/<task>/lr<LR>-bs<B>/   one fine-tuning folder per grid point (`sweep`), first seed only
+    sweep/<task>/lr<LR>-bs<B>/   one fine-tuning folder per point of the sweep, first seed only
     <task>/             the task's fine-tuning folder: seed_N/, or pretrained/seed_N/ and scratch/seed_N/
                         (each run's glue_scores.json: its figures on every dev and test file)
     glue.json, glue.md, glue.png
@@ -698,16 +699,15 @@ def sweep_task(
     progress: RunsProgress,
     pool: WorkerPool | None,
 ) -> tuple[Recipe, list[dict]]:
-    """One run (the first seed, pretrained) per point of the grid; the recipe of the best dev score
-    (the first in grid order among equals) and every point's result."""
+    """One run (the first seed, pretrained) per point of `sweep_points`; the recipe of the best dev
+    score (the first in their order among equals: the task's own recipe) and every point's result."""
     seed, grid = bench.seeds[0], []
-    for lr in bench.sweep_grid["learning_rate"]:
-        for batch_size in bench.sweep_grid["batch_size"]:
-            point = replace(recipe, learning_rate=lr, batch_size=batch_size)
-            point_folder = folder / f"lr{lr:g}-bs{batch_size}"
-            task = finetune_task(bench, data, files, point, [seed], compare=False)
-            runs = [(seed, "pretrained", point_folder / f"seed_{seed}")]
-            grid.append(FolderRuns(task, finetune_config(bench, point), point_folder, runs))
+    for lr, batch_size in sweep_points(bench.sweep_grid, recipe):
+        point = replace(recipe, learning_rate=lr, batch_size=batch_size)
+        point_folder = folder / sweep_folder_name(lr, batch_size)
+        task = finetune_task(bench, data, files, point, [seed], compare=False)
+        runs = [(seed, "pretrained", point_folder / f"seed_{seed}")]
+        grid.append(FolderRuns(task, finetune_config(bench, point), point_folder, runs))
     points = [
         {
             "learning_rate": group.config.train.learning_rate,
@@ -722,6 +722,18 @@ def sweep_task(
         recipe, learning_rate=points[best]["learning_rate"], batch_size=points[best]["batch_size"]
     )
     return chosen, points
+
+
+def sweep_points(grid: dict[str, list], recipe: Recipe) -> list[tuple[float, int]]:
+    """The (learning rate, batch size) points a task's sweep tries: its own recipe's first, so that the
+    sweep cannot lose on dev what the recipe scores, then the grid's other points."""
+    own = (recipe.learning_rate, recipe.batch_size)
+    points = [(lr, batch_size) for lr in grid["learning_rate"] for batch_size in grid["batch_size"]]
+    return [own, *(point for point in points if point != own)]
+
+
+def sweep_folder_name(learning_rate: float, batch_size: int) -> str:
+    return f"lr{learning_rate:g}-bs{batch_size}"
 
 
 # ------------------------------------------------------------------------------------- progress
@@ -772,10 +784,9 @@ def plan(bench: GlueBenchmark, datas: dict[str, TaskData], out: Path) -> list[Pl
         examples *= 2 if recipe.both_orders else 1
         shape = (data.train, examples, recipe.epochs, recipe.max_length)  # the sweep's too
         if bench.sweep:
-            for lr in bench.sweep_grid["learning_rate"]:
-                for batch_size in bench.sweep_grid["batch_size"]:
-                    folder = out / "sweep" / name / f"lr{lr:g}-bs{batch_size}" / f"seed_{bench.seeds[0]}"
-                    runs.append(PlannedRun(folder, run_work(*shape, batch_size), (folder / RESULT).is_file()))
+            for lr, batch_size in sweep_points(bench.sweep_grid, recipe):
+                folder = out / "sweep" / name / sweep_folder_name(lr, batch_size) / f"seed_{bench.seeds[0]}"
+                runs.append(PlannedRun(folder, run_work(*shape, batch_size), (folder / RESULT).is_file()))
         work = run_work(*shape, recipe.batch_size)
         for seed in bench.seeds:
             for arm in arms:

@@ -80,8 +80,8 @@ def register(commands) -> None:
     p.add_argument(
         "--sweep",
         action="store_true",
-        help="per task, try the recipes' [sweep] grid (learning rate x batch size, first seed) and keep the "
-        "best on dev (its dev figures are then optimistic)",
+        help="per task, try its recipe and the recipes' [sweep] grid (learning rate x batch size, first "
+        "seed) and keep the best on dev (its dev figures are then optimistic)",
     )
     add_precision_argument(p)
     add_device_argument(p, default=None)
