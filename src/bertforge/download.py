@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import entry_lock, remove_leftovers, writing
+from bertforge.io import entry_lock, give_usual_mode, remove_leftovers, writing
 from bertforge.progress import progress_bar
 
 TIMEOUT_S = 60.0  # for the connection and for each read
@@ -113,6 +113,7 @@ def download(remote: RemoteFile, target: Path, corpus: Corpus, show_progress: bo
     with writing(target):
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
         try:
+            give_usual_mode(tmp)
             with os.fdopen(fd, "wb") as out:
                 receive(remote.url, out, remote.name, show_progress, timeout)
             check_digests(Path(tmp), remote)

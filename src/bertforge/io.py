@@ -7,7 +7,9 @@ when the write fails. A folder is deleted by first renaming it aside (`.NAME.del
 never leaves a half-deleted folder under its own name. What a killed writer leaves (`.NAME.tmp-*`,
 `.NAME.old-*`, `.NAME.del-*`) is removed at the next start by the process that takes the folder's
 lock (or, for a folder built whole such as a cache entry or prepared shards, the builder's lock
-`.NAME.lock` beside it); a folder moved aside for a replacement that never arrived is put back. A
+`.NAME.lock` beside it); a folder moved aside for a replacement that never arrived is put back.
+Files and folders written this way get the modes `open` and `mkdir` would give them under the
+process's umask (644 and 755 under 022), not the owner-only modes of their temporaries. A
 write the disk refuses (full, read-only, no permission), or one under a path where a file stands
 for a folder, raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
 `write_json`'s (indented, newline-terminated, atomic); every JSON object it reads is `read_json`'s,
@@ -33,6 +35,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)  # the umask can only be read by setting it
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+
+
+def give_usual_mode(path: Path | str, folder: bool = False) -> None:
+    """Give `path` the mode a plain `open` or `mkdir` would have given it, in place of the owner-only
+    600 or 700 of `tempfile`'s temporaries, so that models and exports are readable where the umask
+    lets them be."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~UMASK)
 
 
 class WriteError(BertforgeError, OSError):
@@ -129,6 +147,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
         try:
+            give_usual_mode(tmp)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -233,6 +252,8 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
             yield tmp
+            for inside in [tmp, *tmp.rglob("*")]:  # safetensors writes its files owner-only too
+                give_usual_mode(inside, folder=inside.is_dir())
             if path.exists():
                 # Rename the old folder aside first so that `path` is never missing a complete copy for long.
                 old = move_aside(path)  # put back by `remove_leftovers` if killed before the next line
