@@ -217,6 +217,7 @@ def test_import_gives_equal_logits(hf_pretraining, tmp_path, small_tokenizer_dir
         "config.json",
         "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
         "vocab.txt",
     ]
     config = RunConfig.from_dict(json.loads((tmp_path / "imported" / "config.json").read_text()))

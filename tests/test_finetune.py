@@ -254,6 +254,7 @@ def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
         "labels.json",
         "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
         "vocab.txt",
     ]
     weights = read_weights(final / "model.safetensors")

@@ -111,6 +111,7 @@ def test_save_into_an_existing_folder_keeps_other_files(trained, tmp_path):
         "bertforge_tokenizer.json",
         "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
         "vocab.txt",
     ]
     assert load_tokenizer(tmp_path).fingerprint == tokenizer.fingerprint
@@ -165,6 +166,17 @@ def test_cased_tokenizer_keeps_case(tmp_path):
     tokenizer = train_tokenizer([corpus], config, tmp_path / "cased", show_progress=False)
     assert tokenizer.token_to_id("Paris") is not None and tokenizer.token_to_id("paris") is None
     assert load_tokenizer(tmp_path / "cased").lowercase is False
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_a_tokenizer_folder_loads_in_transformers_with_its_own_casing(tmp_path, lowercase):
+    transformers = pytest.importorskip("transformers")
+    config = TokenizerConfig(kind="wordpiece", vocab_size=3000, min_frequency=2, lowercase=lowercase)
+    tokenizer = train_tokenizer([VALID], config, tmp_path / "tok", show_progress=False)
+    hf = transformers.BertTokenizerFast.from_pretrained(str(tmp_path / "tok"))
+    text = "The Album sold Millions of copies in Ireland ."
+    assert hf(text)["input_ids"] == tokenizer.encode_pair(text, None)[0]
+    assert ("The" in hf.tokenize(text)) is not lowercase
 
 
 def test_bad_training_inputs(tmp_path):

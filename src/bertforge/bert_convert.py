@@ -5,7 +5,7 @@ Owns:
 - `hf_config`: a `BertConfig` dict (config.json) naming `BertForPreTraining`, or with labels
   `BertForSequenceClassification` (one label: a regression, `problem_type = "regression"`) or
   `BertForTokenClassification` (its tags in `id2label`, no `problem_type`, which it does not read);
-  `tokenizer_config` and `SPECIAL_TOKENS_MAP` beside it;
+  `tokenizer_config` beside it (the tokenizer's settings for `transformers`, and the model's length);
 - `model_config_from_hf`: the inverse, refusing what our BERT cannot hold (relative positions, a
   decoder); fields a config.json leaves out take `BertConfig`'s defaults (`HF_DEFAULTS`);
 - `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare
@@ -29,11 +29,8 @@ from bertforge.config import ModelConfig, RunConfig, preset_model, validate_mode
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
 from bertforge.model import TIED_KEYS, BertForPreTraining
-from bertforge.tokenizer import SPECIAL_TOKENS, BertTokenizer
+from bertforge.tokenizer import BertTokenizer
 
-SPECIAL_TOKENS_MAP = dict(
-    zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
-)
 ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
 TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
 BUFFERS = ("position_ids", "token_type_ids")  # saved by old transformers versions; not weights
@@ -71,17 +68,7 @@ def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | 
 
 
 def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dict:
-    # strip_accents and do_lower_case repeat what tokenizer.json's normalizer does, so that a
-    # transformers version that rebuilds the normalizer from them builds the same one.
-    return {
-        "tokenizer_class": "BertTokenizer",
-        "do_lower_case": tokenizer.lowercase,
-        "strip_accents": tokenizer.lowercase,
-        "tokenize_chinese_chars": True,
-        "model_max_length": model_config.max_position_embeddings,
-        "clean_up_tokenization_spaces": False,
-        **SPECIAL_TOKENS_MAP,
-    }
+    return tokenizer.hf_settings() | {"model_max_length": model_config.max_position_embeddings}
 
 
 def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.bert_convert import SPECIAL_TOKENS_MAP, hf_config, tokenizer_config
+from bertforge.bert_convert import hf_config, tokenizer_config
 from bertforge.checkpoint import (
     CONFIG,
     LABELS,
@@ -57,7 +57,7 @@ from bertforge.gpt_convert import write_hf_folder
 from bertforge.io import atomic_directory, building_new_folder, write_json
 from bertforge.tagger import ARCHITECTURE as TAGGER_ARCHITECTURE
 from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, is_tagger_folder, token_classifier
-from bertforge.tokenizer import BertTokenizer
+from bertforge.tokenizer import SPECIAL_TOKENS_MAP, BertTokenizer
 
 # ---------------------------------------------------------------------------------------------- export
 

@@ -26,6 +26,10 @@ from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_bytes, json_text, read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIAL_TOKENS_MAP = dict(
+    zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS, strict=True)
+)
+HF_CONFIG_FILE = "tokenizer_config.json"  # what transformers' BertTokenizerFast reads beside tokenizer.json
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
@@ -130,6 +134,7 @@ class BertTokenizer:
         files = {  # tokenizer.json last: its presence marks a complete folder
             VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens()).encode("utf-8"),
             SETTINGS_FILE: json_text(settings).encode("utf-8"),
+            HF_CONFIG_FILE: json_text(self.hf_settings()).encode("utf-8"),
             TOKENIZER_FILE: self._json_bytes(),
         }
         if out_dir.is_dir():
@@ -140,6 +145,19 @@ class BertTokenizer:
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
         return out_dir
+
+    def hf_settings(self) -> dict:
+        """tokenizer_config.json for `transformers`, which otherwise lower-cases: strip_accents and
+        do_lower_case repeat what tokenizer.json's normalizer does, so that a transformers version that
+        rebuilds the normalizer from them builds the same one."""
+        return {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.lowercase,
+            "tokenize_chinese_chars": True,
+            "clean_up_tokenization_spaces": False,
+            **SPECIAL_TOKENS_MAP,
+        }
 
     def _json_bytes(self) -> bytes:
         return self.backend.to_str(pretty=True).encode("utf-8")
