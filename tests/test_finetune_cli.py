@@ -451,6 +451,8 @@ def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data,
     assert_clean_failure(
         capsys, finetune_argv(tiny_pretrained_run, *data, out, "--set", "model.hidden_size=8"), "--model"
     )
+    for ignored, fix in (("train.max_steps=5", "set --epochs instead"), ("data.nsp=true", "--max-length")):
+        assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, out, "--set", ignored), fix)
     assert_clean_failure(
         capsys, finetune_argv(tiny_pretrained_run, *data, out, "--lr", "-1"), "learning_rate"
     )

@@ -37,6 +37,8 @@ SETTING_FLAGS = {
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
 }
+# Set by `finetune.set_epochs` from --epochs.
+EPOCH_SETTINGS = ("train.max_steps", "train.max_minutes", "train.eval_every", "train.checkpoint_every")
 RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "from_scratch"),
@@ -151,7 +153,8 @@ def add_finetune_command(commands) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override a train or runtime setting, or data.max_seq_length",
+        help="override a train or runtime setting, or data.max_seq_length (not the steps, minutes and "
+        "evaluation intervals: --epochs sets those)",
     )
     p.add_argument(
         "--resume",
@@ -213,9 +216,7 @@ def finetune_inputs(args):
             raise BertforgeError(f"--resume continues with the run's saved settings; drop {flags}")
         task, config = read_task(args.out)
         return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
-    fixed = [item for item in args.set if item.strip().startswith(("model.", "tokenizer."))]
-    if fixed:
-        raise BertforgeError(f"--set {fixed[0]}: the model and tokenizer settings come from --model")
+    check_settable(args.set)
     optional = COLUMN_FLAGS if tagged_task(args) else ()
     missing = [
         f"--{name.replace('_', '-')}"
@@ -258,6 +259,23 @@ def finetune_inputs(args):
     )
     apply_overrides(config, args.set)
     return task, config
+
+
+def check_settable(overrides: list[str]) -> None:
+    """Refuse a `--set` that fine-tuning would ignore, rather than train as if it were taken."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith(("model.", "tokenizer.")):
+            raise BertforgeError(f"--set {item}: the model and tokenizer settings come from --model")
+        if key in EPOCH_SETTINGS:
+            raise BertforgeError(
+                f"--set {item}: finetune trains whole epochs and evaluates and checkpoints after each; "
+                "set --epochs instead"
+            )
+        if key.startswith("data.") and key != "data.max_seq_length":
+            raise BertforgeError(
+                f"--set {item}: of the data settings finetune reads data.max_seq_length (--max-length) only"
+            )
 
 
 def default_epochs(args) -> int:
