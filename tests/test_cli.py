@@ -17,6 +17,7 @@ from conftest import assert_clean_failure, metrics_lines, tiny_config
 
 from bertforge.cli import main
 from bertforge.config import save_json
+from bertforge.tokenizer import load_tokenizer
 
 TINY = [
     "--set",
@@ -319,6 +320,32 @@ def test_output_that_is_a_file_or_a_full_folder(tmp_path, capsys, wiki_slice, sm
     }[command]
     assert_clean_failure(capsys, [*argv, "--out", str(taken)], "is a file; --out must name a new folder")
     assert taken.read_text() == "not a folder"
+
+
+def test_a_repeated_corpus_is_read_whole_or_refused(tmp_path, capsys, small_tokenizer_dir):
+    """`tokenizer train` learns from every --corpus given; `prepare` takes one and says so, where a
+    repeat used to keep the last alone."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("alpha beta gamma .\nalpha beta .\n", encoding="utf-8")
+    second.write_text("delta epsilon .\ndelta epsilon .\n", encoding="utf-8")
+    out = tmp_path / "tok"
+    argv = ["tokenizer", "train", "--corpus", str(first), "--corpus", str(second), "--kind", "wordlevel"]
+    assert main([*argv, "--min-freq", "2", "--out", str(out)]) == 0
+    tokens = set(load_tokenizer(out).backend.get_vocab())
+    assert {"alpha", "beta", "delta", "epsilon"} <= tokens
+    argv = [
+        "prepare",
+        "--corpus",
+        str(first),
+        "--corpus",
+        str(second),
+        "--tokenizer",
+        str(small_tokenizer_dir),
+    ]
+    assert_clean_failure(
+        capsys, [*argv, "--out", str(tmp_path / "shards")], "prepare takes one --corpus file"
+    )
+    assert not (tmp_path / "shards").exists()
 
 
 def write_parquet(path: Path, columns: dict) -> Path:

@@ -63,8 +63,10 @@ def add_tokenizer_command(commands) -> None:
     p.add_argument(
         "--corpus",
         nargs="+",
+        action="extend",
         required=True,
-        help="files to learn from: files, folders or quoted glob patterns (.gz and .parquet included)",
+        help="files to learn from: files, folders or quoted glob patterns (.gz and .parquet included); "
+        "repeat or list several",
     )
     p.add_argument(
         "--kind",
@@ -90,7 +92,14 @@ def add_prepare_command(commands) -> None:
         description="Tokenize once into flat token shards with sentence and document offsets; "
         "`pretrain --shards` trains on them.",
     )
-    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        action="append",
+        required=True,
+        help="one corpus file; prepare each corpus into its own folder, and give `pretrain --shards` once "
+        "per folder",
+    )
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
@@ -239,10 +248,15 @@ def run_prepare(args) -> int:
     from bertforge.shards import prepare_shards
     from bertforge.tokenizer import load_tokenizer
 
+    if len(args.corpus) > 1:
+        raise BertforgeError(
+            "prepare takes one --corpus file; prepare each corpus into its own folder and give "
+            "`pretrain --shards` once per folder"
+        )
     check_new_folder(args.out)
     with nothing_kept_on_ctrl_c(args.out):
         meta = prepare_shards(
-            args.corpus,
+            args.corpus[0],
             load_tokenizer(args.tokenizer),
             args.out,
             format=args.format,
