@@ -467,3 +467,17 @@ def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data,
     assert_clean_failure(
         capsys, ["finetune", "--out", str(out), "--model", str(tiny_pretrained_run)], "needs --train"
     )
+
+
+def test_the_readmes_python_example_runs(tiny_pretrained_run, finetuned):
+    """The README's Python API block, on a tiny pretrained run and a fine-tuned one."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"runs/mini"' in block and '"runs/sst2/pretrained/seed_1"' in block
+    block = block.replace('"runs/mini"', repr(str(tiny_pretrained_run)))
+    block = block.replace('"runs/sst2/pretrained/seed_1"', repr(str(finetuned)))
+    block = block.replace('bertforge.classifier.classify(', 'classified = bertforge.classifier.classify(')
+    names: dict = {}
+    exec(compile(block, "README.md", "exec"), names)  # noqa: S102 (the README's own example)
+    [result] = names["classified"]
+    assert result["label"] in names["labels"] and abs(sum(result["probabilities"].values()) - 1) < 1e-5

@@ -112,7 +112,7 @@ def add_pretrain_command(commands) -> None:
         "pretrain",
         help="pretrain a BERT with MLM + NSP (or a GPT-1, --objective clm) from raw text",
         description="Train the tokenizer and shards when missing (cached by content), then pretrain. "
-        "Settings apply in order: defaults, --preset, --config, flags, --set.",
+        "Settings apply in order: defaults, --preset, --objective, --config, flags, --set.",
     )
     add_training_text_arguments(p)
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
@@ -124,7 +124,11 @@ def add_pretrain_command(commands) -> None:
         action="store_true",
         help="with --resume: continue although the corpus or validation text changed since the run started",
     )
-    p.add_argument("--cache-dir", type=Path, help="tokenizer and shard cache (default $BERTFORGE_CACHE)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="tokenizer and shard cache (default $BERTFORGE_CACHE, else ~/.cache/bertforge)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_to_argument(p)
     p.set_defaults(handler=run_pretrain, setting_flags=CORPUS_FLAGS)
@@ -223,7 +227,11 @@ def add_evaluate_command(commands) -> None:
         help="auto: the GPU's mixed precision on CUDA, fp32 on a CPU",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--cache-dir", type=Path)
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="tokenized text cache (default $BERTFORGE_CACHE, else ~/.cache/bertforge)",
+    )
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(handler=run_evaluate, setting_flags=EVALUATE_FLAGS)
 
