@@ -469,6 +469,44 @@ class FakeClock:
         return self.now
 
 
+def test_a_resumed_time_budgets_bar_starts_where_the_run_stopped(
+    tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    """A 20-second budget on a fake clock (1 s a step), checkpointed at step 5 and resumed: the bar
+    starts at 5 of the 20 s, so that its ETA counts only this session's seconds and work."""
+    import bertforge.pretrain
+    import bertforge.train
+    from bertforge.checkpoint import read_config
+
+    clock, bars = FakeClock(), []
+    real_loss, real_bar = bertforge.pretrain.masked_lm_and_nsp_loss, bertforge.train.progress_bar
+
+    def timed_loss(model, batch, vocab_size):
+        clock.now += 1.0
+        return real_loss(model, batch, vocab_size)
+
+    def recorded_bar(**kwargs):
+        bars.append((kwargs.get("initial", 0), kwargs["total"]))
+        return real_bar(**kwargs)
+
+    monkeypatch.setattr(bertforge.train, "time", clock)
+    monkeypatch.setattr(bertforge.train, "progress_bar", recorded_bar)
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", timed_loss)
+    config = tiny_config(
+        wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=1 / 3, keep_checkpoints=10
+    )
+    config.train.checkpoint_every = 5
+    full = tmp_path / "full"
+    assert pretrain(config, full, tokenizer_dir=small_tokenizer_dir, show_progress=False)["step"] == 20
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    for later in list_checkpoints(cut)[1:]:
+        shutil.rmtree(later)
+    shutil.rmtree(cut / "final")
+    pretrain(read_config(cut), cut, resume=True, show_progress=False)
+    assert bars == [(0, 20), (5, 20)]
+
+
 def test_time_budget_schedules_follow_the_clock_not_the_steps(
     tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
 ):

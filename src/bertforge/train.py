@@ -367,8 +367,10 @@ class Trainer:
         if not self.schedule.budget_s:
             total, done = self.train_cfg.max_steps, self.state.step
             return progress_bar(total=total, initial=done, unit="step", disable=disable)
+        total = round(self.schedule.budget_s)
         return progress_bar(
-            total=round(self.schedule.budget_s),
+            total=total,
+            initial=round(self.schedule.progress(self.state.step, self.elapsed()) * total),  # a resumed run's
             unit="s",
             disable=disable,
             bar_format="{l_bar}{bar}| {elapsed}<{remaining} of the time budget{postfix}",
