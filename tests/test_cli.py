@@ -376,7 +376,11 @@ def test_pretrain_on_several_corpora_then_resume(tmp_path, capsys, wiki_slice):
     assert len(list((cache / "shards").iterdir())) == 3  # one shard folder per file
     capsys.readouterr()
     assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "3", *common]) == 0
-    assert "trained 3 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "trained 3 steps" in out and "already reached its end" not in out
+    assert main(["pretrain", "--out", str(run), "--resume", *common]) == 0  # nothing left to train
+    out = capsys.readouterr().out
+    assert "the run had already reached its end (3 steps); to train on, resume with a larger" in out
 
 
 def bad_second_corpus(tmp_path: Path, case: str) -> str:

@@ -258,7 +258,7 @@ class Trainer:
             self.log.append({"step": 0, "split": "valid", **self.objective.evaluate(self.model)})
             self.evaluate_at_warmup_length(0)
         stream = self.start()
-        bar = self.progress_bar(show_progress)
+        bar, first_step = self.progress_bar(show_progress), self.state.step
         while True:
             now = self.elapsed()
             progress = self.progress = self.schedule.progress(self.state.step, now)
@@ -279,6 +279,7 @@ class Trainer:
         bar.close()
         return {
             "step": self.state.step,
+            "steps_run": self.state.step - first_step,  # by this call: 0 when resumed at the end
             "elapsed_s": time.perf_counter() - self.clock,
             "tokens": self.state.tokens,
             **self.state.last_valid,

@@ -404,10 +404,15 @@ def run_pretrain(args) -> int:
         )
     if not launched().is_main:
         return 0  # under torchrun, rank 0 reports for the run
+    if args.resume and result["steps_run"] == 0:
+        print(
+            f"\nthe run had already reached its end ({result['step']} steps); to train on, resume with a "
+            "larger --max-steps or --max-minutes"
+        )
     minutes, rate = result["elapsed_s"] / 60, result["tokens"] / max(result["elapsed_s"], 1e-9)
     print(f"\ntrained {result['step']} steps, {result['tokens']:,} tokens in {minutes:.1f} min", end=" ")
     print(f"({rate:,.0f} real tokens/s)")
-    metrics = {k: v for k, v in result.items() if k not in ("step", "elapsed_s", "tokens")}
+    metrics = {k: v for k, v in result.items() if k not in ("step", "steps_run", "elapsed_s", "tokens")}
     if metrics:
         print_metrics(metrics, label="held-out: ")
     print(f"model:    {args.out / 'final'}")
