@@ -715,7 +715,11 @@ def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_la
     trained = counting_training(monkeypatch)
     assert main(["glue", "--out", str(out), "--resume", "--tasks", "rte", "--quiet"]) == 0
     assert trained == []
-    table = capsys.readouterr().out
+    said, table = capsys.readouterr().out.split("\n", 1)
+    assert said == (
+        "the report will cover RTE only, of the benchmark's RTE, STS-B; continue it without --tasks to "
+        "report them all"
+    )
     assert "\nRTE " in table and "STS-B" not in table
     saved = json.loads((out / "glue.json").read_text(encoding="utf-8"))
     assert saved["tasks"].keys() == {"RTE"} and saved["settings"]["tasks"] == ["RTE"]

@@ -167,6 +167,11 @@ def run_glue(
         whole = bench = settled(bench, out, resume)
         if only_tasks:
             bench = narrowed(bench, only_tasks, out)
+            if len(bench.tasks) < len(whole.tasks):
+                say(
+                    f"the report will cover {', '.join(bench.tasks)} only, of the benchmark's "
+                    f"{', '.join(whole.tasks)}; continue it without --tasks to report them all"
+                )
         found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
         for line in skipped:
             say(line)
