@@ -36,6 +36,21 @@ def test_evaluate_reads_the_named_text_column(tmp_path, tiny_pretrained_run, wik
     assert '"text"' in capsys.readouterr().err
 
 
+def test_evaluate_shows_its_progress_over_the_batches_unless_quiet(
+    tiny_pretrained_run, wiki_valid_slice, capsys
+):
+    from bertforge.cli import main
+
+    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(wiki_valid_slice), "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("evaluating: ")]
+    assert lines and lines[-1].startswith("evaluating: 100% (") and " batch)" in lines[-1]
+    assert main([*argv, "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert json.loads(out) == json.loads(quiet_out) and "evaluating" not in quiet_err
+
+
 def evaluate_json(capsys, model, corpus, *flags) -> dict:
     from bertforge.cli import main
 

@@ -27,6 +27,7 @@ from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.precision import native_bf16
+from bertforge.progress import progress_bar
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
@@ -88,10 +89,14 @@ def next_token_batch_sums(model: torch.nn.Module, batch: dict, vocab_size: int) 
 
 @torch.inference_mode()
 def pretraining_metrics(
-    model: torch.nn.Module, batches: list[dict], vocab_size: int, precision: str = "fp32"
+    model: torch.nn.Module,
+    batches: list[dict],
+    vocab_size: int,
+    precision: str = "fp32",
+    show_progress: bool = False,
 ) -> dict[str, float]:
     """Token- and pair-weighted metrics over all batches, on the model's device (a GPT's: next-token),
-    over the tokenizer's `vocab_size` tokens."""
+    over the tokenizer's `vocab_size` tokens; `show_progress`: a bar over the batches."""
     if isinstance(model, GPTLMHeadModel):
         batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
     else:
@@ -99,7 +104,10 @@ def pretraining_metrics(
     device = next(model.parameters()).device
     totals: dict[str, torch.Tensor] = {}
     with eval_mode(model):
-        for batch in batches:
+        shown = progress_bar(
+            batches, total=len(batches), unit="batch", desc="evaluating", disable=not show_progress
+        )
+        for batch in shown:
             batch = to_device(batch, device)
             with autocast(device, precision):
                 sums = batch_sums(model, batch, vocab_size)
@@ -164,7 +172,7 @@ def evaluate_model(
     where = resolve_device(device)
     model.to(where)
     precision = evaluation_precision(precision, where)
-    metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision)
+    metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision, show_progress)
     if not trained_nsp:  # its NSP head kept its random weights
         metrics = {key: value for key, value in metrics.items() if not key.startswith("nsp_")}
     return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}
