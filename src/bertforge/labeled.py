@@ -158,6 +158,16 @@ def _refuse_header_read_as_data(path: Path, rows: list, label_position: int, fir
         )
 
 
+def json_line(path: Path, number: int, raw: str):
+    """The value on line `number` of the JSON lines file `path`; one error naming the line if not JSON."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise BertforgeError(
+            f"{path} line {number} is not valid JSON ({error.msg}); each line holds one JSON object"
+        ) from None
+
+
 def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int, list]]:
     """(line, values of `columns`) for each object of a JSON lines file."""
     if text.lstrip().startswith("["):
@@ -165,12 +175,7 @@ def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int,
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             raise BertforgeError(f"{path} line {line} is empty; remove empty rows")
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise BertforgeError(
-                f"{path} line {line} is not valid JSON ({error.msg}); each line holds one JSON object"
-            ) from None
+        record = json_line(path, line, raw)
         if not isinstance(record, dict):
             raise BertforgeError(f"{path} line {line} is not a JSON object; give one object per line")
         missing = [column for column in columns if column not in record]

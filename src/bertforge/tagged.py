@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bertforge.entities import OUTSIDE, is_tag, split_tag
 from bertforge.errors import BertforgeError
-from bertforge.labeled import read_text
+from bertforge.labeled import json_line, read_text
 
 TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
 DOCSTART = "-DOCSTART-"
@@ -141,12 +141,7 @@ def _read_json_lines(path: Path, text: str, token_field: str, tag_field: str) ->
     for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise BertforgeError(
-                f"{path} line {number} is not valid JSON ({error.msg}); each line holds one JSON object"
-            ) from None
+        record = json_line(path, number, raw)
         if not isinstance(record, dict) or token_field not in record or tag_field not in record:
             shown = ", ".join(record) if isinstance(record, dict) else "none: not an object"
             raise BertforgeError(
