@@ -500,9 +500,12 @@ def encode(
     ]
 
 
+EPOCH_SETTINGS = ("train.max_steps", "train.max_minutes", "train.eval_every", "train.checkpoint_every")
+
+
 def set_epochs(config: RunConfig, epochs: int, num_examples: int) -> None:
-    """Express epochs in the loop's terms: evaluate and checkpoint every `steps_per_epoch` steps, stop
-    after the last epoch."""
+    """Express epochs in the loop's terms (the `EPOCH_SETTINGS`): evaluate and checkpoint every
+    `steps_per_epoch` steps, stop after the last epoch."""
     train_cfg = config.train
     steps = steps_per_epoch(num_examples, train_cfg)
     if steps == 0:

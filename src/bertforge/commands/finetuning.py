@@ -37,8 +37,6 @@ SETTING_FLAGS = {
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
 }
-# Set by `finetune.set_epochs` from --epochs.
-EPOCH_SETTINGS = ("train.max_steps", "train.max_minutes", "train.eval_every", "train.checkpoint_every")
 RESUME_IGNORES = (
     *TASK_FLAGS,
     *("text_pair_column", "format", "epochs", "lr", "batch_size", "max_length", "from_scratch"),
@@ -263,11 +261,13 @@ def finetune_inputs(args):
 
 def check_settable(overrides: list[str]) -> None:
     """Refuse a `--set` that fine-tuning would ignore, rather than train as if it were taken."""
+    from bertforge.finetune import EPOCH_SETTINGS
+
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key.startswith(("model.", "tokenizer.")):
             raise BertforgeError(f"--set {item}: the model and tokenizer settings come from --model")
-        if key in EPOCH_SETTINGS:
+        if key in EPOCH_SETTINGS:  # `finetune.set_epochs` sets them from --epochs
             raise BertforgeError(
                 f"--set {item}: finetune trains whole epochs and evaluates and checkpoints after each; "
                 "set --epochs instead"
