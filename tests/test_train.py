@@ -473,7 +473,7 @@ def test_a_resumed_time_budgets_bar_starts_where_the_run_stopped(
     tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir
 ):
     """A 20-second budget on a fake clock (1 s a step), checkpointed at step 5 and resumed: the bar
-    starts at 5 of the 20 s, so that its ETA counts only this session's seconds and work."""
+    starts at 5 of the 20 s, so that its ETA counts only this process's seconds and work."""
     import bertforge.pretrain
     import bertforge.train
     from bertforge.checkpoint import read_config
