@@ -262,7 +262,7 @@ def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
     assert all(
         k.startswith(("bert.embeddings.", "bert.encoder.", "bert.pooler.", "classifier.")) for k in weights
     )
-    assert json.loads((final / "labels.json").read_text()) == {"labels": ["music", "war"]}
+    assert json.loads((final / "labels.json").read_text()) == {"labels": ["music", "war"], "pairs": False}
 
     model, tokenizer, labels, config = open_classifier(out)
     predictions = classify(model, tokenizer, labels, ["the army fought a battle", "a song of the album"])

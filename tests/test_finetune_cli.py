@@ -7,6 +7,7 @@ import json
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_help_lists_the_commands(capsys):
 
 def test_finetune_writes_a_classifier_folder(finetuned):
     final = finetuned / "final"
-    assert json.loads((final / "labels.json").read_text()) == {"labels": ["no", "yes"]}
+    assert json.loads((final / "labels.json").read_text()) == {"labels": ["no", "yes"], "pairs": True}
     for name in ("model.safetensors", "config.json", "tokenizer.json", "vocab.txt"):
         assert (final / name).is_file()
     for name in ("metrics.jsonl", "curves.png", "result.json", "finetune.json", "config.json"):
@@ -118,7 +119,8 @@ def test_finetune_writes_a_classifier_folder(finetuned):
 
 
 def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
-    assert main(["classify", "--model", str(finetuned), "album song", "war\tbattle army"]) == 0
+    with pytest.warns(UserWarning, match="fine-tuned on text pairs, and 1 of 2 texts have no tab"):
+        assert main(["classify", "--model", str(finetuned), "album song", "war\tbattle army"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[1].endswith("war\tbattle army")
     label, score, _ = lines[0].split("\t", 2)
@@ -126,11 +128,31 @@ def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
 
     inputs = tmp_path / "texts.txt"
     inputs.write_text("album song\tsingle music\nwar\tsong\n", encoding="utf-8")
-    assert main(["classify", "--model", str(finetuned / "final"), "--input", str(inputs), "--json"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pairs, as the model was trained: no warning
+        assert main(["classify", "--model", str(finetuned / "final"), "--input", str(inputs), "--json"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["text"] for r in records] == ["album song\tsingle music", "war\tsong"]
     assert all(sum(r["probabilities"].values()) == pytest.approx(1.0) for r in records)
     assert all(r["score"] == max(r["probabilities"].values()) for r in records)
+
+
+def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_they_were(tmp_path, finetuned):
+    from bertforge.classifier import warn_unlike_training
+    from bertforge.export import export_model
+
+    with pytest.warns(UserWarning, match="fine-tuned on single texts, and 1 of 3 texts have a tab"):
+        warn_unlike_training(False, [None, "b", None])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_unlike_training(None, [None, "b"])  # a folder that does not say: no warning
+        warn_unlike_training(False, [None, None])
+        warn_unlike_training(True, ["a", "b"])
+
+    export_model(finetuned, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "labels.json").read_text())["pairs"] is True
+    with pytest.warns(UserWarning, match="fine-tuned on text pairs, and 1 of 1 texts have no tab"):
+        assert main(["classify", "--model", str(tmp_path / "hf"), "album song"]) == 0
 
 
 def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned):

@@ -189,7 +189,7 @@ def test_finetune_learns_stsb_scores(regressor, stsb):
     errors = np.subtract(predictions["predicted"], predictions["true"])
     assert float(np.mean(errors**2)) == pytest.approx(result["best"]["mse"], rel=1e-4)
     final = regressor / "final"
-    assert json.loads((final / "labels.json").read_text()) == {"labels": ["score"]}
+    assert json.loads((final / "labels.json").read_text()) == {"labels": ["score"], "pairs": True}
     assert read_weights(final / "model.safetensors")["classifier.weight"].shape == (1, 32)
 
 

@@ -393,6 +393,19 @@ def hf_label_fields(labels: list[str]) -> dict:
     }
 
 
+def label_file(labels: list[str], task: str | None = None, pairs: bool | None = None) -> dict:
+    """labels.json's contents: the label names in id order, a `task` other than sequence classification
+    (a tagger's) and whether the classifier was fine-tuned on text pairs."""
+    fields = {"labels": list(labels)} | ({"task": task} if task else {})
+    return fields | ({} if pairs is None else {"pairs": pairs})
+
+
+def read_pairs(folder: Path) -> bool | None:
+    """Whether a classifier was fine-tuned on text pairs, as its labels.json says (None where it does not)."""
+    pairs = read_json(folder / LABELS).get("pairs") if (folder / LABELS).is_file() else None
+    return pairs if isinstance(pairs, bool) else None
+
+
 def read_labels(folder: Path) -> list[str]:
     """A classifier's label names in id order, from `labels.json` or an exported config's `id2label`;
     a regression model's one name (of its score)."""

@@ -6,7 +6,7 @@ holds exactly:
     model.safetensors   bert.embeddings.*, bert.encoder.*, bert.pooler.*, classifier.weight,
                         classifier.bias (Hugging Face's `BertForSequenceClassification` names)
     config.json         the run config (bertforge's RunConfig JSON)
-    labels.json         {"labels": [label names in id order]}
+    labels.json         {"labels": [label names in id order], "pairs": fine-tuned on text pairs}
     tokenizer.json, vocab.txt, bertforge_tokenizer.json
 
 A regression model (fine-tuned on real-valued labels) is the same with a head of one output and one
@@ -23,12 +23,13 @@ opens a classifier folder, ours or the Hugging Face form that `bertforge export`
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
 
 from bertforge.batches import pad_batch
-from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, save_weights
+from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, label_file, save_weights
 from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.gpt import GPTForSequenceClassification
 from bertforge.io import atomic_directory, write_json
@@ -54,15 +55,35 @@ def save_classifier(
     config: RunConfig,
     labels,
     task: str | None = None,
+    pairs: bool | None = None,
 ) -> None:
     """Write a classifier folder atomically: it appears complete or not at all. A `task` other than
-    sequence classification (a tagger's, `bertforge.tagger.TOKEN_TASK`) is named in labels.json."""
+    sequence classification (a tagger's, `bertforge.tagger.TOKEN_TASK`) is named in labels.json, and
+    so is whether the model was fine-tuned on text `pairs` (which `bertforge classify` checks)."""
     assert len(labels) == model.num_labels
     with atomic_directory(Path(folder)) as tmp:
         save_weights(model, tmp / WEIGHTS)
         save_json(config, tmp / CONFIG)
-        write_json(tmp / LABELS, {"labels": list(labels)} | ({"task": task} if task else {}))
+        write_json(tmp / LABELS, label_file(labels, task, pairs))
         tokenizer.save(tmp)
+
+
+def warn_unlike_training(trained_on_pairs: bool | None, pairs: list[str | None]) -> None:
+    """Warn when the inputs are not the kind the classifier was fine-tuned on: single texts for a model of
+    text pairs, or pairs (a tab in the line) for a model of single texts."""
+    given, count = sum(pair is not None for pair in pairs), len(pairs)
+    if trained_on_pairs and given < count:
+        warnings.warn(
+            f"the model was fine-tuned on text pairs, and {count - given:,} of {count:,} texts have no "
+            "tab; give each pair as its two texts with a tab between them (A<TAB>B)",
+            stacklevel=2,
+        )
+    elif trained_on_pairs is False and given:
+        warnings.warn(
+            f"the model was fine-tuned on single texts, and {given:,} of {count:,} texts have a tab, "
+            "read as a pair's two texts; remove the tabs, or fine-tune on pairs (--text-pair-column)",
+            stacklevel=2,
+        )
 
 
 @torch.inference_mode()

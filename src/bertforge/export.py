@@ -35,9 +35,11 @@ from bertforge.checkpoint import (
     CONFIG,
     LABELS,
     WEIGHTS,
+    label_file,
     load_weights,
     pretraining_model,
     read_labels,
+    read_pairs,
     save_model_folder,
     save_weights,
 )
@@ -82,9 +84,9 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     """`export_model`'s writing, for the holder of `out`'s lock."""
     config, tokenizer = read_config_and_tokenizer(source)
     labels = read_labels(source.path) if source.has_labels else None
-    model = checked_model(source.path, config, labels)
+    model, pairs = checked_model(source.path, config, labels), read_pairs(source.path)
     if config.model.objective == "clm":
-        return export_gpt(model, config, tokenizer, labels, out)
+        return export_gpt(model, config, tokenizer, labels, pairs, out)
     tagger = isinstance(model, BertForTokenClassification)
     architecture = "BertForPreTraining" if labels is None else "BertForSequenceClassification"
     architecture = TAGGER_ARCHITECTURE if tagger else architecture
@@ -96,7 +98,7 @@ def write_export(source: ModelFolder, out: Path) -> dict:
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
-            write_json(tmp / LABELS, {"labels": labels} | ({"task": TOKEN_TASK} if tagger else {}))
+            write_json(tmp / LABELS, label_file(labels, TOKEN_TASK if tagger else None, pairs))
     return {"architecture": architecture, "out": out}
 
 
@@ -114,7 +116,12 @@ def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> 
 
 
 def export_gpt(
-    model: torch.nn.Module, config: RunConfig, tokenizer: BertTokenizer, labels: list[str] | None, out: Path
+    model: torch.nn.Module,
+    config: RunConfig,
+    tokenizer: BertTokenizer,
+    labels: list[str] | None,
+    pairs: bool | None,
+    out: Path,
 ) -> dict:
     """A GPT as an `OpenAIGPTLMHeadModel` folder for `pipeline("text-generation")`, or a GPT classifier as
     an `OpenAIGPTForSequenceClassification` (see `gpt_convert.save_hf_folder`), with our vocab.txt,
@@ -124,7 +131,7 @@ def export_gpt(
         write_hf_folder(tmp, model, tokenizer, labels=labels)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
-            write_json(tmp / LABELS, {"labels": labels})
+            write_json(tmp / LABELS, label_file(labels, pairs=pairs))
     architecture = GPT_ARCHITECTURE if labels is None else GPT_CLASSIFIER_ARCHITECTURE
     return {"architecture": architecture, "out": out}
 

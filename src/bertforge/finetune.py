@@ -998,8 +998,9 @@ class EpochEvaluator:
                 }
             )
         if epoch >= 1 and self.improves(metrics):
-            task = TOKEN_TASK if self.job.kind == TAGGING else None
-            save_classifier(self.run_dir / "best", model, self.job.tokenizer, self.config, labels, task)
+            job, task = self.job, TOKEN_TASK if self.job.kind == TAGGING else None
+            pairs = None if task else job.task.text_pair_column is not None
+            save_classifier(self.run_dir / "best", model, job.tokenizer, self.config, labels, task, pairs)
             self.best = {"epoch": epoch, **metrics, **extra, "predictions": predictions}
             write_json(self.run_dir / BEST, self.best, indent=None)
         return {"epoch": epoch, **metrics}

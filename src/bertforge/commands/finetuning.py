@@ -170,7 +170,7 @@ def add_classify_command(commands) -> None:
         help="label texts with a fine-tuned classifier (or score them with a regression model)",
         description="Print each text's label and its probability (--json: every label's); for a "
         "regression model, each text's score. For a model fine-tuned on text pairs, separate the two "
-        "texts with a tab.",
+        "texts with a tab; texts unlike those it was fine-tuned on (pairs or single texts) draw a warning.",
     )
     p.add_argument("text", nargs="*", help="texts to classify")
     p.add_argument(
@@ -483,11 +483,13 @@ def opened_on_device(args, opener):
 
 
 def run_classify(args) -> int:
-    from bertforge.classifier import classify
-    from bertforge.folders import open_classifier
+    from bertforge.checkpoint import read_pairs
+    from bertforge.classifier import classify, warn_unlike_training
+    from bertforge.folders import find_model_folder, open_classifier
 
     texts, model, tokenizer, labels, max_length = opened_on_device(args, open_classifier)
     firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
+    warn_unlike_training(read_pairs(find_model_folder(args.model, classifier=True).path), pairs)
     results = classify(model, tokenizer, labels, list(firsts), list(pairs), max_length, args.batch_size)
     for text, result in zip(texts, results, strict=True):
         if args.json:
