@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import struct
 
 import pytest
 
@@ -74,6 +76,19 @@ def test_a_terminal_gets_the_bar_and_disable_shows_nothing():
     quiet.update(5)
     quiet.close()
     assert log.getvalue() == ""
+
+
+def test_a_pty_that_reports_no_columns_gets_lines():
+    pty, fcntl, termios = (pytest.importorskip(name) for name in ("pty", "fcntl", "termios"))
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as stream:
+        for columns, bar in ((0, False), (80, True)):
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+            assert progress.is_terminal(stream) is bar
+            shown = progress_bar(total=5, file=stream)
+            assert isinstance(shown, PlainProgress) is not bar
+            shown.close()
+    os.close(leader)
 
 
 @pytest.mark.parametrize("stream", [io.StringIO(), Terminal()], ids=["log", "terminal"])

@@ -9,6 +9,7 @@ once a minute, so that a log gains a few readable lines instead of a megabyte of
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -24,9 +25,16 @@ LINES_PER_TOTAL = 10  # and one each time it passes another tenth of the total
 
 
 def is_terminal(stream: IO) -> bool:
-    """Whether `stream` shows a redrawn bar (a terminal), rather than keeping every redraw (a file)."""
+    """Whether `stream` shows a redrawn bar (a terminal), rather than keeping every redraw (a file). A
+    terminal that reports no columns (a pty nobody sized, such as `script`'s) gets lines: tqdm would
+    draw nothing there."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
+    if not (isatty and isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (OSError, ValueError, AttributeError):  # no file descriptor, or not one with a size
+        return True
 
 
 def progress_bar(
