@@ -969,6 +969,27 @@ def test_the_eta_of_runs_one_after_another_is_their_pace_over_the_work_left(monk
     ]
 
 
+def test_a_log_gets_a_line_a_minute_while_runs_are_under_way(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    work = {"seed 1": 600, "seed 2": 600, "seed 3": 600}
+    progress = RunsProgress("finetune", work, [False, False, False], True, at_once=2)
+    progress.start("seed 1")
+    progress.start("seed 2")
+    for now[0] in (30.0, 59.0, 61.0, 90.0):
+        progress.tick()
+    now[0] = 120.0
+    progress.advance("seed 1", "seed 1", False, "accuracy 0.8")
+    progress.start("seed 3")
+    for now[0] in (150.0, 179.0, 181.0):
+        progress.tick()
+    assert capsys.readouterr().err.splitlines() == [
+        "finetune: 0/3 runs done, 2 under way, 1:01 so far",
+        "finetune: 1/3 runs: seed 1 done, accuracy 0.8; about 1 min left",
+        "finetune: 1/3 runs done, 2 under way, 3:01 so far; under a minute left",
+    ]
+
+
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")
 @pytest.mark.slow
 def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resumes_to_them(

@@ -32,6 +32,11 @@ def refuse(value: int) -> None:
     raise BertforgeError(f"value {value} is not allowed; give another")
 
 
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
 def divide(value: int) -> float:
     return 1 / value
 
@@ -124,8 +129,11 @@ def test_jobs_run_in_workers_with_their_share_of_threads_and_come_back_in_order(
             lambda i, value: events.append(("end", i)),
             lambda i: events.append(("start", i)),
         )
+        waits = []
         again = pool.map(where_and_what, [(10,)], lambda i, value: None)
+        assert pool.map(nap, [(1.0,)], lambda i, value: None, None, lambda: waits.append(1)) == [1.0]
     assert [r[3] for r in results] == [v * v for v in range(6)] and again[0][3] == 100
+    assert len(waits) >= 2  # the parent polled while the job slept
     assert sorted(events) == [(kind, i) for kind in ("end", "start") for i in range(6)]
     under_way = [sum(+1 if kind == "start" else -1 for kind, _ in events[: k + 1]) for k in range(12)]
     assert all(events.index(("start", i)) < events.index(("end", i)) for i in range(6))

@@ -770,7 +770,7 @@ def run_seeds(
     ]
     try:
         with WorkerPool(share.workers, share.threads) as pool:
-            values = pool.map(run_in_worker, arguments, finished, began) if arguments else []
+            values = pool.map(run_in_worker, arguments, finished, began, progress.tick) if arguments else []
     finally:
         progress.close()
     results = dict(zip(pending, values, strict=True))

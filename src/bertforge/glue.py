@@ -618,6 +618,7 @@ def run_orders(
             arguments,
             lambda k, record: done(elsewhere[k], record),
             lambda k: started(elsewhere[k]),
+            progress.tick,
         )
         scored.update(zip(elsewhere, values, strict=True))
     return [scored[index] for index in range(len(orders))]

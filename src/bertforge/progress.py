@@ -167,9 +167,10 @@ RUNS_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} [{elaps
 
 class RunsProgress:
     """Progress over many runs (of `glue`, of `finetune --seeds`) in units of work (`unit`: optimizer
-    steps, estimated tokens), so that the ETA weighs long runs as such: a bar on a terminal, else one
-    line per run. `work`: each run's work by a key unique to it (its folder, its label); `done`:
-    whether each finished before (counted from the start); `at_once`: how many train side by side.
+    steps, estimated tokens), so that the ETA weighs long runs as such: a bar on a terminal, else a
+    line per run and one a minute while runs are under way (`tick`). `work`: each run's work by a key
+    unique to it (its folder, its label); `done`: whether each finished before (counted from the
+    start); `at_once`: how many train side by side.
 
     The pace is the work of the runs that ended over their own clocks (a run in a worker is timed
     from its `start`, one in this process from the end of the run before it). The ETA is the work
@@ -191,8 +192,9 @@ class RunsProgress:
         self.work, self.total = work, sum(work.values())
         self.done_work = sum(count for count, finished in zip(work.values(), done, strict=True) if finished)
         self.show, self.tty, self.at_once = show, show and is_terminal(sys.stderr), at_once
-        self.last_end = time.time()
+        self.began = self.last_end = self.last_shown = time.time()
         self.new_work, self.run_seconds = 0, 0.0
+        self.postfix = ""  # the last ended run and the rate, before the ETA
         self.under_way: dict[str, float] = {}  # key: when it began
         self.bar = (
             tqdm(
@@ -227,14 +229,27 @@ class RunsProgress:
         if self.bar is not None:
             per_second = self.rate()
             rate = f", {tqdm.format_sizeof(per_second)}{self.unit}/s" if per_second else ""
-            self.bar.set_postfix_str(f"{label}{shown}{rate}{self.eta()}", refresh=False)
+            self.postfix = f"{label}{shown}{rate}"
+            self.bar.set_postfix_str(f"{self.postfix}{self.eta()}", refresh=False)
             self.bar.update(work)
         elif self.show:
-            print(
-                f"{self.name}: {self.runs_done}/{self.total_runs} runs: {label} done{shown}{self.eta()}",
-                file=sys.stderr,
-                flush=True,
-            )
+            self.print_line(f"{self.runs_done}/{self.total_runs} runs: {label} done{shown}{self.eta()}")
+
+    def tick(self) -> None:
+        """While runs are under way: a terminal's bar redraws its clock and ETA each second; a log gets
+        a line when it has had none for `LINE_EVERY_S`, so that a long run is not silence."""
+        now = time.time()
+        if self.bar is not None and now - self.last_shown >= 1.0:
+            self.last_shown = now
+            self.bar.set_postfix_str(f"{self.postfix}{self.eta()}")
+        elif self.bar is None and self.show and now - self.last_shown >= LINE_EVERY_S:
+            under_way = f", {len(self.under_way)} under way" if self.under_way else ""
+            done = f"{self.runs_done}/{self.total_runs} runs done{under_way}"
+            self.print_line(f"{done}, {clock(now - self.began)} so far{self.eta()}")
+
+    def print_line(self, text: str) -> None:
+        self.last_shown = time.time()
+        print(f"{self.name}: {text}", file=sys.stderr, flush=True)
 
     def pace(self) -> float:
         """Units of work a second of one run."""

@@ -135,10 +135,11 @@ class WorkerPool:
         arguments: list[tuple],
         on_done: Callable[[int, object], None],
         on_start: Callable[[int], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
     ) -> list:
         """`function(*args)` for each of `arguments`, `jobs` at a time; `on_start(index)` as a worker
-        begins one, `on_done(index, value)` as each finishes; the values in the order of `arguments`.
-        `function` must be importable by name."""
+        begins one, `on_done(index, value)` as each finishes, `on_wait()` every `POLL_S` in between;
+        the values in the order of `arguments`. `function` must be importable by name."""
         if not self.workers or not all(worker.is_alive() for worker in self.workers):
             self.close()  # a pool that was stopped starts afresh
             self.start()
@@ -147,7 +148,7 @@ class WorkerPool:
         waiting = Waiting(len(arguments))
         with StopSignals() as signals, SuspendTogether(self.workers):
             try:
-                self.collect(waiting, signals, on_done, on_start or (lambda _index: None))
+                self.collect(waiting, signals, on_done, on_start or (lambda _index: None), on_wait)
             except KeyboardInterrupt:  # a second signal: the workers stop at once too
                 self.stop(signal.SIGINT)
                 raise
@@ -159,6 +160,7 @@ class WorkerPool:
         signals: StopSignals,
         on_done: Callable[[int, object], None],
         on_start: Callable[[int], None],
+        on_wait: Callable[[], None] | None,
     ) -> None:
         """Receive outcomes until every job has one, or, once stopping, until the workers have ended.
         A signal, a failed job or a worker that ended stops them."""
@@ -171,6 +173,8 @@ class WorkerPool:
             except queue.Empty:
                 if not any(worker.is_alive() for worker in self.workers):
                     return
+                if on_wait is not None:
+                    on_wait()
                 continue
             if outcome.kind == "started":
                 on_start(outcome.index)
