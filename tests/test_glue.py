@@ -431,7 +431,7 @@ def test_a_recipes_file_changes_what_it_sets_and_keeps_the_rest_built_in():
     built_in, _ = read_recipes({}, "built in")
     recipes, _ = read_recipes({"sst-2": {"learning_rate": 1e-4}}, "f.toml")
     assert recipes["SST-2"] == replace(built_in["SST-2"], learning_rate=1e-4)
-    assert (recipes["SST-2"].batch_size, recipes["SST-2"].epochs, recipes["SST-2"].max_length) == (128, 1, 64)
+    assert (recipes["SST-2"].batch_size, recipes["SST-2"].epochs, recipes["SST-2"].max_length) == (128, 2, 64)
     assert {name: recipe for name, recipe in recipes.items() if name != "SST-2"} == {
         name: recipe for name, recipe in built_in.items() if name != "SST-2"
     }
@@ -445,8 +445,9 @@ def test_a_recipes_file_changes_what_it_sets_and_keeps_the_rest_built_in():
 def test_each_recipe_reads_as_a_line():
     built_in, _ = read_recipes({}, "built in")
     assert recipe_text(built_in["SST-2"]) == (
-        "learning rate 0.0003, 1 epoch, batch 128, 64 tokens, warmup 0.1, dropout 0"
+        "learning rate 0.0003, 2 epochs, batch 128, 64 tokens, warmup 0.1, dropout 0"
     )
+    assert ", 1 epoch, " in recipe_text(replace(built_in["SST-2"], epochs=1))
     assert recipe_text(built_in["STS-B"]).endswith(
         "2 epochs, batch 16, 128 tokens, warmup 0.1, dropout 0, pairs in both orders"
     )

@@ -34,7 +34,7 @@ DEFAULT_RECIPES: dict[str, dict] = {
     "CoLA": {"max_length": 64},
     "MRPC": {"epochs": 2},
     "STS-B": {"learning_rate": 2e-4, "epochs": 2, "both_orders": True},
-    "SST-2": {"learning_rate": 3e-4, "epochs": 1, "batch_size": 128, "max_length": 64},
+    "SST-2": {"learning_rate": 3e-4, "epochs": 2, "batch_size": 128, "max_length": 64},
     "QQP": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
     "MNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
     "QNLI": {"epochs": 2, "batch_size": 32, "max_train_examples": 50000},
