@@ -998,7 +998,8 @@ class EpochEvaluator:
                 }
             )
         if epoch >= 1 and self.improves(metrics):
-            job, task = self.job, TOKEN_TASK if self.job.kind == TAGGING else None
+            job = self.job
+            task = TOKEN_TASK if job.kind == TAGGING else None
             pairs = None if task else job.task.text_pair_column is not None
             save_classifier(self.run_dir / "best", model, job.tokenizer, self.config, labels, task, pairs)
             self.best = {"epoch": epoch, **metrics, **extra, "predictions": predictions}

@@ -239,10 +239,11 @@ class RunsProgress:
         """While runs are under way: a terminal's bar redraws its clock and ETA each second; a log gets
         a line when it has had none for `LINE_EVERY_S`, so that a long run is not silence."""
         now = time.time()
-        if self.bar is not None and now - self.last_shown >= 1.0:
-            self.last_shown = now
-            self.bar.set_postfix_str(f"{self.postfix}{self.eta()}")
-        elif self.bar is None and self.show and now - self.last_shown >= LINE_EVERY_S:
+        if self.bar is not None:
+            if now - self.last_shown >= 1.0:
+                self.last_shown = now
+                self.bar.set_postfix_str(f"{self.postfix}{self.eta()}")
+        elif self.show and now - self.last_shown >= LINE_EVERY_S:
             under_way = f", {len(self.under_way)} under way" if self.under_way else ""
             done = f"{self.runs_done}/{self.total_runs} runs done{under_way}"
             self.print_line(f"{done}, {clock(now - self.began)} so far{self.eta()}")
