@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from bertforge.config import TOKENIZER_KINDS, TokenizerConfig
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, atomic_write_bytes, json_text, read_json
+from bertforge.progress import is_terminal
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SPECIAL_TOKENS_MAP = dict(
@@ -191,10 +193,16 @@ def train_tokenizer(
         streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
         return _sentence_batches(streams)
 
+    # The Rust trainer's bars need a terminal; elsewhere they leave empty lines on stdout: a log gets a line.
+    rust_bars = show_progress and is_terminal(sys.stdout) and is_terminal(sys.stderr)
+    if show_progress and not rust_bars:
+        names = ", ".join(Path(path).name for path in corpus_files)
+        what = f"{config.kind}, {config.vocab_size:,} pieces"
+        print(f"training the tokenizer ({what}) on {names}", file=sys.stderr)
     batches = sentences()
     pieces = _continuation_pieces(batches, config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
-    trainer = _trainer(config, show_progress, pieces)
+    trainer = _trainer(config, rust_bars, pieces)
     backend.train_from_iterator(sentences() if pieces else batches, trainer=trainer)
     if config.kind == "wordlevel":
         _close_id_gaps(backend)
