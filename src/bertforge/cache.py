@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -79,7 +80,8 @@ def cached_tokenizer(
     cache_dir: Path,
     text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> BertTokenizer:
-    """Train a tokenizer on all the corpus files unless one with the same inputs is cached."""
+    """Train a tokenizer on all the corpus files unless one with the same inputs is cached; a line on
+    stdout says what was trained."""
     formats = [resolve_format(f, format) for f in corpus_files]
     key = cache_key(
         [content_hash(f) for f in corpus_files],
@@ -94,7 +96,17 @@ def cached_tokenizer(
     with entry_lock(folder):
         if (folder / "tokenizer.json").is_file():  # built by another process while this one waited
             return load_tokenizer(folder)
-        return train_tokenizer(list(corpus_files), config, folder, format=format, text_column=text_column)
+        started = time.perf_counter()
+        tokenizer = train_tokenizer(
+            list(corpus_files), config, folder, format=format, text_column=text_column
+        )
+        names = ", ".join(Path(path).name for path in corpus_files)
+        seconds = time.perf_counter() - started
+        print(
+            f"tokenizer: {tokenizer.vocab_size:,} {config.kind} tokens from {names} ({seconds:.1f} s)",
+            flush=True,
+        )
+        return tokenizer
 
 
 def cached_shards(

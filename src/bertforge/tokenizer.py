@@ -193,7 +193,8 @@ def train_tokenizer(
         streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
         return _sentence_batches(streams)
 
-    rust_bars = show_progress and _announce_training(corpus_files, config)
+    # The Rust trainer's bars need a terminal: elsewhere they leave only empty lines (on stdout).
+    rust_bars = show_progress and is_terminal(sys.stdout) and is_terminal(sys.stderr)
     batches = sentences()
     pieces = _continuation_pieces(batches, config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
@@ -247,16 +248,6 @@ def _continuation_pieces(batches: Iterator[list[str]], config: TokenizerConfig) 
     survey = TokenizerConfig(kind=config.kind, vocab_size=0, lowercase=config.lowercase)
     backend.train_from_iterator(batches, trainer=_trainer(survey, show_progress=False))
     return sorted(token for token in backend.get_vocab(with_added_tokens=False) if token.startswith("##"))
-
-
-def _announce_training(corpus_files: Sequence[str | Path], config: TokenizerConfig) -> bool:
-    """Whether the Rust trainer may draw its bars: they need a terminal, and elsewhere leave only empty
-    lines (on stdout), so a log gets one line of its own instead."""
-    if is_terminal(sys.stdout) and is_terminal(sys.stderr):
-        return True
-    names = ", ".join(Path(path).name for path in corpus_files)
-    print(f"training the tokenizer ({config.kind}, {config.vocab_size:,} pieces) on {names}", file=sys.stderr)
-    return False
 
 
 def _trainer(config: TokenizerConfig, show_progress: bool, pieces: Sequence[str] = ()):
