@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_clean_failure, metrics_lines, tiny_config
+from safetensors.torch import save_file
 
 from bertforge.cli import main
 from bertforge.config import save_json
@@ -254,6 +255,47 @@ def test_tokenizer_that_does_not_match_the_model(tmp_path, capsys, tiny_pretrain
     assert_clean_failure(
         capsys, ["evaluate", "--model", str(model), "--corpus", str(wiki_slice)], "do not match"
     )
+
+
+def same_size_tokenizer(tmp_path, wiki_slice) -> Path:
+    """Another tokenizer of the tiny model's 2,000 tokens: cased, so other pieces and other ids."""
+    from bertforge.config import TokenizerConfig
+    from bertforge.tokenizer import train_tokenizer
+
+    other = train_tokenizer(
+        [wiki_slice], TokenizerConfig(vocab_size=2000, lowercase=False), tmp_path / "other"
+    )
+    assert other.vocab_size == 2000
+    return tmp_path / "other"
+
+
+@pytest.mark.parametrize("replaced", ["every tokenizer file", "tokenizer.json of an older folder"])
+def test_tokenizer_of_the_same_size_from_another_model(
+    tmp_path, capsys, tiny_pretrained_run, wiki_slice, replaced
+):
+    """The weights name the tokenizer they were trained with; a folder written before they did still
+    has its tokenizer's fingerprint in bertforge_tokenizer.json, which catches tokenizer.json replaced."""
+    from bertforge.checkpoint import read_weights
+
+    model, other = tmp_path / "model", same_size_tokenizer(tmp_path, wiki_slice)
+    shutil.copytree(tiny_pretrained_run / "final", model)
+    names = ["tokenizer.json", "vocab.txt", "bertforge_tokenizer.json"]
+    if replaced != "every tokenizer file":
+        save_file(read_weights(model / "model.safetensors"), str(model / "model.safetensors"))  # no metadata
+        names = ["tokenizer.json"]
+    for name in names:
+        shutil.copy(other / name, model / name)
+    argv = ["evaluate", "--model", str(model), "--corpus", str(wiki_slice)]
+    assert_clean_failure(capsys, argv, "is not the tokenizer the model in")
+
+
+def test_model_folder_without_its_tokenizer(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
+    model = tmp_path / "run" / "final"
+    shutil.copytree(tiny_pretrained_run / "final", model)
+    shutil.copytree(same_size_tokenizer(tmp_path, wiki_slice), tmp_path / "tokenizer")  # not the model's
+    (model / "tokenizer.json").unlink()
+    argv = ["evaluate", "--model", str(model), "--corpus", str(wiki_slice)]
+    assert_clean_failure(capsys, argv, f"model folder {model} has no tokenizer.json")
 
 
 def test_damaged_checkpoint(tmp_path, capsys, tiny_pretrained_run):

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
@@ -41,6 +41,7 @@ from bertforge.model import TIED_KEYS, BertForPreTraining
 from bertforge.tokenizer import BertTokenizer
 
 WEIGHTS = "model.safetensors"
+TOKENIZER_METADATA = "tokenizer_fingerprint"  # in the weights' metadata
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 CONFIG = "config.json"
@@ -65,9 +66,35 @@ def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Write weights to `path` (inside a folder that is itself written atomically)."""
-    save_file(weights_to_save(model), str(path), metadata={"format": "pt"})
+def save_weights(model: torch.nn.Module, path: Path, tokenizer: BertTokenizer | None = None) -> None:
+    """Write weights to `path` (inside a folder that is itself written atomically); the metadata names
+    the `tokenizer` they were trained with, which `check_tokenizer_is_the_models` compares."""
+    metadata = {"format": "pt"}
+    if tokenizer is not None:
+        metadata[TOKENIZER_METADATA] = tokenizer.fingerprint
+    save_file(weights_to_save(model), str(path), metadata=metadata)
+
+
+def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path, recorded: str | None) -> None:
+    """Refuse a tokenizer other than the one the model in `folder` was trained with, where its weights
+    name one, else where the tokenizer's own settings file did (`recorded`: tokenizer.json replaced
+    alone). Same-size tokenizers pass `check_tokenizer_fits`, and would give other words silently."""
+    expected = weights_tokenizer(folder / WEIGHTS) or recorded
+    if expected and expected != tokenizer.fingerprint:
+        raise BertforgeError(
+            f"{tokenizer.source} is not the tokenizer the model in {folder} was trained with (another "
+            f"fingerprint: {tokenizer.fingerprint}, not {expected}); use the tokenizer saved with the model"
+        )
+
+
+def weights_tokenizer(path: Path) -> str | None:
+    """The fingerprint of the tokenizer named in a weights file's metadata; None where there is none
+    (older files, Hugging Face's) or the file cannot be read (reading the weights then says why)."""
+    try:
+        with safe_open(str(path), "pt") as weights:
+            return (weights.metadata() or {}).get(TOKENIZER_METADATA)
+    except (SafetensorError, OSError, ValueError):
+        return None
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -377,7 +404,7 @@ def save_model_folder(
 ) -> None:
     """Write weights, config and tokenizer files into `folder`, atomically."""
     with atomic_directory(folder) as tmp:
-        save_weights(model, tmp / WEIGHTS)
+        save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
         tokenizer.save(tmp)
 

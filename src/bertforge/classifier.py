@@ -62,7 +62,7 @@ def save_classifier(
     so is whether the model was fine-tuned on text `pairs` (which `bertforge classify` checks)."""
     assert len(labels) == model.num_labels
     with atomic_directory(Path(folder)) as tmp:
-        save_weights(model, tmp / WEIGHTS)
+        save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
         write_json(tmp / LABELS, label_file(labels, task, pairs))
         tokenizer.save(tmp)

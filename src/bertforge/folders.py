@@ -49,6 +49,7 @@ from bertforge.checkpoint import (
     WEIGHTS,
     check_and_load_state,
     check_tokenizer_fits,
+    check_tokenizer_is_the_models,
     list_checkpoints,
     load_weights,
     pretraining_model,
@@ -64,7 +65,14 @@ from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
 from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
-from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
+from bertforge.tokenizer import (
+    SETTINGS_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    BertTokenizer,
+    load_tokenizer,
+    recorded_fingerprint,
+)
 
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
 HF_BIN = "pytorch_model.bin"
@@ -116,7 +124,7 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
         folder = ModelFolder(path, path, hugging_face=True)
     else:
         check_model_files(path, hint)
-        tokenizer_dir = path if (path / TOKENIZER_FILE).is_file() else path.parent.parent / "tokenizer"
+        tokenizer_dir = own_tokenizer_folder(path)
         folder = ModelFolder(path, tokenizer_dir, hugging_face=False)
     if classifier and not folder.has_labels and not read_json(path / CONFIG).get("id2label"):
         raise BertforgeError(
@@ -124,6 +132,18 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
             "fine-tune it first with `bertforge finetune`"
         )
     return folder
+
+
+def own_tokenizer_folder(path: Path) -> Path:
+    """Where the tokenizer of a model folder of ours is: in it, or for a checkpoint its run's tokenizer/."""
+    if (path / TOKENIZER_FILE).is_file():
+        return path
+    if path.parent.name == "checkpoints":
+        return path.parent.parent / "tokenizer"
+    raise BertforgeError(
+        f"model folder {path} has no {TOKENIZER_FILE}; copy the tokenizer files saved with the model "
+        "back into it (its run's tokenizer/ folder holds them)"
+    )
 
 
 def model_width(path: str | Path) -> int | None:
@@ -302,6 +322,7 @@ def read_config_and_tokenizer(folder: ModelFolder) -> tuple[RunConfig, BertToken
     config = read_config(folder.path)
     tokenizer = load_tokenizer(folder.tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder.path)
+    check_tokenizer_is_the_models(tokenizer, folder.path, recorded_fingerprint(folder.tokenizer_dir))
     return config, tokenizer
 
 

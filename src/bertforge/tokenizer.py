@@ -56,6 +56,7 @@ class BertTokenizer:
     ):
         special_ids = _special_ids(backend, source)
         self.backend = backend
+        self.source = source
         self.kind = kind
         self.lowercase = lowercase
         self.min_frequency = min_frequency
@@ -312,6 +313,15 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
             "train a tokenizer into it or point to another folder"
         )
     return BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
+
+
+def recorded_fingerprint(path: str | Path) -> str | None:
+    """The fingerprint that a tokenizer folder's settings file recorded when it was saved with its
+    tokenizer.json (None without either): a tokenizer.json replaced since loads with another."""
+    path = Path(path)
+    if not (path / TOKENIZER_FILE).is_file():
+        return None
+    return _read_settings(path / SETTINGS_FILE).get("fingerprint")
 
 
 def _read_settings(path: Path) -> dict:
