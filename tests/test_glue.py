@@ -1055,3 +1055,13 @@ def test_a_benchmark_stopped_in_its_first_run_keeps_the_checkpoint_and_resumes_t
     assert list(out.glob("RTE/seed_1/checkpoints/step_*")) and not list(out.rglob("result.json"))
     monkeypatch.setattr(EpochEvaluator, "__call__", evaluate)
     assert run_figures(run_glue(None, out, resume=True, show_progress=False)) == full
+
+
+def test_the_settings_keep_absolute_paths_so_a_benchmark_resumes_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipes = tmp_path / "recipes.toml"
+    recipes.write_text("[RTE]\nepochs = 1\n", encoding="utf-8")
+    bench = benchmark("runs/mini", ["data/glue", "data/sst-2"], tasks=["rte"], recipes_file="recipes.toml")
+    assert bench.model == str(tmp_path / "runs" / "mini")
+    assert bench.data == [str(tmp_path / "data" / "glue"), str(tmp_path / "data" / "sst-2")]
+    assert bench.recipes_file == str(recipes)

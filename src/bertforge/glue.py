@@ -123,16 +123,16 @@ def benchmark(
     if not seeds or len(set(seeds)) < len(seeds):
         raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {seeds}")
     recipes, grid = load_recipes(recipes_file)
-    return GlueBenchmark(
-        model=str(model),
-        data=[str(path) for path in data],
+    return GlueBenchmark(  # paths absolute, so that a rerun or --resume works from any folder
+        model=str(Path(model).resolve()),
+        data=[str(Path(path).resolve()) for path in data],
         tasks=names,
         seeds=seeds,
         compare_scratch=compare_scratch,
         sweep=sweep,
         recipes={name: asdict(recipes[name]) for name in names},
         sweep_grid=grid,
-        recipes_file=None if recipes_file is None else str(recipes_file),
+        recipes_file=None if recipes_file is None else str(Path(recipes_file).resolve()),
         precision=precision,
         device=device,
     )
