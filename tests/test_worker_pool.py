@@ -189,6 +189,36 @@ def test_a_signal_to_the_parent_stops_each_running_job_once_and_starts_no_more(t
     assert multiprocessing.active_children() == []
 
 
+CTRL_C_AT_START = """
+import os, signal
+from test_worker_pool import where_and_what
+from bertforge.worker_pool import WorkerPool
+
+with WorkerPool(2, 1) as pool:
+    pool.start()
+    signal.signal(signal.SIGINT, lambda *_: None)  # this parent lives on, to see whether its workers do
+    os.killpg(os.getpgrp(), signal.SIGINT)  # Ctrl-C: to the terminal's whole process group
+    print(pool.map(where_and_what, [(2,), (3,)], lambda i, value: None)[-1][-1])
+"""
+
+
+def test_ctrl_c_while_the_workers_start_prints_no_traceback_from_them():
+    """A worker is in the terminal's process group until it leaves it, in the middle of importing
+    torch: Ctrl-C then must not end it with a traceback of its own."""
+    tests = str(Path(__file__).parent)
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AT_START],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        start_new_session=True,  # its own process group, which the signal reaches
+    )
+    assert "Traceback" not in done.stderr and done.returncode == 0, done.stderr
+    assert done.stdout == "9\n"
+
+
 def test_a_signal_to_a_worker_as_it_takes_a_job_leaves_the_queue_free_for_the_other_worker():
     """A stop signal between jobs is recorded, not raised inside the queue's code: raised there, it
     could end the worker with the queue's lock held, and its partner would wait forever for work."""

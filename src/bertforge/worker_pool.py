@@ -126,8 +126,17 @@ class WorkerPool:
             )
             for _ in range(self.jobs)
         ]
-        for worker in self.workers:
-            worker.start()
+        # Until a worker leaves the terminal's process group (`work`), Ctrl-C reaches it too, in the
+        # middle of importing torch: started with SIGINT ignored (kept through exec, and by Python),
+        # it prints no traceback. Its own handlers take over in `work`.
+        ignoring = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignoring else None
+        try:
+            for worker in self.workers:
+                worker.start()
+        finally:
+            if ignoring:
+                signal.signal(signal.SIGINT, previous)
 
     def map(
         self,
