@@ -411,6 +411,11 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
         ({"MRPC": {"learning_rate": 0}}, r"\[MRPC\]: learning_rate must be in \(0, 1\], got 0"),
         ({"MRPC": {"max_length": 2}}, r"\[MRPC\]: max_length must be at least 4, got 2"),
         ({"sweep": {"batch_size": 16}}, r"\[sweep\]: batch_size must be a list"),
+        ({"sweep": {"learning_rate": []}}, r"\[sweep\]: learning_rate must be a list of one or more"),
+        (
+            {"rte": {"epochs": 1}, "RTE": {"epochs": 2}},
+            r"f.toml: RTE has two tables \(names in other cases\)",
+        ),
         ({"STS-B": {"both_orders": 1}}, r"\[STS-B\]: both_orders must be true or false, got 1"),
         ({"RTE": {"both_orders": True}}, r"\[RTE\]: both_orders is for pairs that mean the same in either"),
     ):

@@ -74,6 +74,10 @@ def read_recipes(table: dict, origin: str) -> tuple[dict[str, Recipe], dict[str,
             f"{origin}: [{unknown[0]}] is not a GLUE task; the tables are [default], [sweep] and one "
             f"per task: {', '.join(TASKS)}"
         )
+    named = [task_spec(key).name for key in table if key not in ("default", "sweep")]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    if twice:
+        raise BertforgeError(f"{origin}: {twice[0]} has two tables (names in other cases); keep one")
     given_default = recipe_values(table.get("default", {}), {}, f"{origin} [default]")
     recipes = {}
     for name in TASKS:
@@ -171,7 +175,7 @@ def sweep_grid(values: dict, origin: str) -> dict[str, list]:
         choices = values.get(key, DEFAULT_RECIPES["sweep"][key])
         if not isinstance(choices, list) or not choices:
             raise BertforgeError(
-                f"{origin}: {key} must be a list of values, e.g. {DEFAULT_RECIPES['sweep'][key]}"
+                f"{origin}: {key} must be a list of one or more values, e.g. {DEFAULT_RECIPES['sweep'][key]}"
             )
         kind = "float" if key == "learning_rate" else "int"
         grid[key] = [checked_setting(key, value, kind, origin) for value in choices]
