@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_clean_failure
+from safetensors.torch import save_file
 
 from bertforge.cli import main
 from bertforge.finetune import (
@@ -242,6 +243,29 @@ def test_resume_refuses_changed_data_and_writes_nothing(tmp_path, capsys, tiny_p
     argv = ["finetune", "--out", str(out), "--resume", "--seeds", "1,2,3"]
     assert_clean_failure(capsys, argv, "data changed since the run")
     assert (out / "finetune.json").read_text() == saved and not (out / "seed_3").exists()
+
+
+def test_resume_refuses_an_encoder_changed_since_and_still_resumes_runs_saved_without_its_hash(
+    tmp_path, capsys, tiny_pretrained_run, data
+):
+    from bertforge.checkpoint import read_weights
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run / "final", model)
+    argv = finetune_argv(model, *data, out, "--epochs", "1", "--seeds", "1", "--jobs", "1")
+    assert main(argv) == 0
+    weights = read_weights(model / "model.safetensors")
+    weights["bert.pooler.dense.bias"] += 0.01  # as a longer pretraining of the same folder would
+    save_file(weights, str(model / "model.safetensors"))
+    saved = (out / "finetune.json").read_text()
+    resume = ["finetune", "--out", str(out), "--resume", "--seeds", "1,2"]
+    assert_clean_failure(capsys, resume, "started: pretrained encoder; resume only with the same model")
+    assert (out / "finetune.json").read_text() == saved and not (out / "seed_2").exists()
+
+    older = json.loads(saved)
+    del older["data_sha256"]["pretrained encoder"]  # a run saved before the encoder's hash was kept
+    (out / "finetune.json").write_text(json.dumps(older))
+    assert main([*resume, "--quiet"]) == 0
 
 
 def test_a_run_started_with_relative_paths_resumes_from_another_folder(

@@ -41,6 +41,7 @@ Nothing is written until the model folder and both data files have been read and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
 import os
@@ -101,6 +102,7 @@ from bertforge.train import MetricsLog, Objective, train
 from bertforge.worker_pool import WorkerPool, auto_jobs, share_threads, worker_runtime
 
 TASK = "finetune.json"
+ENCODER_KEY = "pretrained encoder"  # beside the data files' hashes in finetune.json
 SUMMARY = "summary.json"
 RESULT = "result.json"
 BEST = "best.json"
@@ -287,7 +289,11 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     validate(config)  # before set_epochs divides by the batch size
     data = task_data(task, tokenizer, config.data.max_seq_length)
     check_best_by(task, data.kind)
-    hashes = {"train": file_sha256(task.train), "valid": file_sha256(task.valid)}
+    hashes = {
+        "train": file_sha256(task.train),
+        "valid": file_sha256(task.valid),
+        ENCODER_KEY: tensors_sha256(encoder),
+    }
     saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
     if saved is not None:
         check_same_data(out, saved, hashes)
@@ -407,10 +413,23 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
 
 
 def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
-    """Refuse to resume the run in `out` (its finetune.json is `saved`) on other data than it started on."""
+    """Refuse to resume the run in `out` (its finetune.json is `saved`) on other data, or another
+    pretrained encoder, than it started on (runs saved without the encoder's hash: the data alone)."""
+    saved_hashes = saved.get("data_sha256", {})
+    if ENCODER_KEY not in saved_hashes:
+        hashes = {name: value for name, value in hashes.items() if name != ENCODER_KEY}
     refuse_changed_data(
-        saved.get("data_sha256", {}), hashes, out, "resume only with the same data, or start a new run"
+        saved_hashes, hashes, out, "resume only with the same model and data, or start a new run"
     )
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """One hash of named tensors' bytes, whatever their dtype."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensors[name].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def is_tagging(task: FinetuneTask) -> bool:
