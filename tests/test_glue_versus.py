@@ -182,3 +182,28 @@ def test_damaged_reports_dev_files_and_scores_are_one_clear_error(two_benchmarks
     with pytest.raises(BertforgeError, match=r"dev.jsonl line 25 is not valid JSON"):
         compare_benchmarks(first, damaged, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_benchmark_grown_but_not_finished_compares_its_report_and_says_so(two_benchmarks, tmp_path, capsys):
+
+    first, second = two_benchmarks
+    grown = tmp_path / "grown"
+    shutil.copytree(second, grown)
+    settings = json.loads((grown / "glue_task.json").read_text(encoding="utf-8"))
+    (grown / "glue_task.json").write_text(json.dumps({**settings, "seeds": [1, 2, 3, 4]}), encoding="utf-8")
+    comparison = compare_benchmarks(first, grown, tmp_path / "cmp")
+    assert comparison["seeds"] == [1, 2]  # the runs its report holds
+    note = (
+        f"{grown} is unfinished: its report has no seeds 4 yet; finish it with `bertforge glue --out {grown}"
+    )
+    assert comparison["benchmarks"]["grown"]["unfinished"].startswith(note)
+    assert note in (tmp_path / "cmp" / "compare.md").read_text(encoding="utf-8")
+    assert comparison["benchmarks"]["first"]["unfinished"] is None
+
+    (grown / "glue.json").unlink()  # stopped before its first report
+    argv = ["glue-compare", str(first), str(grown), "--out", str(tmp_path / "cmp2")]
+    assert_clean_failure(
+        capsys,
+        argv,
+        f"holds no finished GLUE benchmark; finish it with `bertforge glue --out {grown} --resume`",
+    )

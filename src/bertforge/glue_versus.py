@@ -20,7 +20,7 @@ from pathlib import Path
 from bertforge.comparison import ARMS
 from bertforge.errors import BertforgeError
 from bertforge.folders import folder_kind
-from bertforge.glue import REPORT, SCORES, arm_folder, truth
+from bertforge.glue import REPORT, SCORES, SETTINGS, arm_folder, truth
 from bertforge.glue_report import (
     comparison_cells,
     markdown_table,
@@ -59,6 +59,7 @@ def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0])
         "benchmarks": {
             name: {key: report[key] for key in ("command", "machine")}
             | {"folder": str(folder), "model": report["settings"]["model"]}
+            | {"unfinished": unfinished(folder, report["settings"])}
             for name, folder, report in zip(names, (first, second), reports, strict=True)
         },
         "names": list(names),
@@ -116,11 +117,15 @@ def finished_report(folder: Path) -> dict:
         raise BertforgeError(
             f"{folder} holds {kind.what}, not a GLUE benchmark; compare two folders `bertforge glue` wrote"
         )
-    rewrite = f"run `bertforge glue --out {folder} --resume` to write it again"
+    resume = f"bertforge glue --out {folder} --resume"
+    rewrite = f"run `{resume}` to write it again"
+    started = (folder / SETTINGS).is_file()
     report = read_json(
         folder / REPORT,
-        missing=f"{folder} holds no finished GLUE benchmark; run `bertforge glue --out {folder}` to the end "
-        "(or continue it with --resume)",
+        missing=f"{folder} holds no finished GLUE benchmark; "
+        + (
+            f"finish it with `{resume}`" if started else "run `bertforge glue --model M --data D --out` there"
+        ),
         damaged=rewrite,
     )
     try:
@@ -133,6 +138,24 @@ def finished_report(folder: Path) -> dict:
     if not readable or not {"command", "machine"} <= set(report):
         raise BertforgeError(f"{folder / REPORT} is damaged (not a GLUE report); {rewrite}")
     return report
+
+
+def unfinished(folder: Path, reported: dict) -> str | None:
+    """What of the benchmark in `folder` its glue.json does not hold yet: seeds or the scratch arm it
+    grew by since (a rerun stopped before its report), None where it holds them all. (A report of fewer
+    tasks is what `--resume --tasks` writes on purpose.) Its runs so far still compare."""
+    if not (folder / SETTINGS).is_file():
+        return None
+    planned = read_json(folder / SETTINGS, damaged="start the benchmark again in a new folder")
+    more_seeds = sorted(set(planned.get("seeds") or []) - set(reported["seeds"]))
+    scratch = bool(planned.get("compare_scratch")) and not reported["compare_scratch"]
+    if not (more_seeds or scratch):
+        return None
+    what = f"seeds {', '.join(map(str, more_seeds))}" if more_seeds else "the scratch arm"
+    return (
+        f"{folder} is unfinished: its report has no {what} yet; finish it with "
+        f"`bertforge glue --out {folder} --resume` and compare again"
+    )
 
 
 def column_names(first: Path, second: Path) -> tuple[str, str]:
@@ -224,6 +247,8 @@ def notes(comparison: dict) -> list[str]:
     ]
     for name, bench in comparison["benchmarks"].items():
         lines.append(f"{name}: the model {bench['model']} ({bench['folder']})")
+        if bench.get("unfinished"):
+            lines.append(bench["unfinished"])
     for task, entry in comparison["tasks"].items():
         recipes = list(entry["recipes"].values())
         if recipes[0] != recipes[1]:
