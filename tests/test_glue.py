@@ -1070,3 +1070,20 @@ def test_the_settings_keep_absolute_paths_so_a_benchmark_resumes_from_any_folder
     assert bench.model == str(tmp_path / "runs" / "mini")
     assert bench.data == [str(tmp_path / "data" / "glue"), str(tmp_path / "data" / "sst-2")]
     assert bench.recipes_file == str(recipes)
+
+
+def test_a_damaged_scores_file_is_scored_again_on_resume(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    bench = tiny_bench(
+        tiny_pretrained_run, glue_dir, tmp_path, tasks=["RTE"], seeds=[1], compare_scratch=False
+    )
+    out = tmp_path / "b"
+    before = run_figures(run_glue(bench, out, show_progress=False, jobs=1))
+    scores = out / "RTE" / "seed_1" / SCORES
+    scores.write_text("{", encoding="utf-8")  # as a disk that lost the file's end would leave it
+    trained = counting_training(monkeypatch)
+    after = run_figures(run_glue(None, out, resume=True, show_progress=False, jobs=1))
+    assert (
+        after == before and trained == []
+    )  # scored again from final/ (its predictions read back), not trained

@@ -649,6 +649,10 @@ def run_in_worker(order: RunOrder) -> dict:
     return fine_tune_and_score(order, job, _worker_data[order.task_folder])
 
 
+class DamagedScores(BertforgeError):
+    """A run's glue_scores.json that cannot be read (`score_run` scores the run again)."""
+
+
 def run_record(result: dict) -> dict:
     return {key: result[key] for key in ("best_epoch", "epochs", "steps", "elapsed_s")}
 
@@ -658,7 +662,10 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
     scores and the first dev file's predictions (for the paired bootstrap); kept in glue_scores.json."""
     path = run_dir / SCORES
     if path.is_file():
-        return read_json(path)
+        with contextlib.suppress(DamagedScores):  # a damaged file is scored again from final/
+            saved = read_json(path, error=DamagedScores)
+            if {"dev", "test", "score", "predicted"} <= saved.keys():
+                return saved
     model, tokenizer, labels, _ = open_classifier(run_dir / "final")
     model.to(resolve_device(config.runtime.device))
     max_length = min(config.data.max_seq_length, model.config.max_position_embeddings)
