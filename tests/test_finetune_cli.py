@@ -485,6 +485,12 @@ def test_classify_input_problems(tmp_path, capsys, finetuned):
         capsys, ["classify", "--model", str(finetuned), "--input", str(blank)], "line 2 is empty"
     )
     assert_clean_failure(capsys, ["classify", "--model", str(finetuned)], "give texts to classify")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    argv = ["classify", "--model", str(finetuned), "--input", str(empty)]
+    assert_clean_failure(capsys, argv, "is empty; give a file with one text per line")
+    argv = ["classify", "--model", str(finetuned), "fine", " "]
+    assert_clean_failure(capsys, argv, "text 2 of 2 is empty")
 
 
 def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data, finetuned):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -149,6 +150,17 @@ def test_bad_rows_get_one_clear_message(tmp_path, name, content, message):
 def test_undecodable_bytes_name_the_line(tmp_path):
     path = write(tmp_path, "latin1.csv", "text,label\nhello,a\ncaf\xe9,b\n".encode("latin-1"))
     refused(path, "not UTF-8 text: undecodable bytes on line 3")
+
+
+def test_a_compressed_file_or_the_other_separator_is_named(tmp_path):
+    packed = write(tmp_path, "train.tsv", gzip.compress(b"text\tlabel\nhello\ta\n"))
+    refused(
+        packed, f"{packed} is gzip-compressed; decompress it first, e.g. `gunzip -c {packed} > unpacked.tsv`"
+    )
+    commas = write(tmp_path, "commas.tsv", "text,label\nhello,a\nbye,b\n")
+    refused(commas, "its one column is 'text,label': read it as CSV with --format csv")
+    tabs = write(tmp_path, "tabs.csv", "text\tlabel\nhello\ta\nbye\tb\n")
+    refused(tabs, "read it as TSV with --format tsv")
 
 
 def test_missing_file_and_folder(tmp_path):

@@ -81,6 +81,9 @@ def read_labeled(
     return examples
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
     """The whole file as text, with a message naming the line of the first undecodable byte; an
     empty file or a folder is refused, naming `what` a file should hold."""
@@ -89,6 +92,10 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
     if not path.is_file():
         raise BertforgeError(f"{path} is a folder; give a file with {what}")
     raw = path.read_bytes()
+    if raw.startswith(GZIP_MAGIC):
+        raise BertforgeError(
+            f"{path} is gzip-compressed; decompress it first, e.g. `gunzip -c {path} > unpacked{path.suffix}`"
+        )
     try:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
     except UnicodeDecodeError as error:
@@ -131,10 +138,15 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
         _refuse_header_read_as_data(path, rows, positions[1], first)
     else:
         missing = ", ".join(repr(column) for column in columns if column not in first)
-        raise BertforgeError(
-            f"{path} has no column {missing}; its columns are: {', '.join(first)} "
-            "(for a file without a header row, give columns by number, counting from 0)"
-        )
+        other = {"tsv": ("csv", ","), "csv": ("tsv", "\t")}[format]
+        if len(first) == 1 and other[1] in first[0]:  # one column that the other separator splits
+            hint = f"its one column is {first[0]!r}: read it as {other[0].upper()} with --format {other[0]}"
+        else:
+            hint = (
+                f"its columns are: {', '.join(first)} (for a file without a header row, give columns by "
+                "number, counting from 0)"
+            )
+        raise BertforgeError(f"{path} has no column {missing}; {hint}")
     width = len(first)
     for line, row in rows:
         if not any(field.strip() for field in row):

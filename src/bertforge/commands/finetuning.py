@@ -461,8 +461,13 @@ def classify_inputs(args) -> list[str]:
             f"give texts to {args.command}, or --input FILE with one text per line (not both)"
         )
     if args.input is None:
+        for number, text in enumerate(args.text, 1):
+            if not text.strip():
+                raise BertforgeError(
+                    f"text {number} of {len(args.text)} is empty; give texts with words in them"
+                )
         return args.text
-    lines = read_text(args.input).split("\n")
+    lines = read_text(args.input, "one text per line").split("\n")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             raise BertforgeError(f"{args.input} line {number} is empty; give one text per line")
