@@ -167,6 +167,10 @@ def test_missing_and_invalid_toml(tmp_path):
     bad.write_text("[train\nx=")
     with pytest.raises(BertforgeError, match="not valid TOML"):
         load_toml(bad)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(BertforgeError, match=r"binary.toml is not UTF-8 text; give a TOML file$"):
+        load_toml(binary)
     with pytest.raises(BertforgeError, match="unknown preset"):
         apply_preset(RunConfig(), "huge")
 

@@ -266,7 +266,9 @@ def load_toml(path: str | Path) -> dict:
         raise BertforgeError(f"config file {path} does not exist; check the path")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError:
+        raise BertforgeError(f"config file {path} is not UTF-8 text; give a TOML file") from None
+    except tomllib.TOMLDecodeError as error:
         raise BertforgeError(f"config file {path} is not valid TOML: {error}") from None
 
 
