@@ -1072,7 +1072,7 @@ def test_the_settings_keep_absolute_paths_so_a_benchmark_resumes_from_any_folder
     assert bench.recipes_file == str(recipes)
 
 
-def test_a_damaged_scores_file_is_scored_again_on_resume(
+def test_a_damaged_scores_file_is_scored_again_on_resume_and_a_classifier_benchmarked_is_noted(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):
     bench = tiny_bench(

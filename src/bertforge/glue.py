@@ -180,7 +180,12 @@ def run_glue(
                 f"none of the tasks {', '.join(bench.tasks)} is in {', '.join(bench.data)}; give --data the "
                 "folder that holds GLUE's task folders (SST-2/, MRPC/, ...)"
             )
-        find_model_folder(bench.model)  # a wrong --model is refused before anything is written
+        model = find_model_folder(bench.model)  # a wrong --model is refused before anything is written
+        if model.has_labels:
+            say(
+                f"note: {model.path} is a fine-tuned classifier; glue fine-tunes its encoder again without "
+                "its head, so the figures are not a pretrained encoder's"
+            )
         datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
         for name, data in datas.items():
             for line in data.notes:
