@@ -1087,3 +1087,27 @@ def test_a_damaged_scores_file_is_scored_again_on_resume_and_a_classifier_benchm
     assert (
         after == before and trained == []
     )  # scored again from final/ (its predictions read back), not trained
+
+
+def test_a_recipe_longer_than_the_model_is_refused_naming_its_file(
+    tmp_path, tiny_pretrained_run, glue_dir, capsys
+):
+    from bertforge.folders import model_positions
+
+    positions = model_positions(tiny_pretrained_run)
+    recipes = tmp_path / "long.toml"
+    recipes.write_text(f"[RTE]\nmax_length = {positions + 1}\n", encoding="utf-8")
+    argv = [
+        "glue",
+        "--model",
+        str(tiny_pretrained_run),
+        "--data",
+        str(glue_dir),
+        "--out",
+        str(tmp_path / "b"),
+    ]
+    message = (
+        f"{recipes}: RTE's max_length {positions + 1} is more than the {positions} positions of the model"
+    )
+    assert_clean_failure(capsys, [*argv, "--tasks", "rte", "--recipes", str(recipes)], message)
+    assert not (tmp_path / "b").exists()

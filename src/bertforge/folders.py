@@ -149,12 +149,21 @@ def own_tokenizer_folder(path: Path) -> Path:
 def model_width(path: str | Path) -> int | None:
     """The hidden size of the model that `path` names, from its config alone (no weights read); None
     for a Hugging Face config that names none (opening the model then says what is wrong)."""
+    return model_size(path, "hidden_size", "n_embd")
+
+
+def model_positions(path: str | Path) -> int | None:
+    """The longest sequence the model that `path` names reads, as `model_width` finds its width."""
+    return model_size(path, "max_position_embeddings", "n_positions")
+
+
+def model_size(path: str | Path, bert_key: str, gpt_key: str) -> int | None:
     folder = find_model_folder(path)
     if folder.hugging_face:
         hf = read_hf_config(folder.path)
-        width = hf.get("hidden_size", hf.get("n_embd"))
-        return width if isinstance(width, int) else None
-    return read_config(folder.path).model.hidden_size
+        value = hf.get(bert_key, hf.get(gpt_key))
+        return value if isinstance(value, int) else None
+    return getattr(read_config(folder.path).model, bert_key)
 
 
 def is_hf_folder(path: Path) -> bool:

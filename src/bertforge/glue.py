@@ -61,7 +61,7 @@ from bertforge.finetune import (
     start,
     worker_job,
 )
-from bertforge.folders import find_model_folder, open_classifier, refuse_other_kind
+from bertforge.folders import find_model_folder, model_positions, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, markdown_report, plot_report
@@ -181,6 +181,7 @@ def run_glue(
                 "folder that holds GLUE's task folders (SST-2/, MRPC/, ...)"
             )
         model = find_model_folder(bench.model)  # a wrong --model is refused before anything is written
+        refuse_longer_than_the_model(bench, model_positions(model.path))
         if model.has_labels:
             say(
                 f"note: {model.path} is a fine-tuned classifier; glue fine-tunes its encoder again without "
@@ -234,6 +235,18 @@ def run_glue(
         raise
     finally:
         lock.release()
+
+
+def refuse_longer_than_the_model(bench: GlueBenchmark, positions: int | None) -> None:
+    """A recipe's max_length that the model cannot read, named with the file that set it."""
+    for name in bench.tasks:
+        length = recipe_of(bench, name).max_length
+        if positions is not None and length > positions:
+            origin = bench.recipes_file or "the built-in recipes"
+            raise BertforgeError(
+                f"{origin}: {name}'s max_length {length} is more than the {positions} positions of the "
+                f"model {bench.model}; set it to {positions} or less"
+            )
 
 
 def clear_folder(out: Path) -> None:
