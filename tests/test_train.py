@@ -550,3 +550,7 @@ def test_time_budget_schedules_follow_the_clock_not_the_steps(
     assert lrs.index(max(lrs)) == 8
     assert lrs[:9] == sorted(lrs[:9]) and lrs[8:] == sorted(lrs[8:], reverse=True)
     assert len(lrs) == 25 and lrs[-1] == pytest.approx(peak * (1 - 28.5 / 30) / 0.75)
+
+
+def test_a_run_without_validation_text_logs_no_empty_valid_lines(tiny_pretrained_run):
+    assert metrics_lines(tiny_pretrained_run, "train") and metrics_lines(tiny_pretrained_run, "valid") == []

@@ -255,7 +255,8 @@ class Trainer:
 
     def run(self, show_progress: bool) -> dict:
         if self.state.step == 0 and self.world.is_main:  # a new run: the model before training
-            self.log.append({"step": 0, "split": "valid", **self.objective.evaluate(self.model)})
+            if valid := self.objective.evaluate(self.model):  # empty without validation text
+                self.log.append({"step": 0, "split": "valid", **valid})
             self.evaluate_at_warmup_length(0)
         stream = self.start()
         bar, first_step = self.progress_bar(show_progress), self.state.step
@@ -506,8 +507,8 @@ class Trainer:
         valid = self.state.last_valid = self.objective.evaluate(self.model)
         if any(nonfinite(value) for value in valid.values()):
             raise self.diverged("the validation metrics")
-        self.log.append({"step": step, "split": "valid", "tokens": self.state.tokens, **valid})
         if valid:  # empty without validation text
+            self.log.append({"step": step, "split": "valid", "tokens": self.state.tokens, **valid})
             bar.write(f"step {step}: {metrics_text(valid)}")
         if short := self.evaluate_at_warmup_length(step):
             length = self.objective.warmup_seq_len
