@@ -324,7 +324,7 @@ def test_init_conflicts_with_preset_and_tokenizer(tmp_path, capsys, wiki_slice, 
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, small_tokenizer_dir):
-    """A fine-tuned classifier folder as issue 4 writes it, from a random HF BertForSequenceClassification."""
+    """A fine-tuned classifier folder as `finetune` writes it, from a random HF classifier."""
     torch.manual_seed(3)
     hf = transformers.BertForSequenceClassification(
         hf_config(num_labels=len(LABELS), initializer_range=0.2)

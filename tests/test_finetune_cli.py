@@ -476,6 +476,14 @@ def test_classify_needs_a_classifier(tmp_path, capsys, tiny_pretrained_run):
         capsys, ["classify", "--model", str(tiny_pretrained_run), "hello"], "not a classifier"
     )
     assert_clean_failure(capsys, ["classify", "--model", str(tmp_path / "none"), "hello"], "does not exist")
+    assert_clean_failure(capsys, ["tag", "--model", str(tmp_path / "none"), "hello"], "classifier or tagger")
+    compared = tmp_path / "compared"  # `finetune --compare-scratch --seeds`: an arm's folder per seed
+    for arm in ("scratch", "pretrained"):
+        (compared / arm / "seed_1").mkdir(parents=True)
+    message = (
+        f"holds one fine-tuning run per seed; give one of them, e.g. {compared / 'pretrained' / 'seed_1'}"
+    )
+    assert_clean_failure(capsys, ["classify", "--model", str(compared), "hello"], message)
 
 
 def test_classify_input_problems(tmp_path, capsys, finetuned):

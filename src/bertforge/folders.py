@@ -77,7 +77,7 @@ from bertforge.tokenizer import (
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
 HF_BIN = "pytorch_model.bin"
 MODEL_HINT = "give a run folder, its final/ or one of its checkpoints"
-CLASSIFIER_HINT = "give a fine-tuned classifier folder, written by `bertforge finetune` or `bertforge export`"
+CLASSIFIER_HINT = "give a fine-tuned classifier or tagger folder, written by `bertforge finetune` or `export`"
 # The files that mark the run folders of `bertforge finetune` and `bertforge glue` (their modules'
 # TASK and SETTINGS), and a pretraining run's tokenizer folder.
 FINETUNE_TASK = "finetune.json"
@@ -176,11 +176,9 @@ def is_hf_folder(path: Path) -> bool:
 
 def check_model_files(path: Path, hint: str) -> None:
     """Refuse a folder of ours that lacks weights or config, naming a seed's folder where it has them."""
-    seeds = sorted(p.name for p in path.glob("seed_*") if p.is_dir())
+    seeds = sorted(p for p in [*path.glob("seed_*"), *path.glob("*/seed_*")] if p.is_dir())
     if seeds and not (path / WEIGHTS).is_file():
-        raise BertforgeError(
-            f"{path} holds one fine-tuning run per seed; give one of them, e.g. {path / seeds[0]}"
-        )
+        raise BertforgeError(f"{path} holds one fine-tuning run per seed; give one of them, e.g. {seeds[0]}")
     if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
         raise BertforgeError(
             f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); {hint}"
