@@ -279,6 +279,8 @@ def test_size_embeddings_pads_a_new_bert_on_a_gpu_only():
     config.model.objective = "clm"
     size_embeddings(config, 30522, torch.device("cuda"))
     assert config.model.vocab_size == 30522  # GPT-1 keeps a row per token
+    size_embeddings(config, 8192, torch.device("cpu"))  # a given tokenizer of another size than asked
+    assert (config.model.vocab_size, config.tokenizer.vocab_size) == (8192, 8192)
 
 
 def test_a_bert_pretrained_on_a_gpu_has_padded_rows_and_exports_exactly(

@@ -82,11 +82,10 @@ def size_embeddings(config: RunConfig, tokens: int, device: torch.device) -> Non
     """Give a new model one word embedding row per token of its tokenizer's `tokens`; on CUDA, a BERT's
     rows rounded up to a multiple of 64 (30,522 to 30,528, as MosaicBERT), so that the tied MLM
     decoder's matmuls run on whole tensor-core tiles. The extra rows stand for no token and are
-    never predicted; the config records such a padded vocabulary by its tokenizer section holding
-    the tokenizer's own size (`checkpoint.check_tokenizer_fits`)."""
+    never predicted; the config's tokenizer section holds the tokenizer's own size, which tells such a
+    padded vocabulary (`checkpoint.check_tokenizer_fits`)."""
     rows = tokens
     if device.type == "cuda" and config.model.objective == "mlm":
         rows = -(-tokens // CUDA_EMBEDDING_ROWS) * CUDA_EMBEDDING_ROWS
     config.model.vocab_size = rows
-    if rows > tokens:
-        config.tokenizer.vocab_size = tokens
+    config.tokenizer.vocab_size = tokens  # a given tokenizer's, or a small corpus's fewer than asked
