@@ -148,12 +148,18 @@ def test_tokenizer_train_writes_a_vocabulary(pipeline):
 
 def test_prepare_writes_shards_of_the_documents(pipeline):
     assert pipeline.prepare.returncode == 0, pipeline.prepare.stderr
-    assert json.loads((pipeline.folder / "shards" / "meta.json").read_text())["num_documents"] > 10
+    meta = json.loads((pipeline.folder / "shards" / "meta.json").read_text())
+    assert meta["num_documents"] > 10 and meta["num_tokens"] >= 1000
+    assert (
+        f"{meta['num_sentences']:,} sentences, {meta['num_tokens']:,} tokens written"
+        in pipeline.prepare.stdout
+    )
 
 
 def test_pretrain_reports_held_out_metrics_and_speed(pipeline):
     assert pipeline.pretrain.returncode == 0, pipeline.pretrain.stderr
     assert "held-out: mlm_loss" in pipeline.pretrain.stdout and "real tokens/s" in pipeline.pretrain.stdout
+    assert "tokenizer: " not in pipeline.pretrain.stdout  # --quiet: its training says nothing
 
 
 def test_pretrain_writes_the_run_folder(pipeline):

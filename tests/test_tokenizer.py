@@ -3,6 +3,7 @@
 import hashlib
 import itertools
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,19 @@ def test_training_off_a_terminal_leaves_no_empty_lines(tmp_path, capfd):
     corpus.write_text("".join(f"sentence number {i} of a small corpus .\n\n" for i in range(200)))
     train_tokenizer([corpus], TokenizerConfig(vocab_size=200, min_frequency=1), tmp_path / "tok")
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_tokenizer_trained_for_a_run_says_so_in_a_line_and_a_cached_one_says_nothing(tmp_path, capfd):
+    from bertforge.cache import cached_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} of a small corpus .\n\n" for i in range(200)))
+    config = TokenizerConfig(vocab_size=200, min_frequency=1)
+    trained = cached_tokenizer([corpus], config, "auto", tmp_path / "cache")
+    out, err = capfd.readouterr()
+    assert out.startswith(f"tokenizer: {trained.vocab_size} wordpiece tokens from corpus.txt (") and err == ""
+    assert cached_tokenizer([corpus], config, "auto", tmp_path / "cache").fingerprint == trained.fingerprint
+    quiet = cached_tokenizer(
+        [corpus], replace(config, vocab_size=150), "auto", tmp_path / "cache", show_progress=False
+    )
+    assert capfd.readouterr() == ("", "") and quiet.vocab_size == 150

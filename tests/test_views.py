@@ -371,7 +371,7 @@ def test_plot_command_writes_the_figure(tmp_path, capsys, validated_run):
     out = tmp_path / "cmp.png"
     assert main(["plot", str(validated_run), str(other), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "run: MLM loss" in printed and "other: MLM loss" in printed
+    assert "run: MLM loss" in printed and "other: MLM loss" in printed and " min of training" in printed
     height, width = png_size(out)
     assert width > height > 500
     # A real run logs the tokens it trained on at each evaluation, as its checkpoint counts them.

@@ -79,9 +79,10 @@ def cached_tokenizer(
     format: str,
     cache_dir: Path,
     text_column: str = DEFAULT_TEXT_COLUMN,
+    show_progress: bool = True,
 ) -> BertTokenizer:
-    """Train a tokenizer on all the corpus files unless one with the same inputs is cached; a line on
-    stdout says what was trained."""
+    """Train a tokenizer on all the corpus files unless one with the same inputs is cached; with
+    `show_progress`, the trainer's bars on a terminal and a line on stdout say what was trained."""
     formats = [resolve_format(f, format) for f in corpus_files]
     key = cache_key(
         [content_hash(f) for f in corpus_files],
@@ -98,14 +99,15 @@ def cached_tokenizer(
             return load_tokenizer(folder)
         started = time.perf_counter()
         tokenizer = train_tokenizer(
-            list(corpus_files), config, folder, format=format, text_column=text_column
+            list(corpus_files), config, folder, format, show_progress, text_column=text_column
         )
-        names = ", ".join(Path(path).name for path in corpus_files)
-        seconds = time.perf_counter() - started
-        print(
-            f"tokenizer: {tokenizer.vocab_size:,} {config.kind} tokens from {names} ({seconds:.1f} s)",
-            flush=True,
-        )
+        if show_progress:
+            names = ", ".join(Path(path).name for path in corpus_files)
+            seconds = time.perf_counter() - started
+            print(
+                f"tokenizer: {tokenizer.vocab_size:,} {config.kind} tokens from {names} ({seconds:.1f} s)",
+                flush=True,
+            )
         return tokenizer
 
 

@@ -209,7 +209,9 @@ def run_pretraining(
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
         else:
-            tokenizer = run_tokenizer(config, out, tokenizer_dir, resume, cache_dir, corpus_files)
+            tokenizer = run_tokenizer(
+                config, out, tokenizer_dir, resume, cache_dir, corpus_files, show_progress
+            )
         if init_state is None and not resume:  # a new model: a row per token (on CUDA, padded to 64)
             size_embeddings(config, tokenizer.vocab_size, device)
         config.model.pad_token_id = tokenizer.pad_id  # the embedding row that gets no gradient
@@ -548,6 +550,7 @@ def run_tokenizer(
     resume: bool,
     cache_dir: Path,
     corpus_files: list[Path],
+    show_progress: bool = True,
 ) -> BertTokenizer:
     """The run's own tokenizer when resuming, a given one, or one trained (and cached) on the corpus files."""
     if resume:
@@ -560,7 +563,9 @@ def run_tokenizer(
             "pass it with --tokenizer"
         )
     data = config.data
-    return cached_tokenizer(corpus_files, config.tokenizer, data.format, cache_dir, data.text_column)
+    return cached_tokenizer(
+        corpus_files, config.tokenizer, data.format, cache_dir, data.text_column, show_progress
+    )
 
 
 def run_own_tokenizer(out: Path, config: RunConfig) -> BertTokenizer:

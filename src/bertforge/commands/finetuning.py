@@ -328,10 +328,9 @@ def run_finetune(args) -> int:
             task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
         )
     for run in summary["runs"]:
-        minutes = run["elapsed_s"] / 60
+        trained = f"{epochs_text(run['epochs'])} ({run['steps']:,} steps) in {run['elapsed_s'] / 60:.1f} min"
         print(
-            f"\nseed {run['seed']}: {run['epochs']} epochs ({run['steps']:,} steps) in {minutes:.1f} min; "
-            f"best epoch {run['best_epoch']}: " + format_scores(run["best"])
+            f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}: " + format_scores(run["best"])
         )
     kind = result_kind(summary["runs"][0])
     if task.seeds:
@@ -451,6 +450,10 @@ def entity_table(per_type: dict[str, dict]) -> str:
             f"  {scores['support']:>7,}"
         )
     return "\n".join(lines)
+
+
+def epochs_text(epochs: int) -> str:
+    return f"{epochs} epoch" + ("" if epochs == 1 else "s")
 
 
 def classify_inputs(args) -> list[str]:

@@ -271,8 +271,8 @@ def run_prepare(args) -> int:
             text_column=args.text_column,
         )
     print(
-        f"shards: {meta['num_documents']} documents, {meta['num_sentences']} sentences, "
-        f"{meta['num_tokens']} tokens written to {args.out}"
+        f"shards: {meta['num_documents']:,} documents, {meta['num_sentences']:,} sentences, "
+        f"{meta['num_tokens']:,} tokens written to {args.out}"
     )
     shards, tokenizer = shlex.quote(str(args.out)), shlex.quote(str(args.tokenizer))
     print(f"train on them with: bertforge pretrain --shards {shards} --tokenizer {tokenizer} --out RUN")

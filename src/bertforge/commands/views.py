@@ -135,7 +135,7 @@ def run_plot(args) -> int:
         note = "  (tokens and minutes estimated: an older run)" if run.estimated else ""
         print(
             f"{run.label}: {run.objective} loss {run.loss[-1]:.4f}, accuracy {run.accuracy[-1]:.4f} "
-            f"after {run.tokens[-1]:,.0f} tokens, {run.minutes[-1]:.1f} min{note}"
+            f"after {run.tokens[-1]:,.0f} tokens, {run.minutes[-1]:.1f} min of training{note}"
         )
     print(f"plot: {args.out}")
     return 0
