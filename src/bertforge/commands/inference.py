@@ -157,7 +157,9 @@ def add_export_command(commands) -> None:
         "export",
         help="write a model as a Hugging Face folder",
         description="Write a folder that transformers loads with no custom code: config.json, "
-        "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json. "
+        "model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json; "
+        "for bertforge, which reads it back, the run's and the tokenizer's settings (bertforge_config.json, "
+        "bertforge_tokenizer.json) and a classifier's labels.json. "
         'A tagger becomes a BertForTokenClassification for pipeline("token-classification"). '
         'A GPT (--objective clm) becomes an OpenAIGPTLMHeadModel for pipeline("text-generation"), a '
         "classifier fine-tuned from one an OpenAIGPTForSequenceClassification. A regression model "
