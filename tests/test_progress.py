@@ -97,3 +97,12 @@ def test_write_prints_a_line_of_its_own_on_standard_output(capsys, stream):
     bar.write("step 1: loss 2.5")
     bar.close()
     assert capsys.readouterr().out == "step 1: loss 2.5\n"
+
+
+def test_a_passing_bar_shows_on_a_terminal_only_and_goes_when_done():
+    log, terminal, batches = io.StringIO(), Terminal(), [1, 2, 3]
+    assert progress.passing_bar(batches, total=3, desc="evaluating", unit="batch", file=log) is batches
+    shown = progress.passing_bar(batches, total=3, desc="evaluating", unit="batch", file=terminal)
+    assert list(shown) == batches and log.getvalue() == ""
+    drawn = terminal.getvalue()
+    assert "evaluating" in drawn and "3/3" not in drawn.rsplit("\r", 1)[-1]  # its last redraw clears it

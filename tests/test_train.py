@@ -193,9 +193,9 @@ def test_a_sequence_length_warmup_is_also_evaluated_at_its_length_and_its_end_is
     widths = []  # per evaluation: its widest batch
     real_metrics = bertforge.pretrain.pretraining_metrics
 
-    def recording_metrics(model, batches, *args):
+    def recording_metrics(model, batches, *args, **kwargs):
         widths.append(max(batch["input_ids"].shape[1] for batch in batches))
-        return real_metrics(model, batches, *args)
+        return real_metrics(model, batches, *args, **kwargs)
 
     monkeypatch.setattr(bertforge.pretrain, "pretraining_metrics", recording_metrics)
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=8, eval_every=2)

@@ -27,7 +27,7 @@ from bertforge.masking import pretraining_collator
 from bertforge.packing import packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.precision import native_bf16
-from bertforge.progress import progress_bar
+from bertforge.progress import passing_bar, progress_bar
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
 from bertforge.shards import TokenShards, token_counts
 from bertforge.tokenizer import BertTokenizer
@@ -94,9 +94,11 @@ def pretraining_metrics(
     vocab_size: int,
     precision: str = "fp32",
     show_progress: bool = False,
+    passing: bool = False,
 ) -> dict[str, float]:
     """Token- and pair-weighted metrics over all batches, on the model's device (a GPT's: next-token),
-    over the tokenizer's `vocab_size` tokens; `show_progress`: a bar over the batches."""
+    over the tokenizer's `vocab_size` tokens; `show_progress`: a bar over the batches (`passing`: on a
+    terminal only, gone when done, as inside a pretraining run)."""
     if isinstance(model, GPTLMHeadModel):
         batch_sums, summarize_totals = next_token_batch_sums, summarize_clm
     else:
@@ -104,9 +106,12 @@ def pretraining_metrics(
     device = next(model.parameters()).device
     totals: dict[str, torch.Tensor] = {}
     with eval_mode(model):
-        shown = progress_bar(
-            batches, total=len(batches), unit="batch", desc="evaluating", disable=not show_progress
-        )
+        if passing and show_progress:
+            shown = passing_bar(batches, total=len(batches), unit="batch", desc="evaluating")
+        else:
+            shown = progress_bar(
+                batches, total=len(batches), unit="batch", desc="evaluating", disable=not show_progress
+            )
         for batch in shown:
             batch = to_device(batch, device)
             with autocast(device, precision):

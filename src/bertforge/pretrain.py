@@ -345,14 +345,14 @@ def train_and_save(
         model=model,
         batches=batches(train_shards, tokenizer, config, config.data.max_seq_length),
         loss=functools.partial(loss, vocab_size=tokenizer.vocab_size),  # a padded vocabulary's extra rows out
-        evaluate=held_out_metrics(held_out.batches, tokenizer, config),
+        evaluate=held_out_metrics(held_out.batches, tokenizer, config, show_progress),
         summarize=summarize_sums,
         # Short sequences first: Google BERT's 128 then 512 in small (Devlin et al. 2019, appendix A.2).
         warmup_batches=batches(train_shards, tokenizer, config, warmup_length, **warmup_pairs(config.data))
         if warmup_length
         else None,
         warmup_fraction=config.data.warmup_seq_fraction,
-        warmup_evaluate=held_out_metrics(held_out.warmup_batches, tokenizer, config),
+        warmup_evaluate=held_out_metrics(held_out.warmup_batches, tokenizer, config, show_progress),
         warmup_seq_len=warmup_length,
         seq_len=config.data.max_seq_length,
         masking_rate=masking_rate_schedule(config.data) if mlm else None,
@@ -372,10 +372,14 @@ def train_and_save(
     return result
 
 
-def held_out_metrics(batches: list[dict], tokenizer: BertTokenizer, config: RunConfig) -> Callable:
-    """model -> its held-out metrics on `batches` (none without validation text)."""
+def held_out_metrics(
+    batches: list[dict], tokenizer: BertTokenizer, config: RunConfig, show_progress: bool
+) -> Callable:
+    """model -> its held-out metrics on `batches` (none without validation text); `show_progress`: a
+    passing bar on a terminal while they are computed (a log keeps only their line)."""
+    precision, size = config.runtime.precision, tokenizer.vocab_size
     return lambda model: (
-        pretraining_metrics(model, batches, tokenizer.vocab_size, config.runtime.precision) if batches else {}
+        pretraining_metrics(model, batches, size, precision, show_progress, passing=True) if batches else {}
     )
 
 

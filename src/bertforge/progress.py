@@ -71,6 +71,15 @@ def progress_bar(
     return PlainProgress(iterable, total, initial, unit, desc, unit_scale, unit_divisor, of_what, stream)
 
 
+def passing_bar(iterable: Iterable, *, total: int, desc: str, unit: str, file: IO | None = None) -> Iterable:
+    """A bar that goes when its loop ends, on a terminal only; elsewhere `iterable` as it is. For a short
+    loop inside a long one's progress (a pretraining run's evaluations), which a log need not list."""
+    stream = file if file is not None else sys.stderr
+    if not is_terminal(stream) or IN_NOTEBOOK:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, file=stream)
+
+
 class PlainProgress:
     """Progress as lines for a log: `40% (400/1,000 step), 2:00 so far, about 3:00 left; loss=3.456`,
     one each tenth of the total and at least every `LINE_EVERY_S` seconds, and a last one at
