@@ -799,7 +799,8 @@ def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table
     )
     recipes.write_text("[default]\nmax_length = 100\n", encoding="utf-8")  # the tiny model has 64 positions
     too_long = [*argv[:-1], str(tmp_path / "z"), "--tasks", "rte", "--recipes", str(recipes), "--quiet"]
-    assert_clean_failure(capsys, too_long, "RTE: the recipe's max_length must be between 4 and the model's")
+    message = f"{recipes}: RTE's max_length 100 is more than the 64 positions of the model"
+    assert_clean_failure(capsys, too_long, message)
     assert not (tmp_path / "z").exists()  # nothing half-made is left
 
 
@@ -1084,30 +1085,8 @@ def test_a_damaged_scores_file_is_scored_again_on_resume_and_a_classifier_benchm
     scores.write_text("{", encoding="utf-8")  # as a disk that lost the file's end would leave it
     trained = counting_training(monkeypatch)
     after = run_figures(run_glue(None, out, resume=True, show_progress=False, jobs=1))
-    assert (
-        after == before and trained == []
-    )  # scored again from final/ (its predictions read back), not trained
+    assert after == before and trained == []  # scored again from final/ (its predictions read back)
 
-
-def test_a_recipe_longer_than_the_model_is_refused_naming_its_file(
-    tmp_path, tiny_pretrained_run, glue_dir, capsys
-):
-    from bertforge.folders import model_positions
-
-    positions = model_positions(tiny_pretrained_run)
-    recipes = tmp_path / "long.toml"
-    recipes.write_text(f"[RTE]\nmax_length = {positions + 1}\n", encoding="utf-8")
-    argv = [
-        "glue",
-        "--model",
-        str(tiny_pretrained_run),
-        "--data",
-        str(glue_dir),
-        "--out",
-        str(tmp_path / "b"),
-    ]
-    message = (
-        f"{recipes}: RTE's max_length {positions + 1} is more than the {positions} positions of the model"
-    )
-    assert_clean_failure(capsys, [*argv, "--tasks", "rte", "--recipes", str(recipes)], message)
-    assert not (tmp_path / "b").exists()
+    said, classifier = [], out / "RTE" / "seed_1"
+    run_glue(replace(bench, model=str(classifier)), tmp_path / "c", show_progress=False, say=said.append)
+    assert said[0].startswith(f"note: {classifier / 'final'} is a fine-tuned classifier; glue fine-tunes")
