@@ -75,11 +75,11 @@ def save_weights(model: torch.nn.Module, path: Path, tokenizer: BertTokenizer | 
     save_file(weights_to_save(model), str(path), metadata=metadata)
 
 
-def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path, recorded: str | None) -> None:
+def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path) -> None:
     """Refuse a tokenizer other than the one the model in `folder` was trained with, where its weights
-    name one, else where the tokenizer's own settings file did (`recorded`: tokenizer.json replaced
-    alone). Same-size tokenizers pass `check_tokenizer_fits`, and would give other words silently."""
-    expected = weights_tokenizer(folder / WEIGHTS) or recorded
+    name one, else where the tokenizer's own settings file did (`saved_fingerprint`: tokenizer.json
+    replaced alone). Same-size tokenizers pass `check_tokenizer_fits`, and would give other words silently."""
+    expected = weights_tokenizer(folder / WEIGHTS) or tokenizer.saved_fingerprint
     if expected and expected != tokenizer.fingerprint:
         raise BertforgeError(
             f"{tokenizer.source} is not the tokenizer the model in {folder} was trained with (another "

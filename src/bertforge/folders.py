@@ -65,14 +65,7 @@ from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
 from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
-from bertforge.tokenizer import (
-    SETTINGS_FILE,
-    TOKENIZER_FILE,
-    VOCAB_FILE,
-    BertTokenizer,
-    load_tokenizer,
-    recorded_fingerprint,
-)
+from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
 
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
 HF_BIN = "pytorch_model.bin"
@@ -329,7 +322,7 @@ def read_config_and_tokenizer(folder: ModelFolder) -> tuple[RunConfig, BertToken
     config = read_config(folder.path)
     tokenizer = load_tokenizer(folder.tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder.path)
-    check_tokenizer_is_the_models(tokenizer, folder.path, recorded_fingerprint(folder.tokenizer_dir))
+    check_tokenizer_is_the_models(tokenizer, folder.path)
     return config, tokenizer
 
 

@@ -64,6 +64,8 @@ class BertTokenizer:
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = special_ids
         self.special_ids = special_ids
         self.fingerprint = _fingerprint(self._json_bytes())
+        # What the folder's settings file recorded (`load_tokenizer`); a tokenizer.json replaced since differs
+        self.saved_fingerprint: str | None = None
         self._continuation: np.ndarray | None = None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -312,16 +314,10 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
             f"tokenizer folder {path} holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}; "
             "train a tokenizer into it or point to another folder"
         )
-    return BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
-
-
-def recorded_fingerprint(path: str | Path) -> str | None:
-    """The fingerprint that a tokenizer folder's settings file recorded when it was saved with its
-    tokenizer.json (None without either): a tokenizer.json replaced since loads with another."""
-    path = Path(path)
-    if not (path / TOKENIZER_FILE).is_file():
-        return None
-    return _read_settings(path / SETTINGS_FILE).get("fingerprint")
+    tokenizer = BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
+    if source.name == TOKENIZER_FILE:  # what the settings file recorded when saved with this tokenizer.json
+        tokenizer.saved_fingerprint = settings.get("fingerprint")
+    return tokenizer
 
 
 def _read_settings(path: Path) -> dict:
