@@ -20,7 +20,7 @@ from pathlib import Path
 from bertforge.comparison import ARMS
 from bertforge.errors import BertforgeError
 from bertforge.folders import folder_kind
-from bertforge.glue import REPORT, SCORES, SETTINGS, arm_folder, truth
+from bertforge.glue import REPORT, SCORES, SETTINGS, arm_folder, saved_settings, truth
 from bertforge.glue_report import (
     comparison_cells,
     markdown_table,
@@ -124,7 +124,9 @@ def finished_report(folder: Path) -> dict:
         folder / REPORT,
         missing=f"{folder} holds no finished GLUE benchmark; "
         + (
-            f"finish it with `{resume}`" if started else "run `bertforge glue --model M --data D --out` there"
+            f"finish it with `{resume}`"
+            if started
+            else f"run `bertforge glue --model M --data D --out {folder}`"
         ),
         damaged=rewrite,
     )
@@ -144,11 +146,11 @@ def unfinished(folder: Path, reported: dict) -> str | None:
     """What of the benchmark in `folder` its glue.json does not hold yet: seeds or the scratch arm it
     grew by since (a rerun stopped before its report), None where it holds them all. (A report of fewer
     tasks is what `--resume --tasks` writes on purpose.) Its runs so far still compare."""
-    if not (folder / SETTINGS).is_file():
+    planned = saved_settings(folder)
+    if planned is None:
         return None
-    planned = read_json(folder / SETTINGS, damaged="start the benchmark again in a new folder")
-    more_seeds = sorted(set(planned.get("seeds") or []) - set(reported["seeds"]))
-    scratch = bool(planned.get("compare_scratch")) and not reported["compare_scratch"]
+    more_seeds = sorted(set(planned.seeds) - set(reported["seeds"]))
+    scratch = planned.compare_scratch and not reported["compare_scratch"]
     if not (more_seeds or scratch):
         return None
     what = f"seeds {', '.join(map(str, more_seeds))}" if more_seeds else "the scratch arm"
