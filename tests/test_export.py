@@ -122,6 +122,15 @@ def test_pipeline_fill_mask_equals_bertforge_fill_mask(exported, capsys):
         assert a["score"] == pytest.approx(b["score"], abs=TOL)
 
 
+def test_pipelines_truncate_long_texts_to_the_models_positions(exported, run):
+    positions = json.loads((exported / "config.json").read_text())["max_position_embeddings"]
+    for folder in (exported, run / "final"):  # a model folder's tokenizer files say the same
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        assert len(tokenizer("word " * (2 * positions), truncation=True)["input_ids"]) == positions
+    fill = transformers.pipeline("fill-mask", model=str(exported))
+    assert len(fill("the [MASK] " + "word " * (2 * positions), tokenizer_kwargs={"truncation": True})) == 5
+
+
 def test_hugging_face_tokenizers_give_our_ids_on_wikitext_validation(exported):
     ours = load_tokenizer(exported)
     fast = transformers.BertTokenizerFast.from_pretrained(exported)

@@ -5,7 +5,6 @@ Owns:
 - `hf_config`: a `BertConfig` dict (config.json) naming `BertForPreTraining`, or with labels
   `BertForSequenceClassification` (one label: a regression, `problem_type = "regression"`) or
   `BertForTokenClassification` (its tags in `id2label`, no `problem_type`, which it does not read);
-  `tokenizer_config` beside it (the tokenizer's settings for `transformers`, and the model's length);
 - `model_config_from_hf`: the inverse, refusing what our BERT cannot hold (relative positions, a
   decoder); fields a config.json leaves out take `BertConfig`'s defaults (`HF_DEFAULTS`);
 - `model_from_hf_weights`: our `BertForPreTraining` holding a Hugging Face state dict: a bare
@@ -29,7 +28,6 @@ from bertforge.config import ModelConfig, RunConfig, preset_model, validate_mode
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE
 from bertforge.model import TIED_KEYS, BertForPreTraining
-from bertforge.tokenizer import BertTokenizer
 
 ENCODER_PREFIXES = ("bert.embeddings.", "bert.encoder.")  # must be in an imported checkpoint
 TASK_HEADS = ("classifier.", "qa_outputs.")  # fine-tuning heads, dropped on import
@@ -65,10 +63,6 @@ def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | 
     if architecture == TOKEN_CLASSIFICATION:
         del fields["problem_type"]
     return {**config, **fields}
-
-
-def tokenizer_config(tokenizer: BertTokenizer, model_config: ModelConfig) -> dict:
-    return tokenizer.hf_settings() | {"model_max_length": model_config.max_position_embeddings}
 
 
 def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:

@@ -406,7 +406,7 @@ def save_model_folder(
     with atomic_directory(folder) as tmp:
         save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
-        tokenizer.save(tmp)
+        tokenizer.save(tmp, config.model.max_position_embeddings)
 
 
 def hf_label_fields(labels: list[str]) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bertforge.bert_convert import hf_config, tokenizer_config
+from bertforge.bert_convert import hf_config
 from bertforge.checkpoint import (
     CONFIG,
     LABELS,
@@ -93,8 +93,7 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     with atomic_directory(out) as tmp:
         save_weights(model, tmp / WEIGHTS)  # tied aliases dropped, as `save_pretrained` does
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
-        tokenizer.save(tmp)
-        write_json(tmp / "tokenizer_config.json", tokenizer_config(tokenizer, config.model))
+        tokenizer.save(tmp, config.model.max_position_embeddings)
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:

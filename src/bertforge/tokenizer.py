@@ -120,8 +120,9 @@ class BertTokenizer:
             self._continuation = np.array([token.startswith("##") for token in self._tokens()], dtype=bool)
         return self._continuation
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write `tokenizer.json`, `vocab.txt` and `bertforge_tokenizer.json` into `out_dir`.
+    def save(self, out_dir: str | Path, max_length: int | None = None) -> Path:
+        """Write `tokenizer.json`, `vocab.txt`, `tokenizer_config.json` and `bertforge_tokenizer.json`
+        into `out_dir`. `max_length`, a model's positions, tells `transformers` where to truncate.
 
         A new folder appears complete or not at all; in an existing folder (a model folder being
         assembled, say) each file is replaced atomically and other files are left alone.
@@ -139,7 +140,7 @@ class BertTokenizer:
         files = {  # tokenizer.json last: its presence marks a complete folder
             VOCAB_FILE: "".join(f"{token}\n" for token in self._tokens()).encode("utf-8"),
             SETTINGS_FILE: json_text(settings).encode("utf-8"),
-            HF_CONFIG_FILE: json_text(self.hf_settings()).encode("utf-8"),
+            HF_CONFIG_FILE: json_text(self.hf_settings(max_length)).encode("utf-8"),
             TOKENIZER_FILE: self._json_bytes(),
         }
         if out_dir.is_dir():
@@ -151,11 +152,13 @@ class BertTokenizer:
                 (tmp / name).write_bytes(data)
         return out_dir
 
-    def hf_settings(self) -> dict:
+    def hf_settings(self, max_length: int | None = None) -> dict:
         """tokenizer_config.json for `transformers`, which otherwise lower-cases: strip_accents and
         do_lower_case repeat what tokenizer.json's normalizer does, so that a transformers version that
-        rebuilds the normalizer from them builds the same one."""
-        return {
+        rebuilds the normalizer from them builds the same one. Without `model_max_length` its
+        pipelines' `truncation=True` keeps texts longer than the model's positions."""
+        limit = {} if max_length is None else {"model_max_length": max_length}
+        return limit | {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": self.lowercase,
             "strip_accents": self.lowercase,
