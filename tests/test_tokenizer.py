@@ -160,6 +160,17 @@ def test_wordlevel_min_frequency(tmp_path):
     )
 
 
+def test_wordpiece_on_text_of_single_characters(tmp_path):
+    """Chinese characters are words of one character each: the survey finds no `##` pieces, and the
+    vocabulary is still learned from the whole text."""
+    corpus = tmp_path / "chinese.txt"
+    corpus.write_text("我们喜欢读书。\n\n他们也喜欢读书。\n", encoding="utf-8")
+    config = TokenizerConfig(kind="wordpiece", vocab_size=100, min_frequency=1, lowercase=True)
+    tokenizer = train_tokenizer([corpus], config, tmp_path / "zh", show_progress=False)
+    assert {"我", "书", "读"} <= set(tokenizer.backend.get_vocab())
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["喜欢"])[0]) == ["喜", "欢"]
+
+
 def test_cased_tokenizer_keeps_case(tmp_path):
     corpus = tmp_path / "cased.txt"
     corpus.write_text("Paris is big. Paris is old.\n\nParis Paris Paris.\n", encoding="utf-8")

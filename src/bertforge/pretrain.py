@@ -11,7 +11,7 @@ Run folder layout (`--out DIR`):
                         here, so that a plain `--resume` continues as asked
     data.json           the sha256 of every corpus and validation file (of a shard folder: its
                         meta.json): `--resume` refuses changed text unless `--allow-changed-data`
-    tokenizer/          tokenizer.json, vocab.txt, bertforge_tokenizer.json
+    tokenizer/          tokenizer.json, vocab.txt, tokenizer_config.json, bertforge_tokenizer.json
     metrics.jsonl       one line per log window ("train") and per evaluation ("valid"); with a
                         sequence-length warmup, also the evaluation at its length while it lasts
                         ("valid_short") and the first full-length step ("warmup_end")

@@ -4,7 +4,8 @@ Owns `BertTokenizer`, a thin wrapper over a `tokenizers.Tokenizer` with BERT's s
 `[PAD] [UNK] [CLS] [SEP] [MASK]` (at ids 0-4 in the tokenizers trained here, wherever a loaded
 vocabulary puts them: Google's use 0 and 100-103), and the folder layout: `tokenizer.json` (loadable
 by `transformers.BertTokenizerFast(tokenizer_file=...)`), `vocab.txt` (one token per line in id
-order) and `bertforge_tokenizer.json` (the settings and a fingerprint of `tokenizer.json`).
+order), `tokenizer_config.json` (its settings for `transformers`) and `bertforge_tokenizer.json` (the
+settings and a fingerprint of `tokenizer.json`).
 
 Training is deterministic: the same corpus and settings give the same files byte for byte (see
 `_continuation_pieces` for how WordPiece training is made so).
@@ -201,11 +202,9 @@ def train_tokenizer(
 
     # The Rust trainer's bars need a terminal: elsewhere they leave only empty lines (on stdout).
     rust_bars = show_progress and is_terminal(sys.stdout) and is_terminal(sys.stderr)
-    batches = sentences()
-    pieces = _continuation_pieces(batches, config) if config.kind == "wordpiece" else []
+    pieces = _continuation_pieces(sentences(), config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
-    trainer = _trainer(config, rust_bars, pieces)
-    backend.train_from_iterator(sentences() if pieces else batches, trainer=trainer)
+    backend.train_from_iterator(sentences(), trainer=_trainer(config, rust_bars, pieces))
     if config.kind == "wordlevel":
         _close_id_gaps(backend)
     else:  # the pieces were the trainer's special tokens; in the tokenizer they are plain vocabulary
