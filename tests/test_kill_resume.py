@@ -155,3 +155,24 @@ def test_a_kill_inside_a_checkpoint_write_resumes_to_the_uninterrupted_model(
         assert [p.name for p in list_checkpoints(run)] == ["step_000003"]
         assert leftovers == [".step_000006.tmp"]
     assert_resumes_to(run, uninterrupted)
+
+
+def test_a_folder_written_atomically_is_on_disk_before_it_appears(tmp_path, monkeypatch):
+    """After a power loss a renamed folder must not hold empty files: every file and folder inside is
+    fsynced before the rename."""
+    from bertforge.io import atomic_directory
+
+    out, synced, real_fsync = tmp_path / "model", [], os.fsync
+
+    def fsync(fd):
+        synced.append((Path(os.readlink(f"/proc/self/fd/{fd}")).name, out.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with atomic_directory(out) as staged:
+        (staged / "weights").write_bytes(b"w")
+        (staged / "tokenizer").mkdir()
+        (staged / "tokenizer" / "vocab.txt").write_text("a\n")
+    names = {name for name, _ in synced}
+    assert {"weights", "tokenizer", "vocab.txt", staged.name} <= names
+    assert not any(appeared for _, appeared in synced)

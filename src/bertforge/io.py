@@ -252,18 +252,33 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
             yield tmp
-            for inside in [tmp, *tmp.rglob("*")]:  # safetensors writes its files owner-only too
+            for inside in [*tmp.rglob("*"), tmp]:  # safetensors writes its files owner-only too
                 give_usual_mode(inside, folder=inside.is_dir())
-            if path.exists():
-                # Rename the old folder aside first so that `path` is never missing a complete copy for long.
-                old = move_aside(path)  # put back by `remove_leftovers` if killed before the next line
-                os.replace(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
+                flush_to_disk(inside)  # before the rename makes the folder look complete
+            replace_folder(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def flush_to_disk(path: Path) -> None:
+    """fsync a file or folder, so that a power loss after a rename cannot leave it empty."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_folder(new: Path, path: Path) -> None:
+    """Rename the folder `new` to `path`, replacing the folder there: the old one is renamed aside
+    first, so that `path` is never missing a complete copy for long."""
+    if not path.exists():
+        os.replace(new, path)
+        return
+    old = move_aside(path)  # put back by `remove_leftovers` if killed before the next line
+    os.replace(new, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def move_aside(path: Path, tag: str = "old") -> Path:
@@ -329,6 +344,9 @@ class FileLock:
             except BlockingIOError:
                 os.close(fd)
                 return False
+            except OSError:
+                os.close(fd)
+                raise
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # the previous owner removed the file after we opened it: lock the new one
