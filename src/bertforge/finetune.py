@@ -44,9 +44,7 @@ import contextlib
 import hashlib
 import io
 import math
-import os
 import shlex
-import shutil
 import statistics
 import time
 import warnings
@@ -67,7 +65,15 @@ from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.folders import open_encoder, refuse_other_kind
 from bertforge.glue_recipes import DEFAULT_RECIPES
-from bertforge.io import RunFolderLock, check_run_folder, file_sha256, read_json, write_json
+from bertforge.io import (
+    RunFolderLock,
+    check_run_folder,
+    file_sha256,
+    read_json,
+    remove_folder,
+    replace_folder,
+    write_json,
+)
 from bertforge.labeled import (
     FORMATS,
     TASK_TYPES,
@@ -318,7 +324,7 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
         yield
     except BaseException as error:
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
-            shutil.rmtree(out, ignore_errors=True)  # a stop before any checkpoint: run the command again
+            remove_folder(out)  # a stop before any checkpoint: run the command again
         elif isinstance(error, Interrupted):
             error.resume_command = (
                 f"bertforge finetune --out {shlex.quote(str(out))} --resume{reporting.continue_flag()}"
@@ -894,9 +900,7 @@ class Job:
         """Make the best epoch the run's model, plot its curves, record the result, drop the
         checkpoints."""
         if (run_dir / "best").is_dir():
-            if (run_dir / "final").exists():
-                shutil.rmtree(run_dir / "final")
-            os.replace(run_dir / "best", run_dir / "final")
+            replace_folder(run_dir / "best", run_dir / "final")
         plot_finetuning(run_dir / "metrics.jsonl", run_dir / "curves.png", self.steps_per_epoch, self.kind)
         best = read_json(run_dir / BEST)
         self.save_predictions(run_dir, best)
@@ -919,7 +923,8 @@ class Job:
         if self.kind == TAGGING:
             result["per_type"] = best["per_type"]
         write_json(run_dir / RESULT, result)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        if (run_dir / "checkpoints").is_dir():
+            remove_folder(run_dir / "checkpoints")
         return result
 
     def save_predictions(self, run_dir: Path, best: dict) -> None:
@@ -982,7 +987,7 @@ def clear_run(run_dir: Path) -> None:
     for name in RUN_FILES:
         path = run_dir / name
         if path.is_dir():
-            shutil.rmtree(path)
+            remove_folder(path)
         elif path.exists():
             path.unlink()
 

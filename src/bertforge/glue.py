@@ -36,7 +36,6 @@ import io
 import json
 import math
 import shlex
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -66,7 +65,15 @@ from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spe
 from bertforge.glue_recipes import Recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
-from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, is_occupied, read_json, write_json
+from bertforge.io import (
+    LOCK_FILE,
+    RunFolderLock,
+    atomic_write_text,
+    is_occupied,
+    read_json,
+    remove_folder,
+    write_json,
+)
 from bertforge.labeled import LabeledExamples, in_both_orders
 from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
@@ -255,7 +262,7 @@ def clear_folder(out: Path) -> None:
         if entry.name == LOCK_FILE:
             continue
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_folder(entry)
         else:
             entry.unlink(missing_ok=True)
 

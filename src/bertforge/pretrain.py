@@ -38,7 +38,6 @@ import contextlib
 import functools
 import os
 import shlex
-import shutil
 import signal
 import time
 import warnings
@@ -80,7 +79,7 @@ from bertforge.evaluate import (
 )
 from bertforge.folders import folder_kind, open_pretrained, refuse_other_kind
 from bertforge.gpt import summarize_clm
-from bertforge.io import RunFolderLock, check_run_folder, read_json, write_json
+from bertforge.io import RunFolderLock, check_run_folder, read_json, remove_folder, write_json
 from bertforge.loader import Ahead
 from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import PretrainingCollator, pretraining_collator, subsampling_weights
@@ -235,7 +234,7 @@ def run_pretraining(
         )
     except BaseException:
         if created and world.is_main and not list_checkpoints(out):
-            shutil.rmtree(out, ignore_errors=True)  # nothing resumable yet: leave no half-made run behind
+            remove_folder(out)  # nothing resumable yet: leave no half-made run behind
         raise
     return {**result, **held_out.reference}
 
