@@ -116,6 +116,8 @@ def download(remote: RemoteFile, target: Path, corpus: Corpus, show_progress: bo
             give_usual_mode(tmp)
             with os.fdopen(fd, "wb") as out:
                 receive(remote.url, out, remote.name, show_progress, timeout)
+                out.flush()
+                os.fsync(out.fileno())
             check_digests(Path(tmp), remote)
             os.replace(tmp, target)
         except NetworkFailure as failure:

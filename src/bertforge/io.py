@@ -13,10 +13,10 @@ process's umask (644 and 755 under 022), not the owner-only modes of their tempo
 write the disk refuses (full, read-only, no permission), or one under a path where a file stands
 for a folder, raises `WriteError`: one line naming the path and the cause. Every JSON file bertforge writes is
 `write_json`'s (indented, newline-terminated, atomic); every JSON object it reads is `read_json`'s,
-which names the file and what is wrong with it in one line. Every file content hash (of a corpus,
-a checkpoint's files, a data file) is `file_sha256`'s. Locks are OS file locks (`flock`) on a file
-that holds the owner's PID: the kernel frees them when their owner dies, so a killed run never
-leaves a stale lock.
+which names the file and what is wrong with it in one line. Every file content hash bertforge
+records (of a corpus, a checkpoint's files, a data file) is `file_sha256`'s. Locks are OS file locks
+(`flock`) on a file that holds the owner's PID: the kernel frees them when their owner dies, so a
+killed run never leaves a stale lock.
 """
 
 from __future__ import annotations
