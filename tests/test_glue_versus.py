@@ -17,6 +17,7 @@ from test_glue import tiny_bench, write_glue
 from bertforge.errors import BertforgeError
 from bertforge.glue import GlueBenchmark, move_to_pretrained_arm, run_glue
 from bertforge.glue_versus import arm_runs, compare_benchmarks
+from bertforge.io import LOCK_FILE, RunFolderLock
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,15 @@ def test_the_shared_task_is_compared_seed_for_seed(two_benchmarks, tmp_path):
     markdown = (tmp_path / "cmp" / "compare.md").read_text(encoding="utf-8")
     assert "| STS-B |" in markdown and "different recipes (learning_rate)" in markdown
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_comparison_folder_in_use_is_refused_and_left_alone(two_benchmarks, tmp_path):
+    out = tmp_path / "cmp"
+    with RunFolderLock(out):  # another glue-compare writing there
+        with pytest.raises(BertforgeError, match="in use by another bertforge run"):
+            compare_benchmarks(*two_benchmarks, out)
+        assert [entry.name for entry in out.iterdir()] == [LOCK_FILE]
+    assert not out.exists()
 
 
 def test_a_benchmark_stopped_while_gaining_the_scratch_arm_still_compares(two_benchmarks, tmp_path):

@@ -31,7 +31,7 @@ from bertforge.glue_report import (
     text_table,
 )
 from bertforge.glue_scores import glue_average
-from bertforge.io import LOCK_FILE, atomic_write_text, check_folder_path, read_json, write_json
+from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, check_folder_path, read_json, write_json
 from bertforge.labeled import read_labeled
 from bertforge.plots import save_png
 
@@ -74,10 +74,10 @@ def compare_benchmarks(first: Path, second: Path, out: Path, arm: str = ARMS[0])
             map(str, ("bertforge", "glue-compare", first, second, "--out", out, "--arm", arm))
         ),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "compare.json", comparison)
-    atomic_write_text(out / "compare.md", markdown_comparison(comparison))
-    save_png(lambda: comparison_figure(comparison), out / "compare.png")
+    with RunFolderLock(out):  # one writer: the three files come from one comparison
+        write_json(out / "compare.json", comparison)
+        atomic_write_text(out / "compare.md", markdown_comparison(comparison))
+        save_png(lambda: comparison_figure(comparison), out / "compare.png")
     return comparison
 
 
