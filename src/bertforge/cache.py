@@ -26,7 +26,7 @@ from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
-from bertforge.shards import TokenShards, build_shards
+from bertforge.shards import TokenShards, build_shards, ids_past_vocabulary
 from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
 
 
@@ -132,12 +132,10 @@ def cached_shards(
 
 
 def checked_ids(shards: TokenShards, tokenizer: BertTokenizer) -> TokenShards:
-    """Refuse cached shards holding ids the tokenizer does not have (flipped bits, a tampered entry):
-    they would index past the embeddings in the middle of training."""
-    top = shards.max_token_id()
-    if top >= tokenizer.vocab_size:
+    """Refuse cached shards holding ids the tokenizer does not have."""
+    if problem := ids_past_vocabulary(shards, tokenizer):
         raise BertforgeError(
-            f"damaged cache entry {shards.path}: it holds token id {top}, but the tokenizer has "
-            f"{tokenizer.vocab_size} tokens; delete that folder (it is rebuilt on the next run)"
+            f"damaged cache entry {shards.path}: {problem}; "
+            "delete that folder (it is rebuilt on the next run)"
         )
     return shards

@@ -303,12 +303,18 @@ def check_prepared_with(shards: TokenShards, tokenizer: BertTokenizer) -> TokenS
             "pretrain with the tokenizer that `bertforge prepare` used for it (--tokenizer), or prepare "
             "the corpus again with this one"
         )
+    if problem := ids_past_vocabulary(shards, tokenizer):
+        raise _damaged(shards.path, problem)
+    return shards
+
+
+def ids_past_vocabulary(shards: TokenShards, tokenizer: BertTokenizer) -> str | None:
+    """What is wrong with `shards` that hold ids the tokenizer does not have (flipped bits, a tampered
+    folder), which would index past the embeddings in the middle of training; None when nothing is."""
     top = shards.max_token_id()
     if top >= tokenizer.vocab_size:
-        raise _damaged(
-            shards.path, f"it holds token id {top}, but the tokenizer has {tokenizer.vocab_size} tokens"
-        )
-    return shards
+        return f"it holds token id {top}, but the tokenizer has {tokenizer.vocab_size} tokens"
+    return None
 
 
 def shard_parts(shards: TokenShards | ShardSet) -> list[TokenShards]:
