@@ -171,39 +171,12 @@ def run_glue(
     lock = RunFolderLock(out).acquire()
     began = time.time()
     try:
-        whole = bench = settled(bench, out, resume)
-        if only_tasks:
-            bench = narrowed(bench, only_tasks, out)
-            if len(bench.tasks) < len(whole.tasks):
-                say(
-                    f"the report will cover {', '.join(bench.tasks)} only, of the benchmark's "
-                    f"{', '.join(whole.tasks)}; continue it without --tasks to report them all"
-                )
-        found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
-        for line in skipped:
-            say(line)
-        if not found:
-            raise BertforgeError(
-                f"none of the tasks {', '.join(bench.tasks)} is in {', '.join(bench.data)}; give --data the "
-                "folder that holds GLUE's task folders (SST-2/, MRPC/, ...)"
-            )
-        model = find_model_folder(bench.model)  # a wrong --model is refused before anything is written
-        refuse_longer_than_the_model(bench, model_positions(model.path))
-        if model.has_labels:
-            say(
-                f"note: {model.path} is a fine-tuned classifier; glue fine-tunes its encoder again without "
-                "its head, so the figures are not a pretrained encoder's"
-            )
-        datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
-        for name, data in datas.items():
-            for line in data.notes:
-                say(line)
-            say(f"{name}'s recipe: {recipe_text(recipe_of(bench, name))}")
-        if len(bench.seeds) < SEEDS_FOR_A_CLAIM and bench.compare_scratch:
-            say(f"note: {few_seeds_note(len(bench.seeds))}")
+        whole, saved = settled(bench, out, resume)
+        bench = reported_part(whole, only_tasks, out, say)
+        datas, skipped = read_tasks(bench, say)
         if whole.compare_scratch:
             move_to_pretrained_arm(whole, out)
-        if not (out / SETTINGS).is_file() or read_json(out / SETTINGS) != asdict(whole):
+        if saved != whole:
             write_json(out / SETTINGS, asdict(whole))  # new, or grown
         files = {
             name: write_task_files(
@@ -211,37 +184,96 @@ def run_glue(
             )
             for name, data in datas.items()
         }
-        planned = plan(bench, datas, out)
-        work, done = {str(run.folder): run.work for run in planned}, [run.done for run in planned]
-        jobs = auto_jobs(bench.device) if jobs is None else jobs
-        share = share_threads(jobs, torch.get_num_threads(), len(planned), done.count(False))
-        progress = RunsProgress("glue", work, done, show_progress, unit="token", at_once=share.workers)
-        tasks = {}
-        try:
-            with worker_pool(share) as pool:
-                for name, data in datas.items():
-                    tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
-        except Interrupted as stop:
-            kept = f" --tasks {','.join(bench.tasks)}" if only_tasks else ""
-            stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
-            raise
-        finally:
-            progress.close()
-        runs_at_once = {"jobs": share.jobs, "threads_per_run": share.threads}
+        tasks, runs_at_once = run_tasks(bench, datas, files, out, say, jobs, bool(only_tasks), show_progress)
         report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, runs_at_once)
         write_json(out / REPORT, report)
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
         return report
     except BaseException as error:
-        saved = any(list_checkpoints(folder.parent) for folder in out.rglob("checkpoints"))
-        if lock.created and not any(out.rglob(RESULT)) and not saved:
+        saved_runs = any(list_checkpoints(folder.parent) for folder in out.rglob("checkpoints"))
+        if lock.created and not any(out.rglob(RESULT)) and not saved_runs:
             clear_folder(out)  # nothing finished or saved: no half-made benchmark is left behind
             if isinstance(error, Interrupted):
                 error.resume_command = ""  # there is nothing to continue: run the command again
         raise
     finally:
         lock.release()
+
+
+def reported_part(whole: GlueBenchmark, only_tasks: list[str] | None, out: Path, say) -> GlueBenchmark:
+    """The benchmark narrowed to `only_tasks` (all of it without them), saying when the report will
+    lack some of its tasks."""
+    if not only_tasks:
+        return whole
+    bench = narrowed(whole, only_tasks, out)
+    if len(bench.tasks) < len(whole.tasks):
+        say(
+            f"the report will cover {', '.join(bench.tasks)} only, of the benchmark's "
+            f"{', '.join(whole.tasks)}; continue it without --tasks to report them all"
+        )
+    return bench
+
+
+def read_tasks(bench: GlueBenchmark, say) -> tuple[dict[str, TaskData], list[str]]:
+    """The data of each of the benchmark's tasks found in its folders, and the lines naming those
+    skipped, after the checks that refuse a benchmark before anything is written (no task found, a
+    wrong model, a recipe longer than the model). `say` gets the notes and each task's recipe."""
+    found, skipped = find_tasks([Path(p) for p in bench.data], bench.tasks)
+    for line in skipped:
+        say(line)
+    if not found:
+        raise BertforgeError(
+            f"none of the tasks {', '.join(bench.tasks)} is in {', '.join(bench.data)}; give --data the "
+            "folder that holds GLUE's task folders (SST-2/, MRPC/, ...)"
+        )
+    model = find_model_folder(bench.model)
+    refuse_longer_than_the_model(bench, model_positions(model.path))
+    if model.has_labels:
+        say(
+            f"note: {model.path} is a fine-tuned classifier; glue fine-tunes its encoder again without "
+            "its head, so the figures are not a pretrained encoder's"
+        )
+    datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
+    for name, data in datas.items():
+        for line in data.notes:
+            say(line)
+        say(f"{name}'s recipe: {recipe_text(recipe_of(bench, name))}")
+    if len(bench.seeds) < SEEDS_FOR_A_CLAIM and bench.compare_scratch:
+        say(f"note: {few_seeds_note(len(bench.seeds))}")
+    return datas, skipped
+
+
+def run_tasks(
+    bench: GlueBenchmark,
+    datas: dict,
+    files: dict,
+    out: Path,
+    say,
+    jobs: int | None,
+    narrowed: bool,
+    show_progress: bool,
+) -> tuple[dict[str, dict], dict]:
+    """Every run of every task, some at once in worker processes, under one progress bar: each task's
+    summary, and how many ran at once with how many threads each. `narrowed`: the report covers
+    some of the benchmark's tasks, which a resume command must name."""
+    planned = plan(bench, datas, out)
+    work, done = {str(run.folder): run.work for run in planned}, [run.done for run in planned]
+    jobs = auto_jobs(bench.device) if jobs is None else jobs
+    share = share_threads(jobs, torch.get_num_threads(), len(planned), done.count(False))
+    progress = RunsProgress("glue", work, done, show_progress, unit="token", at_once=share.workers)
+    tasks = {}
+    try:
+        with worker_pool(share) as pool:
+            for name, data in datas.items():
+                tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
+    except Interrupted as stop:
+        kept = f" --tasks {','.join(bench.tasks)}" if narrowed else ""
+        stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
+        raise
+    finally:
+        progress.close()
+    return tasks, {"jobs": share.jobs, "threads_per_run": share.threads}
 
 
 def refuse_longer_than_the_model(bench: GlueBenchmark, positions: int | None) -> None:
@@ -267,15 +299,18 @@ def clear_folder(out: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchmark:
-    """The settings to run: the saved ones with `resume`; else `bench`, which must equal the saved
-    ones when `out` already holds a benchmark (a rerun of the same command continues it)."""
+def settled(
+    bench: GlueBenchmark | None, out: Path, resume: bool
+) -> tuple[GlueBenchmark, GlueBenchmark | None]:
+    """The settings to run, and those saved in `out` (None where it holds no benchmark): the saved
+    ones with `resume`; else `bench`, which must equal the saved ones when `out` already holds a
+    benchmark (a rerun of the same command continues it) or may grow them."""
     if resume:
         refuse_other_kind(out, "GLUE benchmark", f"; to benchmark it, give it as --model {out}")
         saved_bench = saved_settings(out)
         if saved_bench is None:
             raise BertforgeError(f"{out} holds no glue benchmark to resume; start one without `resume=True`")
-        return saved_bench
+        return saved_bench, saved_bench
     if bench is None:
         raise BertforgeError("give the benchmark's settings, or `resume=True` to continue one")
     saved_bench = saved_settings(out)
@@ -284,7 +319,7 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
             raise BertforgeError(
                 f"{out} is not an empty folder and holds no glue benchmark; choose a new `out`"
             )
-        return bench
+        return bench, None
     saved = asdict(saved_bench)
     different = [key for key, value in asdict(bench).items() if not same_setting(key, value, saved.get(key))]
     larger = grown(bench, saved) if set(different) <= set(GROWING) else None
@@ -294,7 +329,7 @@ def settled(bench: GlueBenchmark | None, out: Path, resume: bool) -> GlueBenchma
             "tasks, seeds or the scratch arm to it, not change or drop any: continue it with `resume=True` "
             "(its own settings), or choose a new `out`"
         )
-    return larger or bench
+    return larger or bench, saved_bench
 
 
 def saved_settings(out: Path) -> GlueBenchmark | None:
