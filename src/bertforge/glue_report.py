@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 SHORT = {"BERT-Tiny (2/128)": "Tiny", "BERT-Mini (4/256)": "Mini", "BERT-Small (4/512)": "Small"}
 OPTIMISTIC = "†"
-BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_RESAMPLES = 1000  # finetune's 10,000 would take minutes: each one rescores every run
 AT_CHANCE_P = 0.05  # an arm not above the majority class at this paired bootstrap p is at chance
 
 
@@ -239,7 +239,7 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
         for i, figure in enumerate(shown):
             row = [label if i == 0 else "", figure]
             for arm in arms:
-                row.append(median_range(arm_figure(task["arms"][arm], split, figure, len(shown) == 1)))
+                row.append(median_range(arm_figure(task["arms"][arm], split, figure)))
             if majority:
                 row.append(majority_cell(task.get("majority"), figure))
             last = i == len(shown) - 1
@@ -264,7 +264,8 @@ def majority_cell(majority: dict | None, figure: str) -> str:
     return "" if value is None else f"{value:.1f}"
 
 
-def arm_figure(arm: dict, split: str, figure: str, single: bool) -> dict:
+def arm_figure(arm: dict, split: str, figure: str) -> dict:
+    """An arm's spread over seeds of one figure on `split`, or of the task's score."""
     if figure == "score":
         return arm["score" if split == "dev" else "test_score"]
     return arm[split][figure]
