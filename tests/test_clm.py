@@ -219,7 +219,7 @@ def test_precision_probe_times_a_gpts_vocabulary_projection():
     bert, gpt = ModelConfig(), ModelConfig(objective="clm")
     assert probe_shapes(gpt) == [*probe_shapes(bert), (PROBE_TOKENS, gpt.hidden_size, gpt.vocab_size)]
     assert machine_key(bert) != machine_key(gpt)
-    assert machine_key(bert) == machine_key(ModelConfig(vocab_size=8))  # BERT's cached choices still apply
+    assert machine_key(bert) == machine_key(ModelConfig(vocab_size=8))  # BERT's probe ignores the vocabulary
 
 
 # ------------------------------------------------------------------------------ using the model

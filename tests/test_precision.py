@@ -92,6 +92,26 @@ def test_real_probe_gives_a_finite_ratio():
     assert 0.0 < speedup < float("inf")
 
 
+def test_the_probe_takes_each_precisions_fastest_pass_on_one_thread(monkeypatch):
+    """On a busy machine most passes are slowed; the least disturbed pass of each precision gives the
+    ratio (the median of the per-round ratios here would be 1.0), and the caller's threads come back."""
+    passes = iter([30.0, 30.0] + [10.0, 2.0] + [30.0, 30.0] * (precision.PROBE_ROUNDS - 1))
+    threads = []
+
+    def time_pass(operands):
+        threads.append(torch.get_num_threads())
+        return next(passes)
+
+    monkeypatch.setattr(precision, "time_pass", time_pass)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert precision.measure_bf16_speedup(ModelConfig(hidden_size=64, intermediate_size=256)) == 5.0
+        assert set(threads) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_run_records_the_precision_it_used(tmp_path, wiki_slice, small_tokenizer_dir, stub_speedup, capsys):
     from bertforge.pretrain import pretrain
 

@@ -2,8 +2,8 @@
 
 The 2-core CPUs this project runs on differ: an AMD EPYC with native bf16 trains about 2.4x faster
 in bf16 than in fp32, an Intel Xeon with AVX-512 bf16 but no AMX about 1.6x slower. So on CPU a
-probe times the model's own matmul shapes in fp32 and in bf16 (a fraction of a second) and picks
-bf16 only when it is clearly faster. The choice is cached per machine (CPU model and flags, torch
+probe times the model's own matmul shapes in fp32 and in bf16 on one core (a fraction of a second)
+and picks bf16 only when it is clearly faster. The choice is cached per machine (CPU model and flags, torch
 version, thread count) and per shape in the bertforge cache, so later runs decide at once.
 On CUDA: bf16 where the GPU computes it natively (compute capability 8.0, Ampere, and later), else
 fp16 with a loss scaler; an explicit bf16 on an older GPU (V100, T4) is refused with that advice.
@@ -31,7 +31,8 @@ from bertforge.io import read_json, write_json
 CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
-PROBE_ROUNDS = 7  # alternating fp32 and bf16 passes; the median ratio is taken
+PROBE_ROUNDS = 15  # alternating fp32 and bf16 passes; the fastest of each is taken
+PROBE_VERSION = 2  # in the cache key: measurements of an earlier probe are taken again
 
 
 @dataclass
@@ -122,16 +123,24 @@ def probe_shapes(model: ModelConfig) -> list[tuple[int, int, int]]:
 
 
 def measure_bf16_speedup(model: ModelConfig) -> float:
-    """fp32 time / bf16 time for one pass over the model's matmul shapes (`probe_shapes`).
+    """fp32 time / bf16 time for one pass over the model's matmul shapes (`probe_shapes`), on one
+    thread, the fastest of `PROBE_ROUNDS` alternating passes of each.
 
-    The two precisions alternate, and the result is the median of the per-round ratios, so a load
-    that comes and goes on a shared machine weighs on both sides of each ratio alike.
+    On a machine busy with other work, the threads of a multi-threaded matmul wait for each other at
+    every barrier, both precisions alike, and the ratio drifts towards 1: a 2-core Xeon with AMX
+    measured 1.0-1.2 on two threads under load against 3.4 idle, and one run would have cached fp32
+    for good. On one thread, the fastest passes give 4.3-4.7 under load and idle alike.
     """
-    shapes = probe_shapes(model)
-    fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
-    time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
-    ratios = sorted(time_pass(fp32) / time_pass(bf16) for _ in range(PROBE_ROUNDS))
-    return ratios[len(ratios) // 2]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        shapes = probe_shapes(model)
+        fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
+        time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
+        rounds = [(time_pass(fp32), time_pass(bf16)) for _ in range(PROBE_ROUNDS)]
+    finally:
+        torch.set_num_threads(threads)
+    return min(fp32 for fp32, _ in rounds) / min(bf16 for _, bf16 in rounds)
 
 
 def matmul_operands(shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
@@ -167,8 +176,9 @@ def machine_key(model: ModelConfig) -> str:
         torch.get_num_threads(),
         model.hidden_size,
         model.intermediate_size,
+        PROBE_VERSION,
     ]
-    if model.objective == "clm":  # BERT's key stays as it was: its cached measurements still apply
+    if model.objective == "clm":
         parts.append(model.vocab_size)
     return cache_key(*parts)
 
