@@ -183,6 +183,19 @@ def test_what_a_killed_download_left_is_removed_by_the_next(tmp_path, server, mo
     assert files_under(tmp_path) == ["data/wikitext-2/wiki.train.tokens", "data/wikitext-2/wiki.valid.tokens"]
 
 
+def test_a_file_put_in_the_folder_by_hand_is_checked(tmp_path, server, monkeypatch, capsys):
+    serve_wikitext(monkeypatch, server)
+    folder = tmp_path / "data" / "wikitext-2"
+    folder.mkdir(parents=True)
+    (folder / "wiki.train.tokens").write_text(TRAIN, encoding="utf-8")
+    (folder / "wiki.valid.tokens").write_text(VALID[: len(VALID) // 2], encoding="utf-8")  # cut short
+    argv = ["fetch", "wikitext-2", "--cache-dir", str(tmp_path), "--quiet"]
+    err = assert_clean_failure(capsys, argv, "is not wikitext-2's wiki.valid.tokens")
+    assert "delete it and run `bertforge fetch wikitext-2` again" in err and server.requests == []
+    (folder / "wiki.valid.tokens").write_text(VALID, encoding="utf-8")
+    assert main(argv) == 0 and server.requests == []
+
+
 def test_progress_off_a_terminal_is_plain_lines_and_quiet_is_silent(tmp_path, server, monkeypatch, capsys):
     serve_wikitext(monkeypatch, server)
     monkeypatch.setattr(download, "CHUNK", 1024)  # several reads, so that the tenths show

@@ -7,9 +7,9 @@ that the bytes cannot change. A download goes to a temporary sibling (`.FILE.tmp
 against the digests carried here (its git object id in that commit, what `git hash-object FILE`
 prints, and its sha256 where one is known), and only then renamed to its own name: a cut connection,
 a timeout or a wrong checksum removes the temporary, so the folder holds whole, checked files and
-nothing else. No network, or a server that sends other bytes, is one `BertforgeError` line saying
-how to get the files or how to run on any text. Progress shows as a bar on a terminal and as plain
-lines elsewhere.
+nothing else; files already there (put there by hand, say) are checked against the same digests. No
+network, or a server that sends other bytes, is one `BertforgeError` line saying how to get the
+files or how to run on any text. Progress shows as a bar on a terminal and as plain lines elsewhere.
 """
 
 from __future__ import annotations
@@ -97,14 +97,19 @@ def fetch_corpus(
     in seconds for the connection and each read, `TIMEOUT_S` by default)."""
     corpus, timeout = CORPORA[name], timeout or TIMEOUT_S
     folder = corpus_folder(name, cache_dir)
-    if is_fetched(corpus, folder):
-        return folder
-    with entry_lock(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(folder, depth=1)  # the temporaries of a download that was killed
-        for remote in corpus.files:
-            if not (folder / remote.name).is_file():
-                download(remote, folder / remote.name, corpus, show_progress, timeout)
+    if not is_fetched(corpus, folder):
+        with entry_lock(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(folder, depth=1)  # the temporaries of a download that was killed
+            for remote in corpus.files:
+                if not (folder / remote.name).is_file():
+                    download(remote, folder / remote.name, corpus, show_progress, timeout)
+    for remote in corpus.files:  # also those a user put there, as the offline message asks
+        if problem := other_bytes(folder / remote.name, remote):
+            raise BertforgeError(
+                f"{folder / remote.name} is not {corpus.name}'s {remote.name} ({problem}); delete it and "
+                f"run `bertforge fetch {corpus.name}` again, or put the original file there"
+            )
     return folder
 
 
@@ -188,13 +193,19 @@ def digests(path: Path) -> tuple[str, str]:
 
 
 def check_digests(path: Path, remote: RemoteFile) -> None:
-    git, sha256 = digests(path)
-    if git != remote.git_blob or (remote.sha256 is not None and sha256 != remote.sha256):
+    if problem := other_bytes(path, remote):
         raise BertforgeError(
-            f"{remote.url} sent other bytes than expected (sha256 {sha256}, git object {git}; expected "
-            f"git object {remote.git_blob}); nothing was kept: try again later, or get the file elsewhere "
-            "and pass it with --corpus or --valid"
+            f"{remote.url} sent other bytes than expected ({problem}); nothing was kept: try again later, "
+            "or get the file elsewhere and pass it with --corpus or --valid"
         )
+
+
+def other_bytes(path: Path, remote: RemoteFile) -> str | None:
+    """How the file `path` differs from `remote`'s digests; None when it is that file."""
+    git, sha256 = digests(path)
+    if git == remote.git_blob and (remote.sha256 is None or sha256 == remote.sha256):
+        return None
+    return f"sha256 {sha256}, git object {git}; expected git object {remote.git_blob}"
 
 
 @contextlib.contextmanager
