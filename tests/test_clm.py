@@ -25,7 +25,7 @@ from conftest import (
 
 from bertforge.batches import pad_batch, real_tokens
 from bertforge.cache import cached_shards, default_cache_dir
-from bertforge.checkpoint import list_checkpoints, read_config, read_weights
+from bertforge.checkpoint import list_checkpoints, read_config, read_weights, save_model_folder
 from bertforge.classifier import classify
 from bertforge.cli import main
 from bertforge.config import ModelConfig, RunConfig, apply_objective, validate
@@ -305,6 +305,28 @@ def test_generate_greedy_equals_transformers_and_a_seed_repeats_a_draw(gpt_run, 
     assert draws[0] == draws[1]
     assert main(["generate", "--model", str(gpt_export), PROMPT, "--greedy", "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out.strip() == ours["text"]  # the exported folder generates the same
+
+
+def test_generate_reads_no_more_than_the_length_the_model_was_trained_on(gpt_run, tmp_path, capsys):
+    from bertforge.generate import generate
+
+    model, tokenizer, config = open_pretrained(gpt_run)
+    config.data.max_seq_length = trained = 24  # as if trained on 24 of its 64 positions
+    torch.manual_seed(0)
+    with torch.no_grad():  # weights spread wide, so that what a prediction reads shows in its draws
+        for weight in model.parameters():
+            weight.normal_(0, 0.5)
+    model_dir = tmp_path / "model"
+    save_model_folder(model_dir, model, tokenizer, config)
+    steps = config.model.max_position_embeddings  # well past the trained length
+    draw = ["--seed", "3", "--top-k", "0", "--top-p", "1", "--temperature", "1.5"]  # draws, not a greedy loop
+    argv = ["generate", "--model", str(model_dir), PROMPT, "--max-new-tokens", str(steps), "--json", *draw]
+    assert main(argv) == 0
+    ours = json.loads(capsys.readouterr().out)["token_ids"]
+    prompt = torch.tensor(tokenizer.encode_batch([PROMPT])[0])
+    settings = dict(do_sample=True, seed=3, temperature=1.5, eos_token_id=tokenizer.sep_id)
+    assert ours == generate(model, prompt, steps, window=trained, **settings).tolist() and len(ours) > trained
+    assert ours != generate(model, prompt, steps, **settings).tolist()  # the positions' window reads more
 
 
 @pytest.mark.parametrize(

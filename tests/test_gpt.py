@@ -330,16 +330,17 @@ def test_greedy_generation_equals_transformers(use_cache):
     assert (stopped[0, first_eos + 1 :] == 0).all()
 
 
-def test_greedy_tokens_are_the_argmax_also_past_the_position_limit():
-    model = ours_model()
-    prompt = random_ids(1, MAX_POSITIONS - 4)
-    out = generate(model, prompt, 12)
-    assert out.shape == (1, MAX_POSITIONS + 8)
-    assert torch.equal(out, generate(model, prompt, 12, use_cache=False))
+@pytest.mark.parametrize("window", [None, 10])  # the model's positions, or a shorter trained length
+def test_greedy_tokens_are_the_argmax_also_past_the_window(window):
+    model, length = ours_model(), window or MAX_POSITIONS
+    prompt = random_ids(1, length - 4)
+    out = generate(model, prompt, 12, window=window)
+    assert out.shape == (1, length + 8)
+    assert torch.equal(out, generate(model, prompt, 12, use_cache=False, window=window))
     with torch.no_grad():
-        for end in range(MAX_POSITIONS - 4, MAX_POSITIONS + 8):
-            window = out[:, max(0, end - MAX_POSITIONS) : end]
-            assert model(window)[0, -1].argmax().item() == out[0, end].item()
+        for end in range(length - 4, length + 8):
+            read = out[:, max(0, end - length) : end]
+            assert model(read)[0, -1].argmax().item() == out[0, end].item()
 
 
 def test_sampling_with_a_seed_is_reproducible():

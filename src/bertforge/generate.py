@@ -1,12 +1,13 @@
 """Text continuation with a GPT model (`bertforge.gpt.GPTLMHeadModel`): greedy decoding and sampling.
 
 One token at a time, left to right. Each step feeds only the new token and reads the keys and
-values of the earlier ones from a `KVCache`; once the sequence outgrows
-`max_position_embeddings`, each step recomputes the last `max_position_embeddings` tokens (the
-positions shift, so a cache no longer applies). Greedy decoding picks the most likely token,
-as `transformers`' `generate(do_sample=False)`; sampling draws from the softmax after, in
-Hugging Face's order, temperature, top-k and top-p (nucleus) filtering, from a `torch.Generator`
-seeded by `seed` so that a seeded call repeats itself exactly on the same device.
+values of the earlier ones from a `KVCache`; once the sequence outgrows the window (by default
+`max_position_embeddings`; `bertforge generate` gives the length the model was trained on), each
+step recomputes the last window of tokens (the positions shift, so a cache no longer applies).
+Greedy decoding picks the most likely token, as `transformers`' `generate(do_sample=False)`;
+sampling draws from the softmax after, in Hugging Face's order, temperature, top-k and top-p
+(nucleus) filtering, from a `torch.Generator` seeded by `seed` so that a seeded call repeats itself
+exactly on the same device.
 """
 
 from __future__ import annotations
@@ -35,19 +36,23 @@ def generate(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
     use_cache: bool = True,
+    window: int | None = None,
 ) -> Tensor:
     """The prompts `input_ids` (B, T) or (T,) followed by up to `max_new_tokens` new tokens each.
 
     Prompts in a batch share one length (no padding). A row that produced `eos_token_id` is
     finished: it is filled with `pad_token_id` (default: the end token) until every row is, and
     generation stops early when all are. `top_k` 0 and `top_p` 1 turn those filters off. The
-    model runs in eval mode (no dropout) and is put back in its former mode afterwards.
+    model runs in eval mode (no dropout) and is put back in its former mode afterwards. `window`: the
+    most tokens a prediction reads (default and at most the model's positions).
     """
     check_settings(input_ids, max_new_tokens, temperature, top_k, top_p)
+    positions = model.config.max_position_embeddings
+    window = positions if window is None else min(window, positions)
     ids = input_ids if input_ids.dim() == 2 else input_ids[None]  # (B, T)
     pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device)
     with eval_mode(model):
-        ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache)  # (B, T + n)
+        ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache, window)
     return ids if input_ids.dim() == 2 else ids[0]
 
 
@@ -77,13 +82,14 @@ def _decode(
     eos_token_id: int | None,
     pad_token_id: int | None,
     use_cache: bool,
+    window: int,
 ) -> Tensor:
     """The decoding loop: ids (B, T) -> (B, T + n), n <= max_new_tokens."""
     pad = eos_token_id if pad_token_id is None else pad_token_id
     finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # (B,)
     cache = model.new_cache() if use_cache else None
     for _ in range(max_new_tokens):
-        logits, cache = next_token_logits(model, ids, cache)  # (B, V)
+        logits, cache = next_token_logits(model, ids, cache, window)  # (B, V)
         token = pick(logits)  # (B,)
         if eos_token_id is not None:
             token = token.masked_fill(finished, pad)
@@ -95,14 +101,13 @@ def _decode(
 
 
 def next_token_logits(
-    model: GPTLMHeadModel, ids: Tensor, cache: KVCache | None
+    model: GPTLMHeadModel, ids: Tensor, cache: KVCache | None, window: int
 ) -> tuple[Tensor, KVCache | None]:
     """float32 logits (B, V) for the token after `ids` (B, T), and the cache to use next time.
 
-    With a cache, only the tokens it has not seen run through the model. Past
-    `max_position_embeddings` the last window is recomputed and the cache is dropped.
+    With a cache, only the tokens it has not seen run through the model. Past `window` tokens the
+    last `window` are recomputed and the cache is dropped.
     """
-    window = model.config.max_position_embeddings
     if cache is not None and ids.shape[1] <= window:
         return model(ids[:, cache.length :], cache=cache)[:, -1].float(), cache
     return model(ids[:, -window:])[:, -1].float(), None

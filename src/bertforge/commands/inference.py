@@ -135,7 +135,8 @@ def add_generate_command(commands) -> None:
         description="Continue the prompt one token at a time until [SEP] (the end of a document) or "
         "--max-new-tokens: by default a draw from the softmax after temperature, top-k and top-p "
         "filtering (Hugging Face's order), with --greedy the most likely token (the tokens of "
-        "transformers' generate(do_sample=False) on the exported model).",
+        "transformers' generate(do_sample=False) on the exported model, as long as the text is within "
+        "the length the model was trained on; past it, each token is predicted from the last that many).",
     )
     p.add_argument("prompt", help="the text to continue")
     p.add_argument("--model", type=Path, required=True, help=MODEL_HELP)
@@ -356,7 +357,7 @@ def run_generate(args) -> int:
 
     from bertforge.generate import generate
 
-    model, tokenizer, _ = load_on_device(args, objective="clm")
+    model, tokenizer, config = load_on_device(args, objective="clm")
     prompt = tokenizer.encode_batch([args.prompt])[0]
     if not prompt:
         raise BertforgeError("the prompt is empty (it has no tokens); give some text to continue")
@@ -370,6 +371,7 @@ def run_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         eos_token_id=tokenizer.sep_id,
+        window=config.data.max_seq_length,  # positions past it were never trained
     ).tolist()
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if args.json:
