@@ -462,6 +462,18 @@ def test_a_bad_second_corpus_fails_cleanly(tmp_path, capsys, wiki_slice, case, m
     assert not [path for path in cache.rglob("*") if path.is_file()]  # no tokenizer, no shards
 
 
+@pytest.mark.parametrize(
+    "valid, message",
+    [("folder", "validation path {} is a folder"), ("missing.txt", "validation file {} does not exist")],
+)
+def test_a_bad_validation_file_is_named_as_one(tmp_path, capsys, wiki_slice, valid, message):
+    (tmp_path / "folder").mkdir()
+    path, run = tmp_path / valid, tmp_path / "run"
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--valid", str(path), "--out", str(run), *TINY]
+    assert_clean_failure(capsys, argv, message.format(path))
+    assert not run.exists()
+
+
 def test_a_run_whose_config_holds_one_corpus_string_resumes(
     tmp_path, capsys, tiny_pretrained_run, wiki_slice
 ):

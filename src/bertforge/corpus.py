@@ -83,7 +83,7 @@ def _spec_files(spec: str) -> list[Path]:
         if not files:
             raise BertforgeError(f"corpus folder {path} holds no files; check the path")
         return files
-    return [_check_file(path)]
+    return [check_text_file(path)]
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -259,14 +259,15 @@ def _pyarrow():
     return pyarrow
 
 
-def _check_file(path: str | Path) -> Path:
+def check_text_file(path: str | Path, role: str = "corpus") -> Path:
+    """`path`, refused unless it is a file with something in it; `role` names it in the message."""
     path = Path(path)
     if not path.exists():
-        raise BertforgeError(f"corpus file {path} does not exist; check the path")
+        raise BertforgeError(f"{role} file {path} does not exist; check the path")
     if path.is_dir():
-        raise BertforgeError(f"corpus path {path} is a folder; give the path of one text file")
+        raise BertforgeError(f"{role} path {path} is a folder; give the path of one text file")
     if path.stat().st_size == 0:
-        raise BertforgeError(f"corpus file {path} is empty; give a file that holds text")
+        raise BertforgeError(f"{role} file {path} is empty; give a file that holds text")
     return path
 
 
@@ -277,7 +278,7 @@ def detect_format(path: str | Path) -> str:
     first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line occurs among the
     first non-blank lines, else "text".
     """
-    path = _check_file(path)
+    path = check_text_file(path)
     if is_parquet(path):
         return "parquet"
     seen = 0
@@ -315,7 +316,7 @@ def read_documents(
     the format and a Parquet file's column are checked at once; decoding and JSON errors surface
     while iterating.
     """
-    path = _check_file(path)
+    path = check_text_file(path)
     format = resolve_format(path, format)
     source = _ParquetRows(path, text_column) if format == "parquet" else _Lines(path)
     return _stream(path, _READERS[format](source, text_column), source, on_progress)
@@ -323,7 +324,7 @@ def read_documents(
 
 def resolve_format(path: str | Path, format: str = "auto") -> str:
     """Check the file and the format name; for "auto", detect the format from the file."""
-    path = _check_file(path)
+    path = check_text_file(path)
     if format not in FORMATS:
         raise BertforgeError(f"unknown corpus format {format!r}; choose one of: {', '.join(FORMATS)}")
     if is_parquet(path) and format not in ("auto", "parquet"):

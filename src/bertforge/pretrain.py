@@ -67,7 +67,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
-from bertforge.corpus import resolve_corpus_files
+from bertforge.corpus import check_text_file, resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -255,11 +255,14 @@ def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], B
 
 def training_text(data: DataConfig) -> tuple[list[Path], list[TokenShards]]:
     """The corpus files (`data.corpus`), or the shard folders that `bertforge prepare` wrote
-    (`data.shards`), opened and checked before any work; exactly one of the two is given."""
+    (`data.shards`), opened and checked before any work (the validation file too); exactly one of
+    the two is given."""
     if data.shards and data.corpus:
         raise BertforgeError(
             "data.corpus and data.shards both name the training text; give one: --corpus or --shards"
         )
+    if data.valid:
+        check_text_file(data.valid, "validation")
     if data.shards:
         return [], [TokenShards.open(folder) for folder in data.shards]
     return resolve_corpus_files(data.corpus), []
