@@ -155,7 +155,9 @@ def test_undecodable_bytes_name_the_line(tmp_path):
 def test_a_compressed_file_or_the_other_separator_is_named(tmp_path):
     packed = write(tmp_path, "train.tsv", gzip.compress(b"text\tlabel\nhello\ta\n"))
     refused(
-        packed, f"{packed} is gzip-compressed; decompress it first, e.g. `gunzip -c {packed} > unpacked.tsv`"
+        packed,
+        f"{packed} is gzip-compressed; decompress it first, e.g. "
+        f"`gunzip -c {packed} > {tmp_path / 'unpacked.tsv'}`",
     )
     commas = write(tmp_path, "commas.tsv", "text,label\nhello,a\nbye,b\n")
     refused(commas, "its one column is 'text,label': read it as CSV with --format csv")

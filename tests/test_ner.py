@@ -5,6 +5,7 @@ input (one error line each)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -313,13 +314,21 @@ def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained
 
     columns = tmp_path / "columns.txt"
     columns.write_text("EU NNP B-ORG\nrejects O\n", encoding="utf-8")
+    for task in (["--task", "ner"], []):  # a short line does not stop the file being seen as tagged
+        assert_clean_failure(
+            capsys, finetune_argv(columns, conll[1], *task), "columns.txt line 2 has 2 columns"
+        )
+    packed = tmp_path / "train.txt.gz"
+    packed.write_bytes(gzip.compress(conll[0].read_bytes()))
     assert_clean_failure(
-        capsys, finetune_argv(columns, conll[1], "--task", "ner"), "columns.txt line 2 has 2 columns"
+        capsys, finetune_argv(packed, conll[1]), f"`gunzip -c {packed} > {tmp_path / 'train.txt'}`"
     )
     unseen = tmp_path / "unseen.txt"
     unseen.write_text("Rome B-LOC\nis O\n\nAda B-PERSON\n", encoding="utf-8")
     assert_clean_failure(
-        capsys, finetune_argv(conll[0], unseen), "unseen.txt line 4: the tag 'B-PERSON' is not one the model"
+        capsys,
+        finetune_argv(conll[0], unseen),
+        "unseen.txt line 4: the tag 'B-PERSON' is not in the training file",
     )
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")

@@ -103,7 +103,7 @@ def test_tags_outside_the_set_and_a_single_tag_are_refused(tmp_path):
     assert names == ["O", "B-LOC"]
     valid = read_tagged(write(tmp_path / "valid.txt", "Ada B-PER\n\nRome B-LOC\nand O\nBob B-PER\n"))
     with pytest.raises(
-        BertforgeError, match=r"valid.txt line 1: the tag 'B-PER' is not one the model was trained"
+        BertforgeError, match=r"valid.txt line 1: the tag 'B-PER' is not in the training file"
     ):
         tag_ids(valid, names)
     assert tag_ids(read_tagged(write(tmp_path / "v.txt", "Rome B-LOC\nis O\n")), names) == [[1, 0]]

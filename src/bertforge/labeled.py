@@ -84,18 +84,29 @@ def read_labeled(
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_text(path: Path, what: str = "one labelled example per line") -> str:
-    """The whole file as text, with a message naming the line of the first undecodable byte; an
-    empty file or a folder is refused, naming `what` a file should hold."""
+def check_data_file(path: Path, what: str = "one labelled example per line") -> None:
+    """Refuse a missing file, a folder (naming `what` a file should hold) and a gzip file."""
+    path = Path(path)
     if not path.exists():
         raise BertforgeError(f"data file {path} does not exist; check the path")
     if not path.is_file():
         raise BertforgeError(f"{path} is a folder; give a file with {what}")
-    raw = path.read_bytes()
-    if raw.startswith(GZIP_MAGIC):
-        raise BertforgeError(
-            f"{path} is gzip-compressed; decompress it first, e.g. `gunzip -c {path} > unpacked{path.suffix}`"
+    with path.open("rb") as file:
+        compressed = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    if compressed:
+        plain = (
+            path.with_suffix("") if path.suffix.lower() == ".gz" else path.with_name(f"unpacked{path.suffix}")
         )
+        raise BertforgeError(
+            f"{path} is gzip-compressed; decompress it first, e.g. `gunzip -c {path} > {plain}`"
+        )
+
+
+def read_text(path: Path, what: str = "one labelled example per line") -> str:
+    """The whole file as text, with a message naming the line of the first undecodable byte; an
+    empty file or a folder is refused, naming `what` a file should hold."""
+    check_data_file(path, what)
+    raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
     except UnicodeDecodeError as error:

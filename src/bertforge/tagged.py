@@ -188,7 +188,7 @@ def is_tagged_file(path: str | Path) -> bool:
     if lines[0].split()[0] == DOCSTART:
         return True
     rows = [line.split() for line in lines if line.split()[0] != DOCSTART]
-    return all(len(row) >= 2 and is_tag(row[-1]) for row in rows) and len({len(row) for row in rows}) == 1
+    return all(len(row) >= 2 and is_tag(row[-1]) for row in rows)  # a short row: the reader names it
 
 
 def tag_names(data: TaggedExamples) -> list[str]:
@@ -210,7 +210,7 @@ def tag_ids(data: TaggedExamples, names: list[str]) -> list[list[int]]:
         for word, tag in enumerate(tags):
             if tag not in index:
                 raise BertforgeError(
-                    f"{data.where(number, word)}: the tag {tag!r} is not one the model was trained on; "
-                    f"its tags are: {', '.join(names)}"
+                    f"{data.where(number, word)}: the tag {tag!r} is not in the training file; its "
+                    f"tags are: {', '.join(names)}"
                 )
     return [[index[tag] for tag in tags] for tags in data.tags]

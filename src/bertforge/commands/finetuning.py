@@ -206,6 +206,7 @@ def finetune_inputs(args):
     from bertforge.config import apply_mapping, apply_overrides
     from bertforge.finetune import FinetuneTask, finetuning_config, read_task, with_more_seeds
     from bertforge.folders import model_width
+    from bertforge.labeled import check_data_file
 
     if args.resume:
         given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False, [])]
@@ -215,6 +216,9 @@ def finetune_inputs(args):
         task, config = read_task(args.out)
         return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
     check_settable(args.set)
+    for path in (args.train, args.valid):
+        if path is not None:
+            check_data_file(path)  # before a tagged file that could not be sniffed asks for columns
     optional = COLUMN_FLAGS if tagged_task(args) else ()
     missing = [
         f"--{name.replace('_', '-')}"
