@@ -292,6 +292,24 @@ def test_finetune_and_glue_resume_refuse_a_pretraining_run_and_leave_it_alone(
     assert snapshot(run) == before
 
 
+def test_a_new_run_into_a_folder_of_another_kind_names_it_and_asks_for_a_new_out(
+    tmp_path, capsys, tiny_pretrained_run, finetuned, wiki_slice
+):
+    """Not `--resume`, which would then refuse the folder as another kind of run."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    before = [snapshot(run), snapshot(finetuned)]
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--out", str(finetuned), "--quiet"]
+    err = assert_clean_failure(capsys, argv, "holds a fine-tuning run (it has finetune.json); choose a new")
+    assert "--resume" not in err
+    train, valid = finetuned.parent / "train.csv", finetuned.parent / "valid.csv"
+    err = assert_clean_failure(
+        capsys, finetune_argv(run, train, valid, run), "holds a pretraining run; choose"
+    )
+    assert "--resume" not in err
+    assert [snapshot(run), snapshot(finetuned)] == before
+
+
 # ------------------------------------------------------------------ Ctrl-C with nothing to resume
 
 

@@ -363,8 +363,7 @@ def with_more_seeds(task: FinetuneTask, seeds: list[int]) -> FinetuneTask:
 
 def check_finetuning_folder(out: Path, resume: bool) -> None:
     """Refuse `out` for this run: resuming needs the run's finetune.json there, a new run an empty folder."""
-    if resume:
-        refuse_other_kind(out, "fine-tuning run", f"; to fine-tune it, give it as --model {out}")
+    refuse_other_kind(out, "fine-tuning run", f"; to fine-tune it, give it as --model {out}", resume)
     check_run_folder(out, resume, TASK, "fine-tuning run")
 
 

@@ -462,13 +462,15 @@ def inside(src: Path, path: Path) -> Path:
     return path
 
 
-def refuse_other_kind(out: Path, wanted: str, model_hint: str = "") -> None:
-    """Refuse to resume, in `out`, a run of the kind named `wanted` ("pretraining run", say) when the
-    folder holds something else, naming what it holds and how that continues; `model_hint` follows
-    the name of a model folder (e.g. how to train from it)."""
+def refuse_other_kind(out: Path, wanted: str, model_hint: str = "", resume: bool = True) -> None:
+    """Refuse to resume (or with `resume` False, to start), in `out`, a run of the kind named `wanted`
+    ("pretraining run", say) when the folder holds something else, naming what it holds and how that
+    continues; `model_hint` follows the name of a model folder (e.g. how to train from it)."""
     kind = folder_kind(out)
     if kind is None or kind.name == wanted:
         return
+    if not resume:
+        raise BertforgeError(f"{out} holds {kind.what}; choose a new `out` for the {wanted}")
     then = f"; continue it with: {kind.resume}" if kind.resume else ""
     if not kind.resume and kind.name == "model folder":
         then = model_hint

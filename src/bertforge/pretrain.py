@@ -493,9 +493,8 @@ def init_word_embeddings(
 def check_pretraining_folder(out: Path, resume: bool) -> None:
     """Refuse `out` for this run: resuming needs a pretraining run there (not a folder of another
     kind, nor a finished run whose checkpoints are gone), a new run an empty folder."""
-    if resume:
-        model_hint = f"; to train it further, start a new run from its weights with --init {out}"
-        refuse_other_kind(out, "pretraining run", model_hint)
+    model_hint = f"; to train it further, start a new run from its weights with --init {out}"
+    refuse_other_kind(out, "pretraining run", model_hint, resume)
     check_run_folder(out, resume, CONFIG, "bertforge run")
     if resume and not list_checkpoints(out) and (out / "final").exists():
         raise BertforgeError(
