@@ -150,6 +150,7 @@ def test_bad_rows_get_one_clear_message(tmp_path, name, content, message):
 def test_undecodable_bytes_name_the_line(tmp_path):
     path = write(tmp_path, "latin1.csv", "text,label\nhello,a\ncaf\xe9,b\n".encode("latin-1"))
     refused(path, "not UTF-8 text: undecodable bytes on line 3")
+    refused(path, f"`iconv -f latin1 -t utf-8 {path} > {tmp_path / 'latin1.utf8.csv'}`")  # this file's own
 
 
 def test_a_compressed_file_or_the_other_separator_is_named(tmp_path):

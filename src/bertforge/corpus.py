@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, get_args
 
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, to_utf8
 
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
@@ -165,8 +165,7 @@ class _Lines:
                 except UnicodeDecodeError as error:
                     raise BertforgeError(
                         f"{self.path} is not UTF-8 text: undecodable bytes on line {number} "
-                        f"(byte offset {self.bytes_read + error.start}); convert the file to UTF-8, "
-                        f"e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
+                        f"(byte offset {self.bytes_read + error.start}); {to_utf8(self.path)}"
                     ) from None
                 self.bytes_read += len(raw)
                 self.consumed = handle.tell() if compressed else self.bytes_read

@@ -16,6 +16,12 @@ class BertforgeError(Exception):
     """A problem with the user's input or settings; the message names it and says how to fix it."""
 
 
+def to_utf8(path: Path) -> str:
+    """The advice for a file that is not UTF-8: a command that converts it, written beside it."""
+    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return f"convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8 {path} > {converted}`"
+
+
 class Interrupted(KeyboardInterrupt):
     """The training loop stopped at signal `signum` after step `step`, saved in `checkpoint`.
     `resume_command`, set by the command that ran the loop, continues the run; `report`: whether this

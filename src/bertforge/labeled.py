@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, to_utf8
 
 LabeledFormat = Literal["auto", "csv", "tsv", "jsonl"]  # auto: from the file name, else the text
 FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
@@ -113,7 +113,7 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
         line = raw[: error.start].count(b"\n") + 1
         raise BertforgeError(
             f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {error.start}); "
-            f"convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8 in.csv > out.csv`"
+            f"{to_utf8(path)}"
         ) from None
     text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
     if not text.strip():

@@ -19,7 +19,7 @@ from pathlib import Path
 from bertforge.commands import add_device_argument
 from bertforge.config_rules import SEED, TEMPERATURE, Range, check_flags, count, trains_nsp
 from bertforge.corpus import FORMATS
-from bertforge.errors import BertforgeError
+from bertforge.errors import BertforgeError, to_utf8
 
 MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
 PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
@@ -212,9 +212,7 @@ def read_lines(path: Path, what: str) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
-        raise BertforgeError(
-            f"{path} is not UTF-8 text; convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
-        ) from None
+        raise BertforgeError(f"{path} is not UTF-8 text; {to_utf8(path)}") from None
     if not lines:
         raise BertforgeError(f"{path} is empty; give a file with {what}")
     for number, line in enumerate(lines, 1):
