@@ -469,5 +469,7 @@ def test_export_refusals(tmp_path, capsys, run, exported):
     damaged = broken_copy(tmp_path, run)
     weights = damaged / "final" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:500])
-    assert_clean_failure(capsys, ["export", "--model", str(damaged), "--out", str(tmp_path / "o")], "damaged")
+    argv = ["export", "--model", str(damaged), "--out", str(tmp_path / "o")]
+    err = assert_clean_failure(capsys, argv, "damaged and cannot be read")
+    assert err.rstrip().endswith("replace it with an intact copy of the model")  # not a checkpoint
     assert not (tmp_path / "o").exists()

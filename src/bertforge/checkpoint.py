@@ -107,9 +107,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise DamagedCheckpoint(
-            f"{path} is damaged and cannot be read ({error}); use another checkpoint"
-        ) from None
+        in_checkpoint = (path.parent / STATE).is_file()
+        fix = "use another checkpoint" if in_checkpoint else "replace it with an intact copy of the model"
+        raise DamagedCheckpoint(f"{path} is damaged and cannot be read ({error}); {fix}") from None
 
 
 def read_pickled_weights(path: Path) -> dict[str, torch.Tensor]:
