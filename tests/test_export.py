@@ -435,7 +435,7 @@ def test_import_refuses_what_is_not_a_bert(tmp_path, capsys, hf_pretraining, run
     save_file(weights, str(missing_encoder / "model.safetensors"))
     refused(missing_encoder, "missing ['bert.encoder.layer.1.output.dense.weight']")
 
-    refused(run / "final", "no model_type")  # a bertforge model folder is not a Hugging Face folder
+    refused(run / "final", "no model_type; it is not a Hugging Face model config (it is bertforge's own: use")
     (tmp_path / "empty").mkdir()
     refused(tmp_path / "empty", "has no config.json")
 

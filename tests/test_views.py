@@ -256,6 +256,9 @@ def test_layer_numbers_count_from_one(capsys, tiny_pretrained_run):
     with pytest.raises(SystemExit):
         main(["attention", "--model", str(tiny_pretrained_run), "a", "--json", "--layers", "0"])
     assert "count from 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["attention", "--model", str(tiny_pretrained_run), "a", "--json", "--layers", "2-1"])
+    assert "'2-1': the range 2-1 runs backwards; write 1-2" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- `bertforge plot`
@@ -384,6 +387,8 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], "no metrics.jsonl")
+    missing = ["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "c.png")]
+    assert_clean_failure(capsys, missing, f"{tmp_path / 'nope'} does not exist")
     MetricsLog(empty / "metrics.jsonl").append({"step": 1, "split": "train", "loss": 1.0})
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], "--valid")
 

@@ -356,7 +356,11 @@ def read_hf_config(src: Path) -> dict:
         raise BertforgeError(f"{src} has no {CONFIG}; it is not a Hugging Face model folder")
     raw = read_json(path, damaged="it is not a Hugging Face model config")
     if "model_type" not in raw:
-        raise BertforgeError(f"{path} has no model_type; it is not a Hugging Face model config")
+        ours = "model" in raw and "data" in raw  # a bertforge run's or model folder's config
+        own = " (it is bertforge's own: use the folder as it is, or start a run from it with --init)"
+        raise BertforgeError(
+            f"{path} has no model_type; it is not a Hugging Face model config{own if ours else ''}"
+        )
     return raw
 
 

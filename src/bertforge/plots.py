@@ -224,6 +224,8 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
     checkpoint time are left out.
     """
     path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).is_dir():
+        raise BertforgeError(f"{run_dir} does not exist; give run folders written by bertforge pretrain")
     if not path.is_file():
         raise BertforgeError(
             f"{run_dir} has no metrics.jsonl; give run folders written by bertforge pretrain"

@@ -62,6 +62,10 @@ def number_list(text: str) -> list[int]:
     try:
         for part in text.split(","):
             first, _, last = part.partition("-")
+            if int(last or first) < int(first):
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: the range {part} runs backwards; write {last}-{first}"
+                )
             numbers += range(int(first), int(last or first) + 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers such as 1,2 or 3-4") from None
