@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -426,6 +427,7 @@ def test_pretrain_on_several_corpora_then_resume(tmp_path, capsys, wiki_slice):
     assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "3", *common]) == 0
     out = capsys.readouterr().out
     assert "trained 3 steps" in out and "already reached its end" not in out
+    assert re.search(r"tokens in \d+ s \(", out)  # seconds, not "0.0 min"
     assert main(["pretrain", "--out", str(run), "--resume", *common]) == 0  # nothing left to train
     out = capsys.readouterr().out
     assert "the run had already reached its end (3 steps); to train on, resume with a larger" in out

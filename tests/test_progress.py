@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from bertforge import progress
-from bertforge.progress import PlainProgress, progress_bar
+from bertforge.progress import PlainProgress, duration, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -106,3 +106,13 @@ def test_a_passing_bar_shows_on_a_terminal_only_and_goes_when_done():
     assert list(shown) == batches and log.getvalue() == ""
     drawn = terminal.getvalue()
     assert "evaluating" in drawn and "3/3" not in drawn.rsplit("\r", 1)[-1]  # its last redraw clears it
+
+
+def test_a_duration_under_a_minute_is_in_seconds():
+    assert [duration(s) for s in (0.2, 12.3, 59.4, 59.6, 150)] == [
+        "0 s",
+        "12 s",
+        "59 s",
+        "1.0 min",
+        "2.5 min",
+    ]

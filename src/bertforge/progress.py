@@ -169,6 +169,11 @@ def clock(seconds: float) -> str:
     return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
+def duration(seconds: float) -> str:
+    """`42 s` under a minute, else `3.5 min`: a short run's time is not `0.0 min`."""
+    return f"{seconds:.0f} s" if seconds < 59.5 else f"{seconds / 60:.1f} min"
+
+
 Progress = tqdm | PlainProgress  # what `progress_bar` returns
 # tqdm's own rate and ETA leave the runs under way out: RunsProgress puts its own in the postfix
 RUNS_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed}{postfix}]"

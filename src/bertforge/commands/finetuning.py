@@ -317,6 +317,7 @@ def tagged_task(args) -> bool:
 
 def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
+    from bertforge.progress import duration
 
     task, config = finetune_inputs(args)
     if (args.jobs or 1) > 1 and not task.seeds and not task.compare_scratch:
@@ -332,7 +333,7 @@ def run_finetune(args) -> int:
             task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
         )
     for run in summary["runs"]:
-        trained = f"{epochs_text(run['epochs'])} ({run['steps']:,} steps) in {run['elapsed_s'] / 60:.1f} min"
+        trained = f"{epochs_text(run['epochs'])} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
         print(
             f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}: " + format_scores(run["best"])
         )

@@ -383,6 +383,7 @@ def run_pretrain(args) -> int:
     from bertforge.checkpoint import read_config
     from bertforge.distributed import launched
     from bertforge.pretrain import pretrain
+    from bertforge.progress import duration
 
     if args.init and (args.resume or args.tokenizer or args.preset or args.objective):
         raise BertforgeError(
@@ -409,8 +410,8 @@ def run_pretrain(args) -> int:
             f"\nthe run had already reached its end ({result['step']} steps); to train on, resume with a "
             "larger --max-steps or --max-minutes"
         )
-    minutes, rate = result["elapsed_s"] / 60, result["tokens"] / max(result["elapsed_s"], 1e-9)
-    print(f"\ntrained {result['step']} steps, {result['tokens']:,} tokens in {minutes:.1f} min", end=" ")
+    took, rate = duration(result["elapsed_s"]), result["tokens"] / max(result["elapsed_s"], 1e-9)
+    print(f"\ntrained {result['step']} steps, {result['tokens']:,} tokens in {took}", end=" ")
     print(f"({rate:,.0f} real tokens/s)")
     metrics = {k: v for k, v in result.items() if k not in ("step", "steps_run", "elapsed_s", "tokens")}
     if metrics:
