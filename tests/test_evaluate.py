@@ -45,7 +45,7 @@ def test_evaluate_shows_its_progress_over_the_batches_unless_quiet(
     assert main(argv) == 0
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("evaluating: ")]
-    assert lines and lines[-1].startswith("evaluating: 100% (") and " batch)" in lines[-1]
+    assert lines and lines[-1].startswith("evaluating: 100% (") and " batch" in lines[-1]
     assert main([*argv, "--quiet"]) == 0
     quiet_out, quiet_err = capsys.readouterr()
     assert json.loads(out) == json.loads(quiet_out) and "evaluating" not in quiet_err

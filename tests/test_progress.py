@@ -31,8 +31,8 @@ def test_a_log_gets_a_line_each_tenth_and_no_carriage_returns():
     shown = lines(log)
     assert "\r" not in log.getvalue()
     assert [line.split("%")[0] for line in shown] == [str(p) for p in range(10, 101, 10)]
-    assert shown[4].startswith("50% (5,000/10,000 step), 0:") and "left; step=5000, loss=0.000" in shown[4]
-    assert shown[-1].startswith("100% (10,000/10,000 step)") and "left" not in shown[-1]
+    assert shown[4].startswith("50% (5,000/10,000 steps), 0:") and "left; step=5000, loss=0.000" in shown[4]
+    assert shown[-1].startswith("100% (10,000/10,000 steps)") and "left" not in shown[-1]
 
 
 def test_a_log_gets_a_line_a_minute_between_tenths(monkeypatch):
@@ -60,7 +60,7 @@ def test_bytes_are_shown_scaled_and_a_wrapped_loop_ends_with_its_last_line():
     assert lines(log) == ["read: 50% (2.00MB/4.00MB), 0:00 so far, about 0:00 left"]
     log = io.StringIO()
     assert list(progress_bar(range(3), total=3, unit="batch", desc="embed", file=log)) == [0, 1, 2]
-    assert lines(log)[-1] == "embed: 100% (3/3 batch), 0:00 so far"
+    assert lines(log)[-1] == "embed: 100% (3/3 batches), 0:00 so far"
 
 
 def test_a_terminal_gets_the_bar_and_disable_shows_nothing():

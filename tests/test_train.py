@@ -152,10 +152,10 @@ def test_a_run_logged_to_a_file_shows_a_line_per_tenth_of_its_steps(
     config = tiny_config(wiki_slice, max_steps=20, eval_every=1_000)
     pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=True)
     err = capsys.readouterr().err
-    shown = [line for line in err.splitlines() if " step), " in line]
+    shown = [line for line in err.splitlines() if " steps), " in line]
     assert "\r" not in err
     assert [line.split(" (")[0] for line in shown] == [f"{p}%" for p in range(10, 101, 10)]
-    assert shown[4].startswith("50% (10/20 step)") and "about" in shown[4] and "; step=10, loss=" in shown[4]
+    assert shown[4].startswith("50% (10/20 steps)") and "about" in shown[4] and "; step=10, loss=" in shown[4]
 
 
 def test_sequence_length_warmup_uses_short_pairs_for_its_share_of_the_run(

@@ -81,7 +81,7 @@ def passing_bar(iterable: Iterable, *, total: int, desc: str, unit: str, file: I
 
 
 class PlainProgress:
-    """Progress as lines for a log: `40% (400/1,000 step), 2:00 so far, about 3:00 left; loss=3.456`,
+    """Progress as lines for a log: `40% (400/1,000 steps), 2:00 so far, about 3:00 left; loss=3.456`,
     one each tenth of the total and at least every `LINE_EVERY_S` seconds, and a last one at
     `close`."""
 
@@ -155,11 +155,18 @@ class PlainProgress:
         return text + (f"; {self.postfix}" if self.postfix else "")
 
     def amounts(self) -> str:
-        """`400/1,000 step`, or scaled `4.00MB/10.0MB`; without a total, the count alone."""
+        """`400/1,000 steps`, or scaled `4.00MB/10.0MB`; without a total, the count alone."""
         values = [self.n] + ([self.total] if self.total else [])
         if self.unit_scale:
             return "/".join(tqdm.format_sizeof(value, self.unit, self.unit_divisor) for value in values)
-        return "/".join(f"{value:,.0f}" for value in values) + f" {self.unit}"
+        return "/".join(f"{value:,.0f}" for value in values) + f" {plural(self.unit, values[-1])}"
+
+
+def plural(unit: str, count: float) -> str:
+    """`step` -> `steps`, `batch` -> `batches` (tqdm's units are singular); `s` stays."""
+    if count == 1 or len(unit) < 3:
+        return unit
+    return unit + ("es" if unit.endswith(("s", "sh", "ch", "x")) else "s")
 
 
 def clock(seconds: float) -> str:
