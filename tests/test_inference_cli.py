@@ -169,6 +169,14 @@ def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice):
     assert "next sentence prediction" in out and out.count("\n  true next ") == 3
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
     assert capsys.readouterr().out == out  # seeded
+    assert "note:" not in out
+    assert (
+        main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "100000"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    shown = out.count("true: ")
+    assert f"has {shown:,} sentences that fit" in out and "not 100,000" in out and 3 < shown < 100_000
 
 
 def test_demo_runs_the_showcase_after_pretraining():

@@ -331,6 +331,12 @@ def run_showcase(args) -> int:
     examples = showcase(
         model, tokenizer, documents, count=args.sentences, seed=args.seed, nsp=trains_nsp(config)
     )
+    if len(examples) < args.sentences:
+        fit = "a next sentence, a content word to mask, within the model's length"
+        print(
+            f"note: {args.corpus.name} has {len(examples):,} sentences that fit ({fit}) in the documents "
+            f"read (at most {SHOWCASE_DOCUMENTS:,}), not {args.sentences:,}"
+        )
     print(
         f"\nfill-mask: one word of {len(examples)} sentences of {args.corpus.name} masked, top-5 predictions"
     )
