@@ -204,7 +204,9 @@ def add_evaluate_command(commands) -> None:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--format", default="auto", choices=FORMATS)
     p.add_argument(
-        "--max-pairs", type=int, help="evaluate at most this many pairs or GPT windows (default: the model's)"
+        "--max-pairs",
+        type=int,
+        help="evaluate at most this many pairs or GPT windows; 0: all of them (default: the model's)",
     )
     p.add_argument(
         "--max-length",
