@@ -216,6 +216,7 @@ def finetune_inputs(args):
         task, config = read_task(args.out)
         return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
     check_settable(args.set)
+    check_flags(args, {"--epochs": count()})
     for path in (args.train, args.valid):
         if path is not None:
             check_data_file(path)  # before a tagged file that could not be sniffed asks for columns
@@ -227,7 +228,6 @@ def finetune_inputs(args):
     ]
     if missing:
         raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
-    check_flags(args, {"--epochs": count()})
     task = FinetuneTask(
         model=str(args.model),
         train=str(args.train),
