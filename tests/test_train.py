@@ -50,6 +50,39 @@ def test_no_weight_decay_on_biases_and_layernorm():
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.01
 
 
+def test_layer_decay_scales_each_layers_rate_and_the_loop_applies_it(
+    tmp_path, wiki_slice, small_tokenizer_dir
+):
+    from bertforge.checkpoint import OPTIMIZER, list_checkpoints
+    from bertforge.model import BertForPreTraining
+
+    config = tiny_config(wiki_slice, max_steps=6, checkpoint_every=3, layer_decay=0.5)
+    model = BertForPreTraining(config.model)  # two layers: embeddings 1/8, layer 0 1/4, layer 1 1/2
+    groups = build_optimizer(model, config.train, torch.device("cpu")).param_groups
+    scale = {id(p): group["lr_scale"] for group in groups for p in group["params"]}
+    for name, param in model.named_parameters():
+        expected = (
+            0.125
+            if "embeddings" in name
+            else 0.25
+            if ".layer.0." in name
+            else 0.5
+            if ".layer.1." in name
+            else 1
+        )
+        assert scale[id(param)] == expected, name
+    assert (
+        len(build_optimizer(model, TrainConfig(), torch.device("cpu")).param_groups) == 2
+    )  # no decay: as ever
+
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    middle = list_checkpoints(tmp_path / "run")[0]  # step 3 of 6: the rate is not yet 0
+    saved = torch.load(middle / OPTIMIZER, weights_only=True)["optimizer"]
+    rates = {group["lr_scale"]: group["lr"] for group in saved["param_groups"]}
+    assert set(rates) == {0.125, 0.25, 0.5, 1.0} and rates[1.0] > 0
+    assert all(rate == pytest.approx(scale * rates[1.0]) for scale, rate in rates.items())
+
+
 @pytest.mark.slow
 def test_validation_loss_falls_on_wikitext(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=80, eval_every=40, batch_size=16)

@@ -139,6 +139,9 @@ class TrainConfig:
     batch_size: int = 32  # global sequences per optimizer step
     gradient_accumulation_steps: int = 1
     learning_rate: float = 5e-4
+    # each layer learns at this times the rate of the one above it, the heads at the full rate
+    # (ELECTRA's layer-wise decay, Clark et al. 2020: 0.8); 1: one rate for every weight
+    layer_decay: float = 1.0
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999

@@ -213,6 +213,7 @@ TRAIN_RANGES: dict[str, Range] = {
     "train.batch_size": count(),
     "train.gradient_accumulation_steps": count(),
     "train.learning_rate": Range(0.0, 1.0, low_open=True),
+    "train.layer_decay": Range(0.0, 1.0, low_open=True),
     "train.weight_decay": Range(0.0, 1.0),
     "train.adam_beta1": FRACTION,
     "train.adam_beta2": FRACTION,

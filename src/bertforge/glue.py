@@ -529,6 +529,7 @@ def finetune_config(bench: GlueBenchmark, recipe: Recipe) -> RunConfig:
     config.train.learning_rate = recipe.learning_rate
     config.train.batch_size = recipe.batch_size
     config.train.warmup_ratio = recipe.warmup
+    config.train.layer_decay = recipe.layer_decay
     config.data.max_seq_length = recipe.max_length
     if bench.precision is not None:
         config.runtime.precision = bench.precision

@@ -30,6 +30,7 @@ DEFAULT_RECIPES: dict[str, dict] = {
         "dropout": 0.0,
         "max_train_examples": 0,
         "both_orders": False,
+        "layer_decay": 1.0,
     },
     "CoLA": {"max_length": 64},
     "MRPC": {"epochs": 2},
@@ -55,6 +56,7 @@ class Recipe:
     dropout: float
     max_train_examples: int  # 0: every training example
     both_orders: bool = False  # each training pair in both orders (tasks whose pairs read either way)
+    layer_decay: float = 1.0  # each layer's rate this times the one above it (`train.layer_decay`)
 
 
 def load_recipes(path: str | Path | None) -> tuple[dict[str, Recipe], dict[str, list]]:
@@ -118,6 +120,8 @@ def recipe_text(recipe: Recipe) -> str:
         parts.append(f"at most {recipe.max_train_examples:,} training examples")
     if recipe.both_orders:
         parts.append("pairs in both orders")
+    if recipe.layer_decay != 1.0:
+        parts.append(f"layer decay {recipe.layer_decay:g}")
     return ", ".join(parts)
 
 
@@ -151,6 +155,7 @@ LIMITS = {
     "warmup": FRACTION,
     "dropout": FRACTION,
     "max_train_examples": count(0),  # 0: every example
+    "layer_decay": RANGES["train.layer_decay"],
 }
 
 

@@ -11,22 +11,40 @@ from bertforge.config import TrainConfig
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer)."""
-    decay, no_decay = [], []
+    """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer). Each
+    group's `lr_scale` multiplies the schedule's rate (`train.layer_decay`, by depth)."""
+    groups: dict[tuple[bool, int], list] = {}
+    layers = model.config.num_hidden_layers if train.layer_decay != 1.0 else 0
     for name, param in model.named_parameters():
         if param.requires_grad:
-            (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+            decays = not (name.endswith("bias") or "LayerNorm" in name)
+            depth = layer_depth(name, layers) if layers else 1
+            groups.setdefault((decays, depth), []).append(param)
+    param_groups = [
+        {
+            "params": params,
+            "weight_decay": train.weight_decay if decays else 0.0,
+            "lr_scale": train.layer_decay ** (layers + 1 - depth),
+        }
+        for (decays, depth), params in sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
     ]
     return torch.optim.AdamW(
-        groups,
+        param_groups,
         lr=train.learning_rate,
         betas=(train.adam_beta1, train.adam_beta2),
         eps=train.adam_epsilon,
         fused=device.type in ("cuda", "cpu"),
     )
+
+
+def layer_depth(name: str, layers: int) -> int:
+    """0 for the embeddings, i + 1 for encoder layer i, `layers` + 1 for the pooler and the heads."""
+    parts = name.split(".")
+    if "embeddings" in parts:
+        return 0
+    if "layer" in parts:
+        return int(parts[parts.index("layer") + 1]) + 1
+    return layers + 1
 
 
 class Schedule:

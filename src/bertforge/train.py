@@ -391,7 +391,7 @@ class Trainer:
     def optimizer_step(self, stream: Iterator, lr: float) -> None:
         """Accumulate gradients over this rank's micro-batches of one step, then clip and update."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # checkpoints saved before layer_decay: none
         self.model.train()
         micro = [next(stream) for _ in range(self.plan.accumulation)]  # (epoch, next position, batch)
         batches = [batch for _, _, batch in micro]
