@@ -65,6 +65,19 @@ def test_the_shared_task_is_compared_seed_for_seed(two_benchmarks, tmp_path):
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_recipe_setting_an_older_benchmark_predates_is_not_a_difference(two_benchmarks, tmp_path):
+    first, second = two_benchmarks
+    older = tmp_path / "older"
+    shutil.copytree(second, older)
+    report = json.loads((older / "glue.json").read_text(encoding="utf-8"))
+    for task in report["tasks"].values():
+        del task["recipe"]["layer_decay"]  # at its default
+    (older / "glue.json").write_text(json.dumps(report), encoding="utf-8")
+    compare_benchmarks(first, older, tmp_path / "cmp")
+    markdown = (tmp_path / "cmp" / "compare.md").read_text(encoding="utf-8")
+    assert "different recipes (learning_rate)" in markdown
+
+
 def test_a_comparison_folder_in_use_is_refused_and_left_alone(two_benchmarks, tmp_path):
     out = tmp_path / "cmp"
     with RunFolderLock(out):  # another glue-compare writing there

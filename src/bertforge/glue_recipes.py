@@ -11,7 +11,7 @@ mean the same either way; [default]'s applies to those alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from bertforge.config import load_toml
@@ -103,6 +103,12 @@ def task_recipe(name: str, own: dict, base: dict, origin: str) -> Recipe:
             )
         values["both_orders"] = False  # [default]'s holds for the symmetric tasks alone
     return Recipe(**values)
+
+
+def full_recipe(saved: dict) -> dict:
+    """A recipe from a glue.json, with the settings that it predates at their defaults."""
+    defaults = {f.name: f.default for f in fields(Recipe) if f.default is not MISSING}
+    return defaults | saved
 
 
 def recipe_text(recipe: Recipe) -> str:

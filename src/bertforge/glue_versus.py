@@ -21,6 +21,7 @@ from bertforge.comparison import ARMS
 from bertforge.errors import BertforgeError
 from bertforge.folders import folder_kind
 from bertforge.glue import REPORT, SCORES, SETTINGS, arm_folder, saved_settings, truth
+from bertforge.glue_recipes import full_recipe
 from bertforge.glue_report import (
     comparison_cells,
     markdown_table,
@@ -196,7 +197,7 @@ def compare_task(
     result = paired_comparison(task, kind, true, *runs, names=names)
     return {
         "arms": {name: spread([r["score"] for r in arm]) for name, arm in zip(names, runs, strict=True)},
-        "recipes": {name: entry["recipe"] for name, entry in zip(names, entries, strict=True)},
+        "recipes": {name: full_recipe(entry["recipe"]) for name, entry in zip(names, entries, strict=True)},
         "comparison": result,
     }
 
