@@ -122,6 +122,10 @@ def test_resume_refuses_flags_that_would_reshape_the_model(tmp_path, capsys, tin
     argv = [*resume, "--set", "model.hidden_size=64", "--set", "tokenizer.lowercase=false"]
     err = assert_clean_failure(capsys, argv, "drop --set model.hidden_size, tokenizer.lowercase")
     assert f"--init {run}" in err
+    err = assert_clean_failure(
+        capsys, [*resume, "--set", "train.layer_decay=0.8"], "drop --set train.layer_decay"
+    )
+    assert "optimizer groups" in err  # its saved optimizer state has the groups of one rate
     new_run = ["pretrain", "--corpus", "x.txt", "--out", str(tmp_path / "new"), "--allow-changed-data"]
     assert_clean_failure(capsys, new_run, "--allow-changed-data applies to --resume only")
     # a --set that repeats the run's own value changes nothing and is accepted

@@ -347,16 +347,18 @@ def refuse_resume_flags(args) -> None:
 
 
 def refuse_reshaping(saved: RunConfig, config: RunConfig, out: Path) -> None:
-    """Refuse a `--set` that would give a resumed run another model or tokenizer than its checkpoints."""
+    """Refuse a `--set` that would give a resumed run another model or tokenizer than its checkpoints,
+    or other optimizer groups (`train.layer_decay`) than its saved optimizer state."""
     changed = [
         f"{section}.{key}"
         for section in ("model", "tokenizer")
         for key, value in asdict(getattr(config, section)).items()
         if asdict(getattr(saved, section))[key] != value
-    ]
+    ] + (["train.layer_decay"] if saved.train.layer_decay != config.train.layer_decay else [])
     if changed:
         raise BertforgeError(
-            f"--resume keeps the model and tokenizer of the run in {out}; drop --set {', '.join(changed)}, "
+            f"--resume keeps the model, tokenizer and optimizer groups of the run in {out}; drop --set "
+            f"{', '.join(changed)}, "
             f"or start a new run from its weights with --init {out}"
         )
 
