@@ -555,3 +555,16 @@ def test_finetune_a_gpt_against_scratch(tmp_path, capsys, gpt_run, toy):
 def test_a_gpt_model_loads_as_a_gpt(gpt_run):
     model, _, config = open_pretrained(gpt_run)
     assert isinstance(model, GPTLMHeadModel) and config.model.objective == "clm"
+
+
+def test_a_hugging_face_gpt_counts_as_trained_on_all_its_positions(tmp_path, small_tokenizer_dir):
+    """GPT-1 trained on windows of its 512 positions: `generate` reads them all, not BERT's 128."""
+    from bertforge.folders import run_config_for
+
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    gpt = ModelConfig(
+        **{**HF_TINY_GPT_SIZES, "vocab_size": tokenizer.vocab_size, "max_position_embeddings": 512}
+    )
+    assert run_config_for(tmp_path, gpt, tokenizer).data.max_seq_length == 512
+    bert = ModelConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=512)
+    assert run_config_for(tmp_path, bert, tokenizer).data.max_seq_length == 128  # BERT's pretraining length

@@ -408,7 +408,10 @@ def hf_lowercase(src: Path) -> bool:
 def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:
     """Our run config for an imported model: the one a bertforge export carries, or defaults; the
     model section always comes from config.json and the tokenizer section from the tokenizer."""
-    config = load_json(src / BERTFORGE_CONFIG) if (src / BERTFORGE_CONFIG).is_file() else RunConfig()
+    ours = (src / BERTFORGE_CONFIG).is_file()
+    config = load_json(src / BERTFORGE_CONFIG) if ours else RunConfig()
+    if not ours and model_config.objective == "clm":  # a GPT trained on windows of all its positions
+        config.data.max_seq_length = model_config.max_position_embeddings
     config.model = model_config
     config.tokenizer.kind = tokenizer.kind
     config.tokenizer.lowercase = tokenizer.lowercase
