@@ -8,6 +8,7 @@ Internal invariants use `assert`; anything else that escapes is a bug and keeps 
 
 from __future__ import annotations
 
+import shlex
 import signal
 from pathlib import Path
 
@@ -17,9 +18,17 @@ class BertforgeError(Exception):
 
 
 def to_utf8(path: Path) -> str:
-    """The advice for a file that is not UTF-8: a command that converts it, written beside it."""
-    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
-    return f"convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8 {path} > {converted}`"
+    """The advice for a file that is not UTF-8: a command that converts it (a gzip file unpacked
+    first), written beside it."""
+    if path.suffix.lower() == ".gz":
+        converted = path.with_suffix("").with_suffix(".utf8.txt")
+        command = (
+            f"gunzip -c {shlex.quote(str(path))} | iconv -f latin1 -t utf-8 > {shlex.quote(str(converted))}"
+        )
+    else:
+        converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+        command = f"iconv -f latin1 -t utf-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))}"
+    return f"convert it to UTF-8, e.g. `{command}`"
 
 
 class Interrupted(KeyboardInterrupt):

@@ -22,6 +22,7 @@ import io
 import json
 import math
 import re
+import shlex
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -97,9 +98,8 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
         plain = (
             path.with_suffix("") if path.suffix.lower() == ".gz" else path.with_name(f"unpacked{path.suffix}")
         )
-        raise BertforgeError(
-            f"{path} is gzip-compressed; decompress it first, e.g. `gunzip -c {path} > {plain}`"
-        )
+        command = f"gunzip -c {shlex.quote(str(path))} > {shlex.quote(str(plain))}"
+        raise BertforgeError(f"{path} is gzip-compressed; decompress it first, e.g. `{command}`")
 
 
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
