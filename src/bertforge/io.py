@@ -290,8 +290,13 @@ def move_aside(path: Path, tag: str = "old") -> Path:
 
 def remove_folder(path: Path) -> None:
     """Delete the folder `path`, renaming it aside (`.NAME.del-*`) first: interrupted, it leaves a
-    leftover that `remove_leftovers` finishes, never a partial folder under its own name."""
-    shutil.rmtree(move_aside(Path(path), "del"), ignore_errors=True)
+    leftover that `remove_leftovers` finishes, never a partial folder under its own name. Where the
+    rename fails (a full disk), it is deleted in place: a clean-up must not hide the error it follows."""
+    try:
+        aside = move_aside(Path(path), "del")
+    except OSError:
+        aside = Path(path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<tag>tmp|old|del)-\w+$")  # the names used above
