@@ -389,6 +389,9 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], "no metrics.jsonl")
     missing = ["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "c.png")]
     assert_clean_failure(capsys, missing, f"{tmp_path / 'nope'} does not exist")
+    (tmp_path / "a.txt").write_text("x")
+    a_file = ["plot", str(tmp_path / "a.txt"), "--out", str(tmp_path / "c.png")]
+    assert_clean_failure(capsys, a_file, "a.txt is not a folder; give run folders")
     MetricsLog(empty / "metrics.jsonl").append({"step": 1, "split": "train", "loss": 1.0})
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], "--valid")
 

@@ -225,7 +225,8 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
     """
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
-        raise BertforgeError(f"{run_dir} does not exist; give run folders written by bertforge pretrain")
+        state = "is not a folder" if Path(run_dir).exists() else "does not exist"
+        raise BertforgeError(f"{run_dir} {state}; give run folders written by bertforge pretrain")
     if not path.is_file():
         raise BertforgeError(
             f"{run_dir} has no metrics.jsonl; give run folders written by bertforge pretrain"
