@@ -313,10 +313,15 @@ def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained
                 "--out", str(out), "--max-length", "32", *extra]  # fmt: skip
 
     columns = tmp_path / "columns.txt"
-    columns.write_text("EU NNP B-ORG\nrejects O\n", encoding="utf-8")
+    columns.write_text("EU NNP B-ORG\nrejects O\nGerman NNP B-MISC\n", encoding="utf-8")
+    untagged = tmp_path / "untagged.txt"
+    untagged.write_text("EU B-ORG\nrejects\nGerman B-MISC\n", encoding="utf-8")  # a word without its tag
     for task in (["--task", "ner"], []):  # a short line does not stop the file being seen as tagged
         assert_clean_failure(
             capsys, finetune_argv(columns, conll[1], *task), "columns.txt line 2 has 2 columns"
+        )
+        assert_clean_failure(
+            capsys, finetune_argv(untagged, conll[1], *task), "untagged.txt line 2 has 1 column"
         )
     packed = tmp_path / "train.txt.gz"
     packed.write_bytes(gzip.compress(conll[0].read_bytes()))

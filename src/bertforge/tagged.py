@@ -188,7 +188,8 @@ def is_tagged_file(path: str | Path) -> bool:
     if lines[0].split()[0] == DOCSTART:
         return True
     rows = [line.split() for line in lines if line.split()[0] != DOCSTART]
-    return all(len(row) >= 2 and is_tag(row[-1]) for row in rows)  # a short row: the reader names it
+    tagged = [row for row in rows if len(row) >= 2]  # a shorter row (a lost tag): the reader names it
+    return 2 * len(tagged) > len(rows) and all(is_tag(row[-1]) for row in tagged)
 
 
 def tag_names(data: TaggedExamples) -> list[str]:
