@@ -168,7 +168,7 @@ def test_no_network_says_how_to_get_the_corpus_or_run_on_any_text(tmp_path, serv
     dead = RemoteFile("wiki.train.tokens", f"http://127.0.0.1:{port}/train.txt", "0" * 40)
     monkeypatch.setitem(CORPORA, "wikitext-2", Corpus("wikitext-2", (dead,), "put the files in {folder}"))
     err = assert_clean_failure(capsys, ["fetch", "wikitext-2", "--cache-dir", str(tmp_path)], "refused")
-    assert "run `bertforge fetch wikitext-2` again" in err
+    assert f"run `bertforge fetch wikitext-2 --cache-dir {tmp_path}` again" in err  # the cache it was given
     assert f"put the files in {tmp_path / 'data' / 'wikitext-2'}, " in err
     assert "make demo CORPUS=my.txt VALID=my-valid.txt" in err
     assert files_under(tmp_path) == []
@@ -191,7 +191,8 @@ def test_a_file_put_in_the_folder_by_hand_is_checked(tmp_path, server, monkeypat
     (folder / "wiki.valid.tokens").write_text(VALID[: len(VALID) // 2], encoding="utf-8")  # cut short
     argv = ["fetch", "wikitext-2", "--cache-dir", str(tmp_path), "--quiet"]
     err = assert_clean_failure(capsys, argv, "is not wikitext-2's wiki.valid.tokens")
-    assert "delete it and run `bertforge fetch wikitext-2` again" in err and server.requests == []
+    assert f"delete it and run `bertforge fetch wikitext-2 --cache-dir {tmp_path}` again" in err
+    assert server.requests == []
     (folder / "wiki.valid.tokens").write_text(VALID, encoding="utf-8")
     assert main(argv) == 0 and server.requests == []
 

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import http.client
 import os
+import shlex
 import ssl
 import sys
 import tempfile
@@ -86,10 +87,6 @@ def corpus_folder(name: str, cache_dir: Path) -> Path:
     return Path(cache_dir) / "data" / name
 
 
-def is_fetched(corpus: Corpus, folder: Path) -> bool:
-    return all((folder / remote.name).is_file() for remote in corpus.files)
-
-
 def fetch_corpus(
     name: str, cache_dir: Path, show_progress: bool = True, timeout: float | None = None
 ) -> Path:
@@ -97,20 +94,26 @@ def fetch_corpus(
     in seconds for the connection and each read, `TIMEOUT_S` by default)."""
     corpus, timeout = CORPORA[name], timeout or TIMEOUT_S
     folder = corpus_folder(name, cache_dir)
-    if not is_fetched(corpus, folder):
+    present = [remote for remote in corpus.files if (folder / remote.name).is_file()]
+    for remote in present:  # also those a user put there, as the offline message asks
+        if problem := other_bytes(folder / remote.name, remote):
+            raise BertforgeError(
+                f"{folder / remote.name} is not {corpus.name}'s {remote.name} ({problem}); delete it and "
+                f"run `{fetch_command(corpus, folder)}` again, or put the original file there"
+            )
+    if len(present) < len(corpus.files):
         with entry_lock(folder):
             folder.mkdir(parents=True, exist_ok=True)
             remove_leftovers(folder, depth=1)  # the temporaries of a download that was killed
             for remote in corpus.files:
                 if not (folder / remote.name).is_file():
                     download(remote, folder / remote.name, corpus, show_progress, timeout)
-    for remote in corpus.files:  # also those a user put there, as the offline message asks
-        if problem := other_bytes(folder / remote.name, remote):
-            raise BertforgeError(
-                f"{folder / remote.name} is not {corpus.name}'s {remote.name} ({problem}); delete it and "
-                f"run `bertforge fetch {corpus.name}` again, or put the original file there"
-            )
     return folder
+
+
+def fetch_command(corpus: Corpus, folder: Path) -> str:
+    """The command that fetches `corpus` into the cache that holds `folder`."""
+    return f"bertforge fetch {corpus.name} --cache-dir {shlex.quote(str(folder.parent.parent))}"
 
 
 def download(remote: RemoteFile, target: Path, corpus: Corpus, show_progress: bool, timeout: float) -> None:
@@ -176,7 +179,7 @@ def unreachable(remote: RemoteFile, corpus: Corpus, folder: Path, why: str) -> B
     elsewhere = corpus.elsewhere.format(folder=folder)
     return BertforgeError(
         f"cannot download {corpus.name} ({remote.url}: {why}); connect to the internet and run "
-        f"`bertforge fetch {corpus.name}` again, or {elsewhere}, or run the demo on any text: "
+        f"`{fetch_command(corpus, folder)}` again, or {elsewhere}, or run the demo on any text: "
         "make demo CORPUS=my.txt VALID=my-valid.txt"
     )
 
