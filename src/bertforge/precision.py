@@ -4,7 +4,7 @@ The 2-core CPUs this project runs on differ: an AMD EPYC with native bf16 trains
 in bf16 than in fp32, an Intel Xeon with AVX-512 bf16 but no AMX about 1.6x slower. So on CPU a
 probe times the model's own matmul shapes in fp32 and in bf16 on one core (a fraction of a second)
 and picks bf16 only when it is clearly faster. The choice is cached per machine (CPU model and flags, torch
-version, thread count) and per shape in the bertforge cache, so later runs decide at once.
+version) and per shape in the bertforge cache, so later runs decide at once.
 On CUDA: bf16 where the GPU computes it natively (compute capability 8.0, Ampere, and later), else
 fp16 with a loss scaler; an explicit bf16 on an older GPU (V100, T4) is refused with that advice.
 Elsewhere: fp32.
@@ -127,9 +127,9 @@ def measure_bf16_speedup(model: ModelConfig) -> float:
     thread, the fastest of `PROBE_ROUNDS` alternating passes of each.
 
     On a machine busy with other work, the threads of a multi-threaded matmul wait for each other at
-    every barrier, both precisions alike, and the ratio drifts towards 1: a 2-core Xeon with AMX
-    measured 1.0-1.2 on two threads under load against 3.4 idle, and one run would have cached fp32
-    for good. On one thread, the fastest passes give 4.3-4.7 under load and idle alike.
+    every barrier, both precisions alike, and the ratio drifts towards 1: on two threads a 2-core Xeon
+    with AMX reads 1.0-1.1 under load (in five runs of six) against 2.9-3.7 idle, below the threshold,
+    and the cache would keep fp32. On one thread the fastest passes read 4.3-4.7, loaded or idle.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -167,13 +167,13 @@ def cpu_name() -> str:
 
 
 def machine_key(model: ModelConfig) -> str:
-    """What decides the probe's result: CPU model and flags, torch, threads, the matmul shapes."""
+    """What decides the probe's result: CPU model and flags, torch, the matmul shapes (it runs on one
+    thread whatever the run's threads)."""
     flags = next((line for line in _cpuinfo().splitlines() if line.startswith("flags")), "")
     parts = [
         cpu_name(),
         flags,
         torch.__version__,
-        torch.get_num_threads(),
         model.hidden_size,
         model.intermediate_size,
         PROBE_VERSION,
