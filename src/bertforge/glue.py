@@ -62,7 +62,7 @@ from bertforge.finetune import (
 )
 from bertforge.folders import find_model_folder, model_positions, open_classifier, refuse_other_kind
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
-from bertforge.glue_recipes import Recipe, load_recipes, recipe_text, recipe_values
+from bertforge.glue_recipes import Recipe, full_recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
 from bertforge.io import (
@@ -251,11 +251,11 @@ def run_tasks(
     out: Path,
     say,
     jobs: int | None,
-    narrowed: bool,
+    some_tasks: bool,
     show_progress: bool,
 ) -> tuple[dict[str, dict], dict]:
     """Every run of every task, some at once in worker processes, under one progress bar: each task's
-    summary, and how many ran at once with how many threads each. `narrowed`: the report covers
+    summary, and how many ran at once with how many threads each. `some_tasks`: the report covers
     some of the benchmark's tasks, which a resume command must name."""
     planned = plan(bench, datas, out)
     work, done = {str(run.folder): run.work for run in planned}, [run.done for run in planned]
@@ -268,7 +268,7 @@ def run_tasks(
             for name, data in datas.items():
                 tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
     except Interrupted as stop:
-        kept = f" --tasks {','.join(bench.tasks)}" if narrowed else ""
+        kept = f" --tasks {','.join(bench.tasks)}" if some_tasks else ""
         stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
         raise
     finally:
@@ -430,10 +430,7 @@ def same_setting(key: str, given, saved) -> bool:
 
 def same_recipe(given: dict, saved: dict) -> bool:
     """Equal recipes, a setting that a saved benchmark predates taking its default."""
-    try:
-        return Recipe(**given) == Recipe(**saved)
-    except TypeError:  # a damaged glue_task.json: not the same
-        return False
+    return full_recipe(given) == full_recipe(saved)
 
 
 def recipe_of(bench: GlueBenchmark, task: str) -> Recipe:

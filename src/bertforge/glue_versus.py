@@ -32,7 +32,15 @@ from bertforge.glue_report import (
     text_table,
 )
 from bertforge.glue_scores import glue_average
-from bertforge.io import LOCK_FILE, RunFolderLock, atomic_write_text, check_folder_path, read_json, write_json
+from bertforge.io import (
+    LEFTOVER,
+    LOCK_FILE,
+    RunFolderLock,
+    atomic_write_text,
+    check_folder_path,
+    read_json,
+    write_json,
+)
 from bertforge.labeled import read_labeled
 from bertforge.plots import save_png
 
@@ -88,7 +96,8 @@ def check_comparison_folder(out: Path) -> None:
         raise BertforgeError(f"{out} is a file; `out` must name a folder for the comparison")
     check_folder_path(out)
     kept = {*OUTPUTS, LOCK_FILE}
-    others = sorted(entry.name for entry in out.iterdir() if entry.name not in kept) if out.is_dir() else []
+    entries = list(out.iterdir()) if out.is_dir() else []
+    others = sorted(e.name for e in entries if e.name not in kept and not LEFTOVER.match(e.name))
     if others:
         raise BertforgeError(
             f"{out} holds other things than a comparison ({', '.join(others[:3])}); choose a new `out`"
