@@ -466,10 +466,15 @@ def test_a_bad_second_corpus_fails_cleanly(tmp_path, capsys, wiki_slice, case, m
 
 @pytest.mark.parametrize(
     "valid, message",
-    [("folder", "validation path {} is a folder"), ("missing.txt", "validation file {} does not exist")],
+    [
+        ("folder", "validation path {} is a folder"),
+        ("missing.txt", "validation file {} does not exist"),
+        ("empty.txt", "validation file {} is empty"),
+    ],
 )
 def test_a_bad_validation_file_is_named_as_one(tmp_path, capsys, wiki_slice, valid, message):
     (tmp_path / "folder").mkdir()
+    (tmp_path / "empty.txt").write_text("")
     path, run = tmp_path / valid, tmp_path / "run"
     argv = ["pretrain", "--corpus", str(wiki_slice), "--valid", str(path), "--out", str(run), *TINY]
     assert_clean_failure(capsys, argv, message.format(path))
