@@ -322,7 +322,7 @@ def test_incompatible_checkpoint(tmp_path, capsys, tiny_pretrained_run):
     run = tmp_path / "run"
     shutil.copytree(tiny_pretrained_run, run)
     argv = ["pretrain", "--out", str(run), "--resume", "--set", "model.hidden_size=64", "--quiet"]
-    assert_clean_failure(capsys, argv, "keeps the model and tokenizer of the run")
+    assert_clean_failure(capsys, argv, "keeps the model, tokenizer and optimizer groups of the run")
 
 
 def test_resume_without_a_run(tmp_path, capsys):
