@@ -473,3 +473,13 @@ def test_export_refusals(tmp_path, capsys, run, exported):
     err = assert_clean_failure(capsys, argv, "damaged and cannot be read")
     assert err.rstrip().endswith("replace it with an intact copy of the model")  # not a checkpoint
     assert not (tmp_path / "o").exists()
+    flipped = broken_copy(tmp_path, run, "flipped")
+    weights = flipped / "final" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0x01  # one bit of a tensor: the file still reads
+    weights.write_bytes(bytes(data))
+    for command in (["export", "--out", str(tmp_path / "o")], ["fill-mask", "a [MASK] ."]):
+        err = assert_clean_failure(
+            capsys, [command[0], "--model", str(flipped), *command[1:]], "tensors differ"
+        )
+    assert not (tmp_path / "o").exists()

@@ -13,7 +13,9 @@ A checkpoint folder (`checkpoints/step_000200/`) holds everything needed to resu
                         checkpoint is checked against it before anything of it is used
 
 A model folder (`final/`) holds `model.safetensors`, `config.json` and the tokenizer files;
-`bertforge.folders` finds the folder a path names and opens it with the readers here.
+`bertforge.folders` finds the folder a path names and opens it with the readers here. Weights
+written here carry a hash of their tensors in their metadata, checked as they are read, so a
+flipped bit in a model folder is an error, not wrong predictions.
 Every folder is written beside its final name and renamed into place, so a crash never leaves a
 half-written checkpoint that `--resume` would pick up; a checkpoint damaged later (a flipped bit,
 a truncated file, a removed file) fails its hash check and is reported as `DamagedCheckpoint`.
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import pickle
 import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
 from bertforge.errors import BertforgeError
@@ -42,6 +45,7 @@ from bertforge.tokenizer import BertTokenizer
 
 WEIGHTS = "model.safetensors"
 TOKENIZER_METADATA = "tokenizer_fingerprint"  # in the weights' metadata
+TENSORS_METADATA = "tensors_sha256"  # in the weights' metadata
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 CONFIG = "config.json"
@@ -69,10 +73,20 @@ def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_weights(model: torch.nn.Module, path: Path, tokenizer: BertTokenizer | None = None) -> None:
     """Write weights to `path` (inside a folder that is itself written atomically); the metadata names
     the `tokenizer` they were trained with, which `check_tokenizer_is_the_models` compares."""
-    metadata = {"format": "pt"}
+    tensors = weights_to_save(model)
+    metadata = {"format": "pt", TENSORS_METADATA: tensors_sha256(tensors)}
     if tokenizer is not None:
         metadata[TOKENIZER_METADATA] = tokenizer.fingerprint
-    save_file(weights_to_save(model), str(path), metadata=metadata)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """One hash of named tensors' bytes, whatever their dtype."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensors[name].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path) -> None:
@@ -104,12 +118,17 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise DamagedCheckpoint(f"{path} is missing; the model folder is incomplete")
     if path.suffix != ".safetensors":
         return read_pickled_weights(path)
+    in_checkpoint = (path.parent / STATE).is_file()
+    fix = "use another checkpoint" if in_checkpoint else "replace it with an intact copy of the model"
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as weights:
+            expected = (weights.metadata() or {}).get(TENSORS_METADATA)  # none in older or others' files
+            tensors = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as error:
-        in_checkpoint = (path.parent / STATE).is_file()
-        fix = "use another checkpoint" if in_checkpoint else "replace it with an intact copy of the model"
         raise DamagedCheckpoint(f"{path} is damaged and cannot be read ({error}); {fix}") from None
+    if expected is not None and tensors_sha256(tensors) != expected:
+        raise DamagedCheckpoint(f"{path} is damaged: its tensors differ from the hash saved with them; {fix}")
+    return tensors
 
 
 def read_pickled_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -41,7 +41,6 @@ Nothing is written until the model folder and both data files have been read and
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import math
 import shlex
@@ -59,7 +58,7 @@ import torch.nn.functional as F
 from bertforge import distributed, reporting
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
-from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state, tensors_sha256
 from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
@@ -426,15 +425,6 @@ def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
     refuse_changed_data(
         saved_hashes, hashes, out, "resume only with the same model and data, or start a new run"
     )
-
-
-def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """One hash of named tensors' bytes, whatever their dtype."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode("utf-8"))
-        digest.update(tensors[name].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def is_tagging(task: FinetuneTask) -> bool:
