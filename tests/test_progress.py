@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from bertforge import progress
-from bertforge.progress import PlainProgress, duration, progress_bar
+from bertforge.progress import PlainProgress, duration, plural, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -116,3 +116,10 @@ def test_a_duration_under_a_minute_is_in_seconds():
         "1.0 min",
         "2.5 min",
     ]
+
+
+def test_units_in_the_plural():
+    counts = [
+        plural(unit, n) for unit, n in [("step", 2), ("batch", 3), ("epoch", 2), ("epoch", 1), ("s", 9)]
+    ]
+    assert counts == ["steps", "batches", "epochs", "epoch", "s"]

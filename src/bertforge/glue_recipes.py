@@ -18,6 +18,7 @@ from bertforge.config import load_toml
 from bertforge.config_rules import FRACTION, RANGES, count
 from bertforge.errors import BertforgeError
 from bertforge.glue_data import TASKS, task_spec
+from bertforge.progress import plural
 
 # The built-in recipes: configs/glue.toml holds the same, for a user to copy and edit (`--recipes`).
 DEFAULT_RECIPES: dict[str, dict] = {
@@ -113,10 +114,9 @@ def full_recipe(saved: dict) -> dict:
 
 def recipe_text(recipe: Recipe) -> str:
     """The recipe in a line, for the user to see what each task runs."""
-    plural = "s" if recipe.epochs != 1 else ""
     parts = [
         f"learning rate {recipe.learning_rate:g}",
-        f"{recipe.epochs} epoch{plural}",
+        f"{recipe.epochs} {plural('epoch', recipe.epochs)}",
         f"batch {recipe.batch_size}",
         f"{recipe.max_length} tokens",
         f"warmup {recipe.warmup:g}",

@@ -163,10 +163,10 @@ class PlainProgress:
 
 
 def plural(unit: str, count: float) -> str:
-    """`step` -> `steps`, `batch` -> `batches` (tqdm's units are singular); `s` stays."""
+    """`step` -> `steps`, `batch` -> `batches`, `epoch` -> `epochs` (tqdm's units are singular); `s` stays."""
     if count == 1 or len(unit) < 3:
         return unit
-    return unit + ("es" if unit.endswith(("s", "sh", "ch", "x")) else "s")
+    return unit + ("es" if unit.endswith(("s", "sh", "tch", "x")) else "s")
 
 
 def clock(seconds: float) -> str:

@@ -317,7 +317,7 @@ def tagged_task(args) -> bool:
 
 def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
-    from bertforge.progress import duration
+    from bertforge.progress import duration, plural
 
     task, config = finetune_inputs(args)
     if (args.jobs or 1) > 1 and not task.seeds and not task.compare_scratch:
@@ -333,7 +333,8 @@ def run_finetune(args) -> int:
             task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
         )
     for run in summary["runs"]:
-        trained = f"{epochs_text(run['epochs'])} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
+        epochs = f"{run['epochs']} {plural('epoch', run['epochs'])}"
+        trained = f"{epochs} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
         print(
             f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}: " + format_scores(run["best"])
         )
@@ -455,10 +456,6 @@ def entity_table(per_type: dict[str, dict]) -> str:
             f"  {scores['support']:>7,}"
         )
     return "\n".join(lines)
-
-
-def epochs_text(epochs: int) -> str:
-    return f"{epochs} epoch" + ("" if epochs == 1 else "s")
 
 
 def classify_inputs(args) -> list[str]:
