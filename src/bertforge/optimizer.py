@@ -14,11 +14,12 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.de
     """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer). Each
     group's `lr_scale` multiplies the schedule's rate (`train.layer_decay`, by depth)."""
     groups: dict[tuple[bool, int], list] = {}
-    layers = model.config.num_hidden_layers if train.layer_decay != 1.0 else 0
+    by_depth = train.layer_decay != 1.0  # else the two groups of one rate that older checkpoints hold
+    layers = model.config.num_hidden_layers if by_depth else 0
     for name, param in model.named_parameters():
         if param.requires_grad:
             decays = not (name.endswith("bias") or "LayerNorm" in name)
-            depth = layer_depth(name, layers) if layers else 1
+            depth = layer_depth(name, layers) if by_depth else layers + 1
             groups.setdefault((decays, depth), []).append(param)
     param_groups = [
         {
