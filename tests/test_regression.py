@@ -35,7 +35,7 @@ from bertforge.folders import open_classifier
 from bertforge.glue_recipes import DEFAULT_RECIPES
 from bertforge.gpt import GPTForSequenceClassification
 from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
-from bertforge.labeled import read_labeled, task_type
+from bertforge.labeled import label_names, read_labeled, task_type
 from bertforge.metrics import pearson
 from bertforge.model import BertForSequenceClassification
 from bertforge.tokenizer import load_tokenizer
@@ -138,6 +138,11 @@ def test_real_valued_labels_make_a_regression(tmp_path, stsb):
     assert task_type(labeled(tmp_path, [0.5, 1, 2.25])) == "regression"  # JSON numbers
     assert task_type(labeled(tmp_path, ["1e-1", "2", "3"])) == "regression"
     assert task_type(labeled(tmp_path, [0, 1, 1, 0])) == "classification"  # integers are class ids
+    csv = tmp_path / "floats.csv"  # pandas writes an integer column with missing values as floats
+    csv.write_text("text,label\na,0.0\nb,1.0\nc,10.0\nd,2.0\n", encoding="utf-8")
+    written_as_floats = read_labeled(csv, "text", "label")
+    assert task_type(written_as_floats) == "classification"
+    assert label_names(written_as_floats) == ["0.0", "1.0", "2.0", "10.0"]  # ordered as numbers
     assert task_type(labeled(tmp_path, ["pos", "neg"])) == "classification"
     assert task_type(labeled(tmp_path, [0, 1, 2]), "regression") == "regression"  # forced
     assert task_type(train, "classification") == "classification"

@@ -146,8 +146,9 @@ def paired_comparison(
     name: str, kind: str, true: list, runs_a: list[dict], runs_b: list[dict], names: tuple[str, str]
 ) -> dict:
     """Runs a against runs b (the same seeds in the same order) in the task score: per-seed
-    differences, the sign test over seeds and a paired bootstrap over the first dev file's examples
-    (`true`: its labels; each run's "predicted" holds its predictions)."""
+    differences and the sign test over seeds in the whole score (MNLI: matched and mismatched), and
+    a paired bootstrap over the first dev file's examples (`true`: its labels; each run's
+    "predicted" holds its predictions)."""
     a_scores, b_scores = [r["score"] for r in runs_a], [r["score"] for r in runs_b]
     differences = [a - b for a, b in zip(a_scores, b_scores, strict=True)]
     labels = [] if kind == "regression" else sorted(TASKS[name].labels)
@@ -160,7 +161,7 @@ def paired_comparison(
         resamples=BOOTSTRAP_RESAMPLES,
     )
     return {
-        "metric": "task score on the first dev file",
+        "metric": "task score (the bootstrap: on the first dev file)",
         "pairs": [
             {"seed": r["seed"], names[0]: a, names[1]: b, "difference": a - b}
             for r, a, b in zip(runs_a, a_scores, b_scores, strict=True)

@@ -37,6 +37,7 @@ FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")  # "1" and "1.0" (pandas writes float columns so): class ids
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # finite: no nan, no inf
 TaskType = Literal["auto", "classification", "regression"]  # auto: regression for real-valued labels
 TASK_TYPES: tuple[TaskType, ...] = get_args(TaskType)
@@ -257,8 +258,8 @@ def label_names(data: LabeledExamples) -> list[str]:
             f"every example in {data.path} has the label {data.labels[0]!r}; "
             "a classifier needs examples of at least two classes"
         )
-    numeric = all(_INTEGER.fullmatch(name) for name in names)
-    ordered = sorted(names, key=int) if numeric else sorted(names)
+    numeric = all(_WHOLE_NUMBER.fullmatch(name) for name in names)
+    ordered = sorted(names, key=float) if numeric else sorted(names)
     warn_rare_labels(data, ordered)
     return ordered
 
@@ -300,15 +301,16 @@ def label_ids(data: LabeledExamples, names: list[str]) -> list[int]:
 
 def task_type(data: LabeledExamples, requested: str = "auto") -> Literal["classification", "regression"]:
     """Whether the training file `data` is a classification or a regression: `requested`, or for
-    "auto" a regression when every label is a number and some label is not an integer ("3.800",
-    0.5). Refuses, naming a row of each, labels that are neither: real numbers mixed with text."""
+    "auto" a regression when every label is a number and some label is not a whole number ("3.800",
+    0.5; "1.0" is a class id, as a JSON 1.0). Refuses, naming a row of each, labels that are
+    neither: real numbers mixed with text."""
     if requested not in TASK_TYPES:
         raise BertforgeError(f"task type {requested!r} is not one of: {', '.join(TASK_TYPES)}")
     if requested == "regression":
         label_values(data)  # every label a number
         return "regression"
     numbers = [bool(_NUMBER.fullmatch(label)) for label in data.labels]
-    real = [i for i, label in enumerate(data.labels) if numbers[i] and not _INTEGER.fullmatch(label)]
+    real = [i for i, label in enumerate(data.labels) if numbers[i] and not _WHOLE_NUMBER.fullmatch(label)]
     if requested == "classification" or not real:
         return "classification"
     text = [i for i, number in enumerate(numbers) if not number]

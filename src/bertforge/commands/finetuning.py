@@ -98,7 +98,7 @@ def add_finetune_command(commands) -> None:
         choices=(*TASK_TYPES, TAGGING),
         help="regression: real-valued labels, one output and the squared error; ner: a tag per word "
         "(default auto: ner for a tagged file, a regression when every label is a number and some are "
-        "not integers, such as 3.8)",
+        "not whole numbers, such as 3.8)",
     )
     p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
     p.add_argument(
