@@ -166,8 +166,8 @@ def test_truncation_matches_googles_loop():
     budgets = rng.integers(2, 130, 3000)
     for a0, b0, budget in zip(len_a, len_b, budgets, strict=True):
         a, b = int(a0), int(b0)
-        while a + b > budget:  # Google: trim max(tokens_a, tokens_b, key=len), A on ties
-            if a >= b:
+        while a + b > budget:  # Google: tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+            if a > b:
                 a -= 1
             else:
                 b -= 1

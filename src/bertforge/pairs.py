@@ -157,13 +157,15 @@ def _truncation_cuts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens Google's `truncate_seq_pair` removes from A and from B, in closed form.
 
-    Google trims the longer side one token at a time (A on ties, as `max(a, b, key=len)` picks
-    the first); the result is that the longer side loses everything if that keeps it at least as
-    long as the other, otherwise both end at half the budget (B gets the odd token).
+    Google trims A while it is longer and B otherwise, one token at a time (B on ties: `tokens_a if
+    len(tokens_a) > len(tokens_b) else tokens_b`). So A alone loses the excess if it stays at least
+    as long as B, B alone if it stays at least A's length minus one, and otherwise both end at half
+    the budget, A with the odd token.
     """
     excess = np.maximum(len_a + len_b - max_num_tokens, 0)  # (N,)
-    half_a = max_num_tokens // 2  # A's length when both sides are trimmed
-    cut_a = np.where(len_a - excess >= len_b, excess, np.where(len_b - excess >= len_a, 0, len_a - half_a))
+    half_a = (max_num_tokens + 1) // 2  # A's length when both sides are trimmed
+    only_a, only_b = len_a - excess >= len_b, len_b - excess >= len_a - 1
+    cut_a = np.where(only_a, excess, np.where(only_b, 0, len_a - half_a))
     cut_b = excess - cut_a
     return cut_a, cut_b
 
