@@ -226,10 +226,7 @@ def test_raw_text_words_and_their_character_offsets(tokenizer):
         "Blackburn",
         "met",
         "the",
-        "U",
-        ".",
-        "N",
-        ".",
+        "U.N.",  # one word, as CoNLL-2003 writes it
         "envoy",
         ",",
         "in",
@@ -237,3 +234,23 @@ def test_raw_text_words_and_their_character_offsets(tokenizer):
         ".",
     ]
     assert len(pieces) == len(spans) and all(pieces)
+    assert pieces == sentence_pieces(tokenizer, [[text[s:e] for s, e in spans]])[0]  # as in training
+    text = "J. O'Neil's  (York-based) firm... said: \"no!\""
+    words = [text[s:e] for s, e in text_words(tokenizer, text)[1]]
+    assert words == [
+        "J.",
+        "O'Neil",
+        "'s",
+        "(",
+        "York-based",
+        ")",
+        "firm",
+        "...",
+        "said",
+        ":",
+        '"',
+        "no",
+        "!",
+        '"',
+    ]
+    assert text_words(tokenizer, "  ") == ([], [])

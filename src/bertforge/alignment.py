@@ -8,12 +8,16 @@ and the windows' predictions are put back together word by word (`regroup`): not
 word of more pieces than a window holds keeps its first ones (only the first is read).
 
 A word that the tokenizer turns into no piece at all (a zero-width space) becomes `[UNK]`, so
-that every word has a first piece. Raw text is split into words as the tokenizer's pre-tokenizer
-splits it (white space and punctuation), with each word's character offsets in the text.
+that every word has a first piece. Raw text is split into words as CoNLL-2003 and the Penn Treebank
+write them, the words taggers are trained on: at white space, with punctuation at a word's edges
+apart, except a period that ends an abbreviation ("U.S.", "J."), and a possessive "'s" apart; inside
+a word punctuation stays ("O'Neil", "York-based"). Each word keeps its character offsets in the text.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Sequence
 
 from bertforge.losses import NO_LABEL
@@ -35,14 +39,42 @@ def sentence_pieces(tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]]
 
 def text_words(tokenizer: BertTokenizer, text: str) -> tuple[WordPieces, list[tuple[int, int]]]:
     """A raw text's words as piece ids, and each word's (start, end) character offsets in `text`."""
-    encoding = tokenizer.backend.encode(text, add_special_tokens=False)
-    count = max((w for w in encoding.word_ids if w is not None), default=-1) + 1
-    pieces = _grouped(encoding.ids, encoding.word_ids, count, tokenizer.unk_id)
-    spans: list[list[int]] = [[] for _ in range(count)]
-    for word, (start, end) in zip(encoding.word_ids, encoding.offsets, strict=True):
-        if word is not None:
-            spans[word] = [spans[word][0] if spans[word] else start, end]
-    return pieces, [(span[0], span[1]) for span in spans]
+    spans = [span for match in re.finditer(r"\S+", text) for span in _word_spans(text, *match.span())]
+    if not spans:
+        return [], []
+    return sentence_pieces(tokenizer, [[text[start:end] for start, end in spans]])[0], spans
+
+
+def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The words of the white-space-free `text[start:end]`: punctuation at its edges apart."""
+    leading, trailing = [], []
+    while end - start > 1 and _is_punctuation(text[start]):
+        run = _run_length(text[start:end])  # "..." or "--" is one word
+        leading.append((start, start + run))
+        start += run
+    while end - start > 1:
+        run = _run_length(text[start:end][::-1])
+        if text[end - 2 : end].lower() in ("'s", "\u2019s") and end - start > 2:
+            run = 2
+        elif not _is_punctuation(text[end - 1]) or _ends_abbreviation(text[start:end]):
+            break
+        trailing.append((end - run, end))
+        end -= run
+    return [*leading, *([(start, end)] if end > start else []), *reversed(trailing)]
+
+
+def _run_length(word: str) -> int:
+    """How many times `word`'s first character repeats at its start."""
+    return len(word) - len(word.lstrip(word[0]))
+
+
+def _is_punctuation(char: str) -> bool:
+    return unicodedata.category(char).startswith("P")
+
+
+def _ends_abbreviation(word: str) -> bool:
+    """A period that belongs to its word: after an initial ("J.") or in "U.S.", "a.m."."""
+    return word.endswith(".") and (len(word) == 2 and word[0].isalpha() or "." in word[:-1].strip("."))
 
 
 def _grouped(ids: list[int], word_ids: list[int | None], count: int, unk_id: int) -> WordPieces:

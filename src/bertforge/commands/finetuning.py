@@ -189,7 +189,8 @@ def add_tag_command(commands) -> None:
         help="find the named entities in texts with a fine-tuned tagger",
         description="Print each text's entities: type, character offsets (start-end) and score (the mean "
         "probability of its words' tags); --json: one object per text with its entities and every "
-        "word's tag. Texts are split into words at spaces and punctuation; a text longer than the "
+        "word's tag. Texts are split into words as CoNLL-2003 writes them (at spaces, punctuation apart "
+        'at a word\'s edges: "U.S." and "O\'Neil" are one word); a text longer than the '
         "model's length is tagged in windows.",
     )
     p.add_argument("text", nargs="*", help="texts to tag")
