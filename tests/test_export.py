@@ -269,6 +269,33 @@ def test_import_a_masked_lm_draws_the_missing_heads(tmp_path, small_tokenizer_di
     torch.testing.assert_close(logits[mask.bool()], mlm[mask.bool()], rtol=0, atol=TOL)
 
 
+def test_heads_an_import_drew_fresh_are_refused_where_they_are_read(tmp_path, capsys, small_tokenizer_dir):
+    from bertforge.cli import main
+
+    torch.manual_seed(2)
+    masked_lm = save_hf_folder(
+        tmp_path / "mlm", transformers.BertForMaskedLM(hf_config()), small_tokenizer_dir
+    )
+    bare = save_hf_folder(tmp_path / "bare", transformers.BertModel(hf_config()), small_tokenizer_dir)
+    capsys.readouterr()  # transformers' progress bars
+    assert import_hf(masked_lm, tmp_path / "imported_mlm")["untrained"] == ["nsp"]
+    assert import_hf(bare, tmp_path / "imported_bare")["untrained"] == ["mlm", "nsp"]
+    pair = ["the cat sat .", "it slept ."]
+    for folder in (masked_lm, tmp_path / "imported_mlm"):  # the Hugging Face folder itself, and its import
+        assert_clean_failure(
+            capsys, ["nsp", "--model", str(folder), *pair], "has no trained next-sentence head"
+        )
+        assert main(["fill-mask", "--model", str(folder), "the [MASK] sat ."]) == 0
+        capsys.readouterr()
+    for folder in (bare, tmp_path / "imported_bare"):
+        assert_clean_failure(
+            capsys,
+            ["fill-mask", "--model", str(folder), "the [MASK] sat ."],
+            "no trained masked-language-model head",
+        )
+    assert bertforge.load(tmp_path / "imported_bare")  # the encoder itself opens, to fine-tune or pretrain
+
+
 def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):
     """Google's vocab.txt puts [PAD] at 0 and [UNK] [CLS] [SEP] [MASK] at 100-103, after [unused*]."""
     tokens = (small_tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()

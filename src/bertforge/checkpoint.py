@@ -419,13 +419,20 @@ def check_tokenizer_fits(
 
 
 def save_model_folder(
-    folder: Path, model: torch.nn.Module, tokenizer: BertTokenizer, config: RunConfig
+    folder: Path,
+    model: torch.nn.Module,
+    tokenizer: BertTokenizer,
+    config: RunConfig,
+    notes: dict | None = None,
 ) -> None:
-    """Write weights, config and tokenizer files into `folder`, atomically."""
+    """Write weights, config and tokenizer files into `folder`, atomically; `notes`: more JSON
+    files, by name."""
     with atomic_directory(folder) as tmp:
         save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
         tokenizer.save(tmp, config.model.max_position_embeddings)
+        for name, payload in (notes or {}).items():
+            write_json(tmp / name, payload)
 
 
 def hf_label_fields(labels: list[str]) -> dict:

@@ -152,7 +152,7 @@ def evaluate_model(
 
     Returns the metrics (NSP's only from a model that trained its NSP head) and, as a reference for
     `mlm_loss`, the text's `unigram_entropy`. `precision`: see `evaluation_precision`."""
-    model, tokenizer, config = open_pretrained(model_path)
+    model, tokenizer, config = open_pretrained(model_path, needs=("mlm",))
     data = config.data
     trained_nsp = data.nsp
     if nsp is not None:

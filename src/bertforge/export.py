@@ -48,10 +48,12 @@ from bertforge.config import RunConfig, save_json
 from bertforge.errors import BertforgeError
 from bertforge.folders import (
     BERTFORGE_CONFIG,
+    UNTRAINED_HEADS,
     ModelFolder,
     find_model_folder,
     open_hf_folder,
     read_config_and_tokenizer,
+    untrained_heads,
 )
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
@@ -141,11 +143,14 @@ def export_gpt(
 def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
     """Turn the Hugging Face BERT or OpenAIGPT folder `src_dir` into a bertforge model folder `out_dir`.
 
-    Returns `{"out", "initialised", "dropped"}`: head weights the source lacked (drawn fresh, as
-    Hugging Face does) and task heads it had that pretraining does not use.
+    Returns `{"out", "initialised", "dropped", "untrained"}`: head weights the source lacked (drawn
+    fresh, as Hugging Face does), task heads it had that pretraining does not use, and the
+    pretraining heads ("mlm", "nsp") left untrained, which the folder's untrained_heads.json names.
     """
     out = Path(out_dir)
     with building_new_folder(out):
         model, tokenizer, config, report = open_hf_folder(src_dir)
-        save_model_folder(out, model, tokenizer, config)
-    return {"out": out, **report}
+        untrained = untrained_heads(report["initialised"])
+        notes = {UNTRAINED_HEADS: {"heads": untrained}} if untrained else None
+        save_model_folder(out, model, tokenizer, config, notes)
+    return {"out": out, **report, "untrained": untrained}

@@ -24,7 +24,10 @@ Opening (every model on the CPU, in eval mode):
 - `open_classifier`: model, tokenizer, labels and run config of a classifier (ours or exported);
 - `open_tagger`: the same for a tagger (a token classifier: `bertforge.tagger`);
 - `open_hf_folder`: a Hugging Face folder as a pretraining model, with a report of the weights
-  drawn fresh or left out (what `bertforge import-hf` writes).
+  drawn fresh or left out (what `bertforge import-hf` writes). A head the folder lacked (a bare
+  `BertModel` has neither MLM nor NSP head) is untrained: its run config says so for NSP
+  (`data.nsp = false`), an import lists it in untrained_heads.json, and `open_pretrained` refuses
+  a command that would read it.
 
 The files' formats are `bertforge.checkpoint`'s and `bertforge.tokenizer`'s; Hugging Face's names
 and configs are converted by `bertforge.bert_convert` and `bertforge.gpt_convert`.
@@ -69,6 +72,11 @@ from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertT
 
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
 HF_BIN = "pytorch_model.bin"
+UNTRAINED_HEADS = "untrained_heads.json"  # an import's heads that its source lacked, drawn fresh
+HEADS = {
+    "mlm": ("cls.predictions.", "masked-language-model"),
+    "nsp": ("cls.seq_relationship.", "next-sentence"),
+}
 MODEL_HINT = "give a run folder, its final/ or one of its checkpoints"
 CLASSIFIER_HINT = "give a fine-tuned classifier or tagger folder, written by `bertforge finetune` or `export`"
 # The files that mark the run folders of `bertforge finetune` and `bertforge glue` (their modules'
@@ -224,13 +232,21 @@ def folder_kind(path: str | Path) -> FolderKind | None:
 # ---------------------------------------------------------------------------------------- opening
 
 
-def open_pretrained(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig]:
+def open_pretrained(
+    path: str | Path, needs: tuple[str, ...] = ()
+) -> tuple[PretrainingModel, BertTokenizer, RunConfig]:
     """Model, tokenizer and run config of any model folder but one of our classifiers (a Hugging Face
-    classifier opens as its encoder with fresh pretraining heads, as `open_hf_folder` reads it)."""
+    classifier opens as its encoder with fresh pretraining heads, as `open_hf_folder` reads it).
+    `needs`: the heads ("mlm", "nsp") the caller reads, refused where they are untrained."""
     folder = find_model_folder(path)
     if folder.hugging_face:
-        model, tokenizer, config, _ = open_hf_folder(folder.path)
+        model, tokenizer, config, report = open_hf_folder(folder.path)
+        refuse_untrained(path, untrained_heads(report["initialised"]), needs, imported=False)
         return model, tokenizer, config
+    if (folder.path / UNTRAINED_HEADS).is_file():
+        refuse_untrained(
+            path, read_json(folder.path / UNTRAINED_HEADS).get("heads", []), needs, imported=True
+        )
     if folder.has_labels:
         raise BertforgeError(
             f"{folder.path} holds a fine-tuned classifier (it has {LABELS}), not a pretrained model with MLM "
@@ -242,6 +258,22 @@ def open_pretrained(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, 
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
     return model.eval(), tokenizer, config
+
+
+def untrained_heads(initialised: list[str]) -> list[str]:
+    """The pretraining heads ("mlm", "nsp") among the weights `open_hf_folder` drew fresh."""
+    return [head for head, (prefix, _) in HEADS.items() if any(n.startswith(prefix) for n in initialised)]
+
+
+def refuse_untrained(path: str | Path, untrained: list[str], needs: tuple[str, ...], imported: bool) -> None:
+    for head in (head for head in needs if head in untrained):
+        source = "the Hugging Face folder it was imported from" if imported else "this Hugging Face folder"
+        raise BertforgeError(
+            f"{path} has no trained {HEADS[head][1]} head: {source} has no weights for it (BertModel "
+            "has neither head, BertForMaskedLM no NSP head), so its predictions would be noise; use a "
+            "folder with that head (BertForPreTraining), or train it: bertforge pretrain --init "
+            f"{shlex.quote(str(path))} --corpus TEXT --out RUN"
+        )
 
 
 def open_encoder(path: str | Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
@@ -314,6 +346,8 @@ def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, R
         model, dropped = gpt_convert.language_model_from_hf(model_config, weights, src)
         return model, tokenizer, config, {"initialised": [], "dropped": dropped}
     model, report = bert_convert.model_from_hf_weights(model_config, weights, src)
+    if "nsp" in untrained_heads(report["initialised"]):
+        config.data.nsp = config.data.warmup_nsp = False  # nothing trained its NSP head
     return model.eval(), tokenizer, config, report
 
 

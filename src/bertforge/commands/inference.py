@@ -190,6 +190,9 @@ def add_import_command(commands) -> None:
     p.set_defaults(handler=run_import)
 
 
+HEADS_READ = {"fill-mask": ("mlm",), "nsp": ("nsp",), "showcase": ("mlm",)}  # refused where untrained
+
+
 def load_on_device(args, objective: str = "mlm"):
     """(model, tokenizer, config) from --model, moved to --device; refused unless its `model.objective`
     is `objective` (a BERT, "mlm", or a GPT, "clm")."""
@@ -198,7 +201,7 @@ def load_on_device(args, objective: str = "mlm"):
 
     check_flags(args, NUMBER_FLAGS[args.command])
     device = resolve_device(args.device)
-    model, tokenizer, config = open_pretrained(args.model)
+    model, tokenizer, config = open_pretrained(args.model, HEADS_READ.get(args.command, ()))
     if config.model.objective != objective:
         raise BertforgeError(WRONG_MODEL[objective].format(model=args.model, command=args.command))
     return model.to(device), tokenizer, config
@@ -405,6 +408,10 @@ def run_import(args) -> int:
     print(f"imported {args.source} to {args.out}")
     if result["initialised"]:
         print(f"  not in the source, drawn fresh: {', '.join(result['initialised'])}")
+    if result["untrained"]:
+        print(
+            f"  untrained heads ({', '.join(result['untrained'])}): commands that read them refuse the folder"
+        )
     if result["dropped"]:
         print(f"  fine-tuning heads left out: {', '.join(result['dropped'])}")
     print(f"  continue pretraining: bertforge pretrain --init {args.out} --corpus TEXT --out RUN")
