@@ -154,6 +154,9 @@ def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_t
     assert json.loads((tmp_path / "hf" / "labels.json").read_text())["pairs"] is True
     with pytest.warns(UserWarning, match="fine-tuned on text pairs, and 1 of 1 texts have no tab"):
         assert main(["classify", "--model", str(tmp_path / "hf"), "album song"]) == 0
+    long_pair = "album song\t" + "song " * 300
+    with pytest.warns(UserWarning, match="1 of 2 texts are longer than the 32 tokens the model reads"):
+        assert main(["classify", "--model", str(finetuned), "album\tsong", long_pair]) == 0
 
 
 def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned):
@@ -473,7 +476,9 @@ def test_model_folder_that_is_not_a_model(tmp_path, capsys, data):
 
 def test_classify_needs_a_classifier(tmp_path, capsys, tiny_pretrained_run):
     assert_clean_failure(
-        capsys, ["classify", "--model", str(tiny_pretrained_run), "hello"], "not a classifier"
+        capsys,
+        ["classify", "--model", str(tiny_pretrained_run), "hello"],
+        "not a fine-tuned classifier or tagger",
     )
     assert_clean_failure(capsys, ["classify", "--model", str(tmp_path / "none"), "hello"], "does not exist")
     assert_clean_failure(capsys, ["tag", "--model", str(tmp_path / "none"), "hello"], "classifier or tagger")

@@ -21,8 +21,8 @@ from bertforge.commands.finetuning import comparison_table
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
-from bertforge.finetune import FinetuneTask, finetune, finetuning_config
-from bertforge.folders import open_tagger
+from bertforge.finetune import FinetuneTask, build_classifier, finetune, finetuning_config
+from bertforge.folders import open_encoder, open_tagger
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, tag, token_classifier
 from bertforge.tokenizer import load_tokenizer
@@ -304,6 +304,30 @@ def test_a_hugging_face_tagger_is_read_and_imported(tmp_path, small_tokenizer_di
 
 
 # ---------------------------------------------------------------------------------------- bad input
+
+
+def test_a_tagger_is_named_for_what_it_is_and_its_encoder_starts_a_classifier(
+    tagger_run, tiny_pretrained_run, tmp_path, capsys
+):
+    tagger = tagger_run[0] / "final"
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Rome is old\n", encoding="utf-8")
+    embed_argv = ["embed", "--model", str(tagger), "--input", str(texts), "--out", str(tmp_path / "e.npy")]
+    message = assert_clean_failure(capsys, embed_argv, "holds a fine-tuned tagger (a token classifier")
+    assert "use `bertforge tag`" in message
+    message = assert_clean_failure(
+        capsys, ["tag", "--model", str(tiny_pretrained_run), "Rome"], "not a fine-tuned"
+    )
+    assert "classifier or tagger" in message
+
+    config, _, encoder = open_encoder(tagger)
+    assert not any(name.startswith("pooler.") for name in encoder)  # a tagger has no pooler
+    classifier = build_classifier(config, 2, encoder)  # a fresh pooler, the tagger's encoder
+    fresh = build_classifier(config, 2, None)
+    torch.testing.assert_close(classifier.bert.pooler.dense.weight, fresh.bert.pooler.dense.weight)
+    torch.testing.assert_close(
+        classifier.bert.embeddings.word_embeddings.weight, encoder["embeddings.word_embeddings.weight"]
+    )
 
 
 def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained_run, conll, biased_tagger):

@@ -100,13 +100,15 @@ def test_bad_tagged_files_are_refused_naming_the_file_and_line(tmp_path, text, m
 def test_tags_outside_the_set_and_a_single_tag_are_refused(tmp_path):
     train = read_tagged(write(tmp_path / "train.txt", "Rome B-LOC\nis O\n\nParis B-LOC\n"))
     names = tag_names(train)
-    assert names == ["O", "B-LOC"]
+    assert names == ["O", "B-LOC", "I-LOC"]  # a type's I- too, which the validation file may hold
     valid = read_tagged(write(tmp_path / "valid.txt", "Ada B-PER\n\nRome B-LOC\nand O\nBob B-PER\n"))
     with pytest.raises(
         BertforgeError, match=r"valid.txt line 1: the tag 'B-PER' is not in the training file"
     ):
         tag_ids(valid, names)
-    assert tag_ids(read_tagged(write(tmp_path / "v.txt", "Rome B-LOC\nis O\n")), names) == [[1, 0]]
+    assert tag_ids(read_tagged(write(tmp_path / "v.txt", "New B-LOC\nYork I-LOC\nis O\n")), names) == [
+        [1, 2, 0]
+    ]
     with pytest.raises(BertforgeError, match="every word in .* is tagged 'O'"):
         tag_names(read_tagged(write(tmp_path / "o.txt", "a O\nb O\n")))
 

@@ -100,17 +100,17 @@ def classify(
 
     Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label);
     for a regression model (one label) `{"score": its output}`. Texts longer than `max_length` tokens
-    (default: the model's positions) are truncated.
+    (default: the model's positions) are truncated, with a warning.
     """
     model.eval()
     device = next(model.parameters()).device
     max_length = max_length or model.config.max_position_embeddings
     pairs = pairs or [None] * len(texts)
-    results = []
+    results, truncated = [], 0
     for start in range(0, len(texts), batch_size):
-        encoded = tokenizer.encode_pairs(
-            texts[start : start + batch_size], pairs[start : start + batch_size], max_length
-        )
+        chunk = texts[start : start + batch_size], pairs[start : start + batch_size]
+        encoded = tokenizer.encode_pairs(*chunk, max_length)
+        truncated += sum(len(ids) > max_length for ids, _ in tokenizer.encode_pairs(*chunk))
         examples = [{"input_ids": ids, "token_type_ids": types} for ids, types in encoded]
         batch = pad_batch(examples, tokenizer.pad_id)
         logits = model(
@@ -130,4 +130,10 @@ def classify(
                     "probabilities": dict(zip(labels, row, strict=True)),
                 }
             )
+    if truncated:
+        warnings.warn(
+            f"{truncated:,} of {len(texts):,} texts are longer than the {max_length} tokens the model reads; "
+            "only their first tokens were used",
+            stacklevel=2,
+        )
     return results

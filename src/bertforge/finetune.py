@@ -941,7 +941,8 @@ def build_classifier(
 ) -> torch.nn.Module:
     """A classifier drawn from `runtime.seed` (BERT's, or a GPT's for `model.objective = "clm"`; with
     `tagger`, BERT's token classifier), its encoder replaced by `encoder` when given (but for BERT's
-    pooler with `reinit_pooler`; a token classifier has no pooler, and leaves the encoder's out).
+    pooler with `reinit_pooler` or where the encoder has none, a tagger's; a token classifier has no
+    pooler, and leaves the encoder's out).
 
     The same seed gives the same head whether or not the encoder is replaced, so a pretrained run
     and its `--from-scratch` baseline differ only in the encoder.
@@ -952,6 +953,9 @@ def build_classifier(
         body = getattr(model, ENCODER[config.model.objective])
         if tagger:
             encoder = {name: tensor for name, tensor in encoder.items() if not name.startswith("pooler.")}
+        elif hasattr(body, "pooler") and not any(name.startswith("pooler.") for name in encoder):
+            reinit_pooler = True  # a tagger's encoder, which has none
+            encoder = encoder | {f"pooler.{name}": t for name, t in body.pooler.state_dict().items()}
         fresh = (
             {key: value.clone() for key, value in body.pooler.state_dict().items()} if reinit_pooler else None
         )

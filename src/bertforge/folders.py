@@ -129,7 +129,7 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
         folder = ModelFolder(path, tokenizer_dir, hugging_face=False)
     if classifier and not folder.has_labels and not read_json(path / CONFIG).get("id2label"):
         raise BertforgeError(
-            f"{path} holds a pretrained model, not a classifier (it names no labels); "
+            f"{path} holds a pretrained model, not a fine-tuned classifier or tagger (it names no labels); "
             "fine-tune it first with `bertforge finetune`"
         )
     return folder
@@ -220,7 +220,7 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if is_hf_folder(path):
         return FolderKind("model folder", "a Hugging Face model (its config.json has a model_type)")
     if (path / LABELS).is_file():
-        return FolderKind("classifier", f"a fine-tuned classifier (it has {LABELS})")
+        return FolderKind("classifier", f"{fine_tuned_kind(path)[0]} (it has {LABELS})")
     if (path / WEIGHTS).is_file():
         return FolderKind("model folder", f"a model folder (it has {WEIGHTS}: a run's final/ or an import)")
     if (path / CONFIG).is_file() and (path / RUN_TOKENIZER).is_dir():
@@ -248,9 +248,10 @@ def open_pretrained(
             path, read_json(folder.path / UNTRAINED_HEADS).get("heads", []), needs, imported=True
         )
     if folder.has_labels:
+        kind, command, opener = fine_tuned_kind(folder.path)
         raise BertforgeError(
-            f"{folder.path} holds a fine-tuned classifier (it has {LABELS}), not a pretrained model with MLM "
-            "and NSP heads; use `bertforge classify` (or bertforge.folders.open_classifier) for it"
+            f"{folder.path} holds {kind} (it has {LABELS}), not a pretrained model with MLM and NSP heads; "
+            f"use `bertforge {command}` (or bertforge.folders.{opener}) for it"
         )
     if folder.is_checkpoint:  # its files must be those that were written
         verify_checkpoint(folder.path, (WEIGHTS, CONFIG))
@@ -258,6 +259,13 @@ def open_pretrained(
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
     return model.eval(), tokenizer, config
+
+
+def fine_tuned_kind(path: Path) -> tuple[str, str, str]:
+    """What a folder with labels holds, the command that reads it and the function that opens it."""
+    if is_tagger_folder(path):
+        return "a fine-tuned tagger (a token classifier for named entities)", "tag", "open_tagger"
+    return "a fine-tuned classifier", "classify", "open_classifier"
 
 
 def untrained_heads(initialised: list[str]) -> list[str]:

@@ -60,7 +60,13 @@ from bertforge.finetune import (
     start,
     worker_job,
 )
-from bertforge.folders import find_model_folder, model_positions, open_classifier, refuse_other_kind
+from bertforge.folders import (
+    find_model_folder,
+    fine_tuned_kind,
+    model_positions,
+    open_classifier,
+    refuse_other_kind,
+)
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, full_recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, markdown_report, plot_report
@@ -231,8 +237,8 @@ def read_tasks(bench: GlueBenchmark, say) -> tuple[dict[str, TaskData], list[str
     refuse_longer_than_the_model(bench, model_positions(model.path))
     if model.has_labels:
         say(
-            f"note: {model.path} is a fine-tuned classifier; glue fine-tunes its encoder again without "
-            "its head, so the figures are not a pretrained encoder's"
+            f"note: {model.path} is {fine_tuned_kind(model.path)[0]}; glue fine-tunes its encoder again "
+            "without its head, so the figures are not a pretrained encoder's"
         )
     datas = {name: read_task(TASKS[name], folder) for name, folder in found.items()}
     for name, data in datas.items():

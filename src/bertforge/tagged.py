@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertforge.entities import OUTSIDE, is_tag, split_tag
+from bertforge.entities import OUTSIDE, PREFIXES, is_tag, split_tag
 from bertforge.errors import BertforgeError
 from bertforge.labeled import json_line, read_text
 
@@ -193,14 +193,18 @@ def is_tagged_file(path: str | Path) -> bool:
 
 
 def tag_names(data: TaggedExamples) -> list[str]:
-    """The tag set of a training file: `O` first, then by type, each type's `B-` before its `I-`."""
+    """The tag set of a training file: `O` first, then by type, each type's `B-` before its `I-`.
+    A type has both (a small file may hold only one of them, IOB1's B- is rare), so that the
+    validation file's may be either."""
     found = {tag for tags in data.tags for tag in tags}
     if len(found) < 2:
         raise BertforgeError(
             f"every word in {data.path} is tagged {next(iter(found))!r}; a tagger needs words of at "
             "least two tags"
         )
-    ordered = sorted(found - {OUTSIDE}, key=lambda tag: split_tag(tag)[::-1])
+    kinds = {split_tag(tag)[1] for tag in found - {OUTSIDE}}
+    both = {f"{prefix}-{kind}" for kind in kinds for prefix in PREFIXES}
+    ordered = sorted(both, key=lambda tag: split_tag(tag)[::-1])
     return ([OUTSIDE] if OUTSIDE in found else []) + ordered
 
 

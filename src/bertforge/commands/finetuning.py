@@ -170,7 +170,8 @@ def add_classify_command(commands) -> None:
         help="label texts with a fine-tuned classifier (or score them with a regression model)",
         description="Print each text's label and its probability (--json: every label's); for a "
         "regression model, each text's score. For a model fine-tuned on text pairs, separate the two "
-        "texts with a tab; texts unlike those it was fine-tuned on (pairs or single texts) draw a warning.",
+        "texts with a tab; texts unlike those it was fine-tuned on (pairs or single texts), or longer "
+        "than the length it was fine-tuned at (only their first tokens are read), draw a warning.",
     )
     p.add_argument("text", nargs="*", help="texts to classify")
     p.add_argument(
