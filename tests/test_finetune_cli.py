@@ -495,7 +495,7 @@ def test_classify_input_problems(tmp_path, capsys, finetuned):
     blank = tmp_path / "blank.txt"
     blank.write_text("one\n\nthree\n")
     assert_clean_failure(
-        capsys, ["classify", "--model", str(finetuned), "--input", str(blank)], "line 2 is empty"
+        capsys, ["classify", "--model", str(finetuned), "--input", str(blank)], "line 2 is blank"
     )
     assert_clean_failure(capsys, ["classify", "--model", str(finetuned)], "give texts to classify")
     empty = tmp_path / "empty.txt"

@@ -205,7 +205,11 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
     empty = lines_file(tmp_path, "empty.txt", [])
     assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(empty)], "is empty")
     blank = lines_file(tmp_path, "blank.txt", ["the [MASK] .", "  ", "a [MASK] ."])
-    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(blank)], "line 2 of")
+    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(blank)], "blank.txt line 2 is blank")
+    ends_blank = tmp_path / "ends_blank.txt"  # blank lines at the end are no texts, as for classify
+    ends_blank.write_text("the [MASK] .\n\n  \n", encoding="utf-8")
+    assert main(["fill-mask", *model, "--input", str(ends_blank), "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
     no_mask = lines_file(tmp_path, "nomask.txt", ["the [MASK] .", "no mask here"])
     assert_clean_failure(
         capsys, ["fill-mask", *model, "--input", str(no_mask)], "text 2 ('no mask here') has no [MASK]"
@@ -215,7 +219,7 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
     )
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 [MASK]\n")
     latin1 = ["fill-mask", *model, "--input", str(tmp_path / "latin1.txt")]
-    assert_clean_failure(capsys, latin1, "is not UTF-8 text; convert it to UTF-8, e.g. `iconv")
+    assert_clean_failure(capsys, latin1, "is not UTF-8 text: undecodable bytes on line 1")
     folder = ["fill-mask", *model, "--input", str(tmp_path)]
     assert_clean_failure(capsys, folder, f"{tmp_path} is a folder; give a file with")
     tokenizer_file = [

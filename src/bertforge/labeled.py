@@ -122,6 +122,18 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
     return text
 
 
+def read_lines(path: Path, what: str) -> list[str]:
+    """The lines of a text file of one input per line (`read_text`'s checks): blank lines at its end
+    are left out, one anywhere else is refused, naming it."""
+    lines = [line.rstrip("\r") for line in read_text(path, what).split("\n")]
+    while not lines[-1].strip():  # read_text refuses a file of blank lines
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise BertforgeError(f"{path} line {number} is blank; give {what}, no blank lines")
+    return lines
+
+
 def detect_format(path: Path, text: str) -> str:
     """From the file name's suffix, else from the content: `{` starts JSON lines, a tab means TSV."""
     if path.suffix.lower() in _SUFFIXES:

@@ -461,7 +461,7 @@ def entity_table(per_type: dict[str, dict]) -> str:
 
 
 def classify_inputs(args) -> list[str]:
-    from bertforge.labeled import read_text
+    from bertforge.labeled import read_lines
 
     if bool(args.text) == (args.input is not None):
         raise BertforgeError(
@@ -474,11 +474,7 @@ def classify_inputs(args) -> list[str]:
                     f"text {number} of {len(args.text)} is empty; give texts with words in them"
                 )
         return args.text
-    lines = read_text(args.input, "one text per line").split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            raise BertforgeError(f"{args.input} line {number} is empty; give one text per line")
-    return [line.rstrip("\r") for line in lines]
+    return read_lines(args.input, "one text per line")
 
 
 def opened_on_device(args, opener):

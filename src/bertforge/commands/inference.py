@@ -19,7 +19,8 @@ from pathlib import Path
 from bertforge.commands import add_device_argument
 from bertforge.config_rules import SEED, TEMPERATURE, Range, check_flags, count, trains_nsp
 from bertforge.corpus import FORMATS
-from bertforge.errors import BertforgeError, to_utf8
+from bertforge.errors import BertforgeError
+from bertforge.labeled import read_lines
 
 MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
 PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
@@ -205,23 +206,6 @@ def load_on_device(args, objective: str = "mlm"):
     if config.model.objective != objective:
         raise BertforgeError(WRONG_MODEL[objective].format(model=args.model, command=args.command))
     return model.to(device), tokenizer, config
-
-
-def read_lines(path: Path, what: str) -> list[str]:
-    """The lines of a UTF-8 file, refusing a missing or empty file and blank lines (naming the line)."""
-    if not path.is_file():
-        state = "is a folder" if path.is_dir() else "does not exist"
-        raise BertforgeError(f"{path} {state}; give a file with {what}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise BertforgeError(f"{path} is not UTF-8 text; {to_utf8(path)}") from None
-    if not lines:
-        raise BertforgeError(f"{path} is empty; give a file with {what}")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            raise BertforgeError(f"line {number} of {path} is blank; give {what}, no blank lines")
-    return lines
 
 
 def texts_from(args, what: str) -> list[str]:
