@@ -85,7 +85,13 @@ def test_json_lines_of_tokens_and_tags(tmp_path):
         ("EU\nrejects\n", "line 1 has one column"),
         ("", "is empty"),
         ("-DOCSTART- -X- O\n\n", "holds no sentences"),
-        ('{"tokens": ["a", "b"], "tags": ["O"]}\n', "must be lists of as many strings"),
+        (
+            '{"tokens": ["a", "b"], "tags": ["O"]}\n',
+            "line 1: 'tokens' has 2 items and 'tags' 1; give one tag",
+        ),
+        ('{"tokens": ["EU", ""], "tags": ["B-ORG", "O"]}\n', "line 1: 'tokens' item 2 is empty"),
+        ('{"tokens": [], "tags": []}\n', "line 1: 'tokens' is empty; remove the line"),
+        ('{"tokens": "EU", "tags": ["B-ORG"]}\n', "line 1: 'tokens' must be a list of strings"),
         ('{"tokens": ["a"]}\n', "needs the fields 'tokens' and 'tags'"),
     ],
 )

@@ -149,19 +149,29 @@ def _read_json_lines(path: Path, text: str, token_field: str, tag_field: str) ->
                 f"sentence's tokens and tags); its fields are: {shown}"
             )
         words, tags = record[token_field], record[tag_field]
-        if not _strings(words) or not _strings(tags) or len(words) != len(tags):
-            raise BertforgeError(
-                f"{path} line {number}: {token_field!r} and {tag_field!r} must be lists of as many strings "
-                "(one tag, such as B-PER, per token)"
-            )
+        if problem := _sentence_problem(words, tags, token_field, tag_field):
+            raise BertforgeError(f"{path} line {number}: {problem}")
         data.sentences.append(words)
         data.tags.append(tags)
         data.lines.append(number)
     return data
 
 
-def _strings(values) -> bool:
-    return isinstance(values, list) and bool(values) and all(isinstance(v, str) and v.strip() for v in values)
+def _sentence_problem(words, tags, token_field: str, tag_field: str) -> str | None:
+    """What is wrong with one JSON line's tokens and tags, or None."""
+    for field, values in ((token_field, words), (tag_field, tags)):
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return f"{field!r} must be a list of strings"
+        if not values:
+            return f"{field!r} is empty; remove the line, or give the sentence's {field}"
+        if blank := next((i for i, v in enumerate(values, 1) if not v.strip()), None):
+            return f"{field!r} item {blank} is empty; give every token its text and its tag"
+    if len(words) != len(tags):
+        return (
+            f"{token_field!r} has {len(words)} items and {tag_field!r} {len(tags)}; give one tag, "
+            "such as B-PER, per token"
+        )
+    return None
 
 
 def is_tagged_file(path: str | Path) -> bool:
