@@ -137,10 +137,14 @@ def read_pickled_weights(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several unrelated types for a bad file
         raise DamagedCheckpoint(
-            f"{path} cannot be read as PyTorch weights ({type(error).__name__})"
+            f"{path} cannot be read as PyTorch weights ({type(error).__name__}): it may be cut short or "
+            "another kind of file; replace it with an intact copy"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise DamagedCheckpoint(f"{path} does not hold a state dict of tensors")
+        raise DamagedCheckpoint(
+            f"{path} does not hold a state dict of tensors; give the weights file that `save_pretrained` "
+            "or `torch.save(model.state_dict())` writes"
+        )
     return state
 
 

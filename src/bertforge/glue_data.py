@@ -226,7 +226,7 @@ def read_split(spec: TaskSpec, path: Path, test: bool = False) -> LabeledExample
         examples.labels.append(checked_label(spec, row[label], where))
         examples.lines.append(number + 1)
     if not examples.texts:
-        raise BertforgeError(f"{path} holds a header but no examples")
+        raise BertforgeError(f"{path} holds a header but no examples; add the examples below it")
     return examples
 
 

@@ -79,7 +79,7 @@ def read_labeled(
     for line, values in rows:
         _add_example(examples, line, columns, values)
     if not examples.texts:
-        raise BertforgeError(f"{path} holds a header but no examples")
+        raise BertforgeError(f"{path} holds a header but no examples; add the examples below it")
     return examples
 
 

@@ -242,7 +242,7 @@ def run_nsp(args) -> int:
     if not trains_nsp(config):
         raise BertforgeError(
             f"{args.model} was pretrained without next sentence prediction (data.nsp = false): its NSP head "
-            "is untrained"
+            "is untrained; ask a model pretrained with it (data.nsp = true, the default)"
         )
     if not config.data.nsp:
         print(
