@@ -731,7 +731,9 @@ def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_la
     assert saved["tasks"].keys() == {"RTE"} and saved["settings"]["tasks"] == ["RTE"]
     assert json.loads((out / "glue_task.json").read_text(encoding="utf-8"))["tasks"] == ["RTE", "STS-B"]
     other = ["glue", "--out", str(out), "--resume", "--tasks", "mrpc"]
-    assert_clean_failure(capsys, other, "has no MRPC (its tasks: RTE, STS-B)")
+    message = assert_clean_failure(capsys, other, "has no MRPC (its tasks: RTE, STS-B)")
+    assert "run its command again with them: bertforge glue --model" in message
+    assert "--tasks RTE,STS-B,MRPC --seeds" in message
 
     report = run_glue(None, out, resume=True, show_progress=False)  # all of its tasks again
     assert trained == [out / "STS-B" / "seed_1"]

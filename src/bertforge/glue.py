@@ -69,7 +69,7 @@ from bertforge.folders import (
 )
 from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
 from bertforge.glue_recipes import Recipe, full_recipe, load_recipes, recipe_text, recipe_values
-from bertforge.glue_report import build_report, markdown_report, plot_report
+from bertforge.glue_report import build_report, command_line, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
 from bertforge.io import (
     LOCK_FILE,
@@ -413,7 +413,8 @@ def narrowed(bench: GlueBenchmark, tasks: list[str], out: Path) -> GlueBenchmark
     if outside:
         raise BertforgeError(
             f"the benchmark in {out} has no {', '.join(outside)} (its tasks: {', '.join(bench.tasks)}); with "
-            "--resume, --tasks keeps some of them: start a new benchmark for other tasks"
+            "--resume, --tasks keeps some of them; to add tasks, run its command again with them: "
+            + command_line(asdict(replace(bench, tasks=[*bench.tasks, *outside])), out)
         )
     kept = [name for name in bench.tasks if name in names]
     return replace(bench, tasks=kept, recipes={name: bench.recipes[name] for name in kept})
