@@ -245,7 +245,7 @@ def test_output_folder_holding_another_run(tmp_path, capsys, wiki_slice):
     out = tmp_path / "run"
     out.mkdir()
     save_json(tiny_config(), out / "config.json")
-    assert_clean_failure(capsys, pretrain_argv(wiki_slice, out), "holds another run")
+    assert_clean_failure(capsys, pretrain_argv(wiki_slice, out), "already holds a run (begun or finished)")
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 

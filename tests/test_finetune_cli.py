@@ -507,7 +507,11 @@ def test_classify_input_problems(tmp_path, capsys, finetuned):
 
 
 def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data, finetuned):
-    assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, finetuned), "holds another run")
+    assert_clean_failure(
+        capsys,
+        finetune_argv(tiny_pretrained_run, *data, finetuned),
+        "already holds a run (begun or finished)",
+    )
     out = tmp_path / "out"
     assert_clean_failure(
         capsys, finetune_argv(tiny_pretrained_run, *data, out, "--max-length", "100"), "--max-length"

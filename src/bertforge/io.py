@@ -230,7 +230,7 @@ def check_new_folder(out: Path) -> None:
 def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
     """Refuse `out` as the folder of a `kind` run ("fine-tuning run", say): a file; to resume, a
     folder without the `marker` file such a run writes; for a new run, a folder that holds anything
-    (another run, when it has a `marker`)."""
+    (a run, begun or finished, when it has a `marker`)."""
     out = Path(out)
     if out.is_file():
         raise BertforgeError(f"{out} is a file; `out` must name a folder")
@@ -239,7 +239,11 @@ def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
         if not (out / marker).is_file():
             raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
     elif is_occupied(out):
-        what = "holds another run" if (out / marker).is_file() else "is not an empty folder"
+        what = (
+            "already holds a run (begun or finished)"
+            if (out / marker).is_file()
+            else "is not an empty folder"
+        )
         raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
 
 

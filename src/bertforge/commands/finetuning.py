@@ -358,8 +358,7 @@ def run_finetune(args) -> int:
         if kind == TAGGING:
             print(entity_table(run["per_type"]))
         print(f"model:    {args.out / 'final'}")
-        if kind == "classification":
-            print(f"plots:    {args.out / 'curves.png'}")
+        print(f"plots:    {args.out / 'curves.png'}")
         print(f"metrics:  {args.out / 'metrics.jsonl'}")
     return 0
 

@@ -106,7 +106,7 @@ def add_embed_command(commands) -> None:
         "--pooling",
         choices=("cls", "mean"),
         default="cls",
-        help="the [CLS] state, or the mean over real tokens",
+        help="the [CLS] state (default), or the mean over real tokens",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_arguments(p)
