@@ -294,6 +294,10 @@ def test_heads_an_import_drew_fresh_are_refused_where_they_are_read(tmp_path, ca
             "no trained masked-language-model head",
         )
     assert bertforge.load(tmp_path / "imported_bare")  # the encoder itself opens, to fine-tune or pretrain
+    export_model(tmp_path / "imported_bare", tmp_path / "exported_bare")  # its export keeps the note
+    assert import_hf(tmp_path / "exported_bare", tmp_path / "reimported")["untrained"] == ["mlm", "nsp"]
+    for folder in (tmp_path / "exported_bare", tmp_path / "reimported"):
+        assert_clean_failure(capsys, ["fill-mask", "--model", str(folder), "the [MASK] sat ."], "no trained")
 
 
 def test_import_a_vocabulary_in_googles_order(tmp_path, small_tokenizer_dir):

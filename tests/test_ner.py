@@ -313,7 +313,7 @@ def test_a_tagger_is_named_for_what_it_is_and_its_encoder_starts_a_classifier(
     texts = tmp_path / "texts.txt"
     texts.write_text("Rome is old\n", encoding="utf-8")
     embed_argv = ["embed", "--model", str(tagger), "--input", str(texts), "--out", str(tmp_path / "e.npy")]
-    message = assert_clean_failure(capsys, embed_argv, "holds a fine-tuned tagger (a token classifier")
+    message = assert_clean_failure(capsys, embed_argv, "holds a fine-tuned tagger (it has labels.json)")
     assert "use `bertforge tag`" in message
     message = assert_clean_failure(
         capsys, ["tag", "--model", str(tiny_pretrained_run), "Rome"], "not a fine-tuned"

@@ -134,7 +134,7 @@ def labeled(tmp_path: Path, labels: list, name: str = "data.jsonl"):
 
 def test_real_valued_labels_make_a_regression(tmp_path, stsb):
     train = read_labeled(stsb[0], "sentence1", "score", text_pair_column="sentence2")
-    assert train.labels[:2] == ["5.000", "3.800"] and task_type(train) == "regression"
+    assert train.labels[:2] == ["5", "3.800"] and task_type(train) == "regression"
     assert task_type(labeled(tmp_path, [0.5, 1, 2.25])) == "regression"  # JSON numbers
     assert task_type(labeled(tmp_path, ["1e-1", "2", "3"])) == "regression"
     assert task_type(labeled(tmp_path, [0, 1, 1, 0])) == "classification"  # integers are class ids
@@ -142,7 +142,9 @@ def test_real_valued_labels_make_a_regression(tmp_path, stsb):
     csv.write_text("text,label\na,0.0\nb,1.0\nc,10.0\nd,2.0\n", encoding="utf-8")
     written_as_floats = read_labeled(csv, "text", "label")
     assert task_type(written_as_floats) == "classification"
-    assert label_names(written_as_floats) == ["0.0", "1.0", "2.0", "10.0"]  # ordered as numbers
+    assert label_names(written_as_floats) == ["0", "1", "2", "10"]  # as a JSON 1.0, ordered as numbers
+    mixed = labeled(tmp_path, ["1.0", 1, 1.0, "0", "0.00"])  # one class however its id is written
+    assert mixed.labels == ["1", "1", "1", "0", "0"] and label_names(mixed) == ["0", "1"]
     assert task_type(labeled(tmp_path, ["pos", "neg"])) == "classification"
     assert task_type(labeled(tmp_path, [0, 1, 2]), "regression") == "regression"  # forced
     assert task_type(train, "classification") == "classification"

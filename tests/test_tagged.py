@@ -261,4 +261,7 @@ def test_raw_text_words_and_their_character_offsets(tokenizer):
         "!",
         '"',
     ]
+    text = "Mr. Smith 's firm in 東京 (U.S.) sold 3.5."
+    words = [text[s:e] for s, e in text_words(tokenizer, text)[1]]
+    assert words == ["Mr.", "Smith", "'s", "firm", "in", "東", "京", "(", "U.S.", ")", "sold", "3.5", "."]
     assert text_words(tokenizer, "  ") == ([], [])

@@ -10,8 +10,9 @@ word of more pieces than a window holds keeps its first ones (only the first is 
 A word that the tokenizer turns into no piece at all (a zero-width space) becomes `[UNK]`, so
 that every word has a first piece. Raw text is split into words as CoNLL-2003 and the Penn Treebank
 write them, the words taggers are trained on: at white space, with punctuation at a word's edges
-apart, except a period that ends an abbreviation ("U.S.", "J."), and a possessive "'s" apart; inside
-a word punctuation stays ("O'Neil", "York-based"). Each word keeps its character offsets in the text.
+apart, except a period that ends an abbreviation ("U.S.", "J.", "Mr."), and a possessive "'s" apart;
+inside a word punctuation stays ("O'Neil", "York-based"); each CJK ideograph is a word, as BERT
+splits them. Each word keeps its character offsets in the text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ from bertforge.losses import NO_LABEL
 from bertforge.tokenizer import BertTokenizer
 
 WordPieces = list[list[int]]  # one sentence: each word's piece ids
+
+# BERT's CJK ideographs (Google's `_is_chinese_char`), each a word of its own, as BERT splits them
+_IDEOGRAPHS = (
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ceaf\U0002f800-\U0002fa1f"
+)
+_CHUNKS = re.compile(f"[{_IDEOGRAPHS}]|[^\\s{_IDEOGRAPHS}]+")
+_POSSESSIVES = ("'s", "\u2019s")
+_INITIALS = re.compile(r"(?:[^\W\d_]\.)+")
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "gov", "sen", "rep"}
+_ABBREVIATIONS |= {"inc", "corp", "co", "ltd", "no", "vs", "jan", "feb", "aug", "sept", "oct", "nov", "dec"}
 
 
 def sentence_pieces(tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]]) -> list[WordPieces]:
@@ -39,7 +50,7 @@ def sentence_pieces(tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]]
 
 def text_words(tokenizer: BertTokenizer, text: str) -> tuple[WordPieces, list[tuple[int, int]]]:
     """A raw text's words as piece ids, and each word's (start, end) character offsets in `text`."""
-    spans = [span for match in re.finditer(r"\S+", text) for span in _word_spans(text, *match.span())]
+    spans = [span for match in _CHUNKS.finditer(text) for span in _word_spans(text, *match.span())]
     if not spans:
         return [], []
     return sentence_pieces(tokenizer, [[text[start:end] for start, end in spans]])[0], spans
@@ -47,6 +58,8 @@ def text_words(tokenizer: BertTokenizer, text: str) -> tuple[WordPieces, list[tu
 
 def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """The words of the white-space-free `text[start:end]`: punctuation at its edges apart."""
+    if text[start:end].lower() in _POSSESSIVES:
+        return [(start, end)]
     leading, trailing = [], []
     while end - start > 1 and _is_punctuation(text[start]):
         run = _run_length(text[start:end])  # "..." or "--" is one word
@@ -54,7 +67,7 @@ def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
         start += run
     while end - start > 1:
         run = _run_length(text[start:end][::-1])
-        if text[end - 2 : end].lower() in ("'s", "\u2019s") and end - start > 2:
+        if text[end - 2 : end].lower() in _POSSESSIVES and end - start > 2:
             run = 2
         elif not _is_punctuation(text[end - 1]) or _ends_abbreviation(text[start:end]):
             break
@@ -73,8 +86,9 @@ def _is_punctuation(char: str) -> bool:
 
 
 def _ends_abbreviation(word: str) -> bool:
-    """A period that belongs to its word: after an initial ("J.") or in "U.S.", "a.m."."""
-    return word.endswith(".") and (len(word) == 2 and word[0].isalpha() or "." in word[:-1].strip("."))
+    """A period that belongs to its word: letters each followed by one ("J.", "U.S.", "e.g.") or a
+    title or company word ("Mr.", "Corp.")."""
+    return word.endswith(".") and bool(_INITIALS.fullmatch(word) or word[:-1].lower() in _ABBREVIATIONS)
 
 
 def _grouped(ids: list[int], word_ids: list[int | None], count: int, unk_id: int) -> WordPieces:

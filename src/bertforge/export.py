@@ -100,6 +100,8 @@ def write_export(source: ModelFolder, out: Path) -> dict:
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, TOKEN_TASK if tagger else None, pairs))
+        if labels is None and (untrained := untrained_heads(source.path)):
+            write_json(tmp / UNTRAINED_HEADS, {"heads": untrained})  # an import's, kept for import-hf
     return {"architecture": architecture, "out": out}
 
 
@@ -150,7 +152,7 @@ def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     with building_new_folder(out):
         model, tokenizer, config, report = open_hf_folder(src_dir)
-        untrained = untrained_heads(report["initialised"])
+        untrained = untrained_heads(Path(src_dir), report["initialised"])
         notes = {UNTRAINED_HEADS: {"heads": untrained}} if untrained else None
         save_model_folder(out, model, tokenizer, config, notes)
     return {"out": out, **report, "untrained": untrained}

@@ -160,7 +160,7 @@ class FinetuneTask:
     dropout: float | None = None
     # "regression": one output and the squared error on real-valued labels; "ner": a tag per word of
     # a tagged file; "auto": tagging for a file `tagged.is_tagged_file` recognises, else a regression
-    # when the training labels are numbers and some is not an integer (see `labeled.task_type`)
+    # when the training labels are numbers and some is not a whole number (see `labeled.task_type`)
     task_type: TaskType | str = "auto"  # or TAGGING
     # the dev metric that chooses the best epoch; None: the task type's first in METRICS (CoLA: matthews)
     best_by: str | None = None

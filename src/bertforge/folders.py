@@ -241,12 +241,9 @@ def open_pretrained(
     folder = find_model_folder(path)
     if folder.hugging_face:
         model, tokenizer, config, report = open_hf_folder(folder.path)
-        refuse_untrained(path, untrained_heads(report["initialised"]), needs, imported=False)
+        refuse_untrained(path, untrained_heads(folder.path, report["initialised"]), needs)
         return model, tokenizer, config
-    if (folder.path / UNTRAINED_HEADS).is_file():
-        refuse_untrained(
-            path, read_json(folder.path / UNTRAINED_HEADS).get("heads", []), needs, imported=True
-        )
+    refuse_untrained(path, untrained_heads(folder.path), needs)
     if folder.has_labels:
         kind, command, opener = fine_tuned_kind(folder.path)
         raise BertforgeError(
@@ -264,22 +261,26 @@ def open_pretrained(
 def fine_tuned_kind(path: Path) -> tuple[str, str, str]:
     """What a folder with labels holds, the command that reads it and the function that opens it."""
     if is_tagger_folder(path):
-        return "a fine-tuned tagger (a token classifier for named entities)", "tag", "open_tagger"
+        return "a fine-tuned tagger", "tag", "open_tagger"
     return "a fine-tuned classifier", "classify", "open_classifier"
 
 
-def untrained_heads(initialised: list[str]) -> list[str]:
-    """The pretraining heads ("mlm", "nsp") among the weights `open_hf_folder` drew fresh."""
-    return [head for head, (prefix, _) in HEADS.items() if any(n.startswith(prefix) for n in initialised)]
+def untrained_heads(folder: Path, initialised: list[str] = ()) -> list[str]:
+    """The pretraining heads ("mlm", "nsp") that `folder` holds untrained: those its untrained_heads.json
+    names (an import, or its export) and those among the weights `open_hf_folder` drew fresh."""
+    named = (
+        read_json(folder / UNTRAINED_HEADS).get("heads", []) if (folder / UNTRAINED_HEADS).is_file() else []
+    )
+    drawn = [head for head, (prefix, _) in HEADS.items() if any(n.startswith(prefix) for n in initialised)]
+    return [head for head in HEADS if head in named or head in drawn]
 
 
-def refuse_untrained(path: str | Path, untrained: list[str], needs: tuple[str, ...], imported: bool) -> None:
+def refuse_untrained(path: str | Path, untrained: list[str], needs: tuple[str, ...]) -> None:
     for head in (head for head in needs if head in untrained):
-        source = "the Hugging Face folder it was imported from" if imported else "this Hugging Face folder"
         raise BertforgeError(
-            f"{path} has no trained {HEADS[head][1]} head: {source} has no weights for it (BertModel "
-            "has neither head, BertForMaskedLM no NSP head), so its predictions would be noise; use a "
-            "folder with that head (BertForPreTraining), or train it: bertforge pretrain --init "
+            f"{path} has no trained {HEADS[head][1]} head: the Hugging Face weights it comes from have none "
+            "(BertModel has neither head, BertForMaskedLM no NSP head), so its predictions would be noise; "
+            "use a folder with that head (BertForPreTraining), or train it: bertforge pretrain --init "
             f"{shlex.quote(str(path))} --corpus TEXT --out RUN"
         )
 
@@ -354,7 +355,7 @@ def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, R
         model, dropped = gpt_convert.language_model_from_hf(model_config, weights, src)
         return model, tokenizer, config, {"initialised": [], "dropped": dropped}
     model, report = bert_convert.model_from_hf_weights(model_config, weights, src)
-    if "nsp" in untrained_heads(report["initialised"]):
+    if "nsp" in untrained_heads(src, report["initialised"]):
         config.data.nsp = config.data.warmup_nsp = False  # nothing trained its NSP head
     return model.eval(), tokenizer, config, report
 

@@ -2,11 +2,12 @@
 
 Owns reading a file of texts, or text pairs, with one label each; detecting its format; telling a
 classification from a regression (`task_type`: real-valued labels such as STS-B's "3.800" make a
-regression); the label mapping of a classification (names in id order: integer labels numerically,
+regression); the label mapping of a classification (names in id order: whole numbers numerically,
 string labels alphabetically) and the scores of a regression (`label_values`); pairs in both orders
 (`in_both_orders`); and one clear message for every bad input: a missing file, undecodable bytes,
 missing columns (naming the columns that exist), empty rows, a single class or a constant score,
 validation labels never seen in training, and labels that are neither (real numbers mixed with text).
+`read_lines` reads the unlabelled inputs of the commands that take one text per line.
 A class with very few rows (a stray "maybe" among 0 and 1 would become a class of its own) is
 named in a warning that lists every class found.
 
@@ -37,7 +38,7 @@ FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")
-_WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")  # "1" and "1.0" (pandas writes float columns so): class ids
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+\.0*")  # "1.0": pandas writes an integer column with gaps so
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # finite: no nan, no inf
 TaskType = Literal["auto", "classification", "regression"]  # auto: regression for real-valued labels
 TASK_TYPES: tuple[TaskType, ...] = get_args(TaskType)
@@ -242,8 +243,9 @@ def _text(value, column: str, where: str) -> str:
 
 
 def label_name(value, column: str = "label", where: str = "") -> str:
-    """A label as a name: strings stripped, integers (and "007", 7.0) in canonical decimal form, other
-    finite numbers (a JSON 3.8) as Python writes them."""
+    """A label as a name: strings stripped, whole numbers (and "007", 7.0, "7.0") in canonical decimal
+    form, so that "1", 1.0 and "1.0" name one class; other finite numbers (a JSON 3.8) as Python
+    writes them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
@@ -254,7 +256,8 @@ def label_name(value, column: str = "label", where: str = "") -> str:
         return repr(value)
     if isinstance(value, str) and value.strip():
         value = value.strip()
-        return str(int(value)) if _INTEGER.fullmatch(value) else value
+        whole = _INTEGER.fullmatch(value) or _WHOLE_NUMBER.fullmatch(value)
+        return str(int(float(value)) if "." in value else int(value)) if whole else value
     shown = json.dumps(value) if not isinstance(value, str) else "empty"
     raise BertforgeError(
         f"{where}: the label in column {column!r} is {shown}; give a class name, an integer class id "
@@ -270,8 +273,8 @@ def label_names(data: LabeledExamples) -> list[str]:
             f"every example in {data.path} has the label {data.labels[0]!r}; "
             "a classifier needs examples of at least two classes"
         )
-    numeric = all(_WHOLE_NUMBER.fullmatch(name) for name in names)
-    ordered = sorted(names, key=float) if numeric else sorted(names)
+    numeric = all(_INTEGER.fullmatch(name) for name in names)
+    ordered = sorted(names, key=int) if numeric else sorted(names)
     warn_rare_labels(data, ordered)
     return ordered
 
@@ -314,7 +317,7 @@ def label_ids(data: LabeledExamples, names: list[str]) -> list[int]:
 def task_type(data: LabeledExamples, requested: str = "auto") -> Literal["classification", "regression"]:
     """Whether the training file `data` is a classification or a regression: `requested`, or for
     "auto" a regression when every label is a number and some label is not a whole number ("3.800",
-    0.5; "1.0" is a class id, as a JSON 1.0). Refuses, naming a row of each, labels that are
+    0.5; `label_name` writes "1.0" as "1", a class id). Refuses, naming a row of each, labels that are
     neither: real numbers mixed with text."""
     if requested not in TASK_TYPES:
         raise BertforgeError(f"task type {requested!r} is not one of: {', '.join(TASK_TYPES)}")
@@ -322,7 +325,7 @@ def task_type(data: LabeledExamples, requested: str = "auto") -> Literal["classi
         label_values(data)  # every label a number
         return "regression"
     numbers = [bool(_NUMBER.fullmatch(label)) for label in data.labels]
-    real = [i for i, label in enumerate(data.labels) if numbers[i] and not _WHOLE_NUMBER.fullmatch(label)]
+    real = [i for i, label in enumerate(data.labels) if numbers[i] and not _INTEGER.fullmatch(label)]
     if requested == "classification" or not real:
         return "classification"
     text = [i for i, number in enumerate(numbers) if not number]

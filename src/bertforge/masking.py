@@ -7,9 +7,9 @@ model (`batches.shape_batch`).
 
 The masking rule is BERT's (Devlin et al. 2019, section 3.1 and appendix A.1; Google's
 `create_masked_lm_predictions` in `create_pretraining_data.py`): per sequence, k =
-min(max_predictions, max(1, round(mlm_probability * n))) of its n candidate tokens (not special,
-[UNK] included, whose prediction teaches nothing, not padding; Google also counts [CLS] and [SEP]
-in n and may mask [UNK]) are chosen uniformly; of those, 80% become [MASK], 10% a random
+min(max_predictions, max(1, round(mlm_probability * n))) of its n candidate tokens (neither special
+tokens, [UNK] among them since predicting it teaches nothing, nor padding; Google masks [UNK] too and
+counts [CLS] and [SEP] in n) are chosen uniformly; of those, 80% become [MASK], 10% a random
 non-special token (Google's may be any of the vocabulary) and 10% stay unchanged. Google's whole-word variant
 takes words (a head token and its `##` continuations) in random order and skips any word that
 would take the count past k. With token weights (`subsampling_weights`), the words are drawn
