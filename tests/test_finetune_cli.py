@@ -139,8 +139,9 @@ def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
 
 
 def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_they_were(tmp_path, finetuned):
-    from bertforge.classifier import warn_unlike_training
+    from bertforge.classifier import classify, warn_unlike_training
     from bertforge.export import export_model
+    from bertforge.folders import open_classifier
 
     with pytest.warns(UserWarning, match="fine-tuned on single texts, and 1 of 3 texts have a tab"):
         warn_unlike_training(False, [None, "b", None])
@@ -157,6 +158,10 @@ def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_t
     long_pair = "album song\t" + "song " * 300
     with pytest.warns(UserWarning, match="1 of 2 texts are longer than the 32 tokens the model reads"):
         assert main(["classify", "--model", str(finetuned), "album\tsong", long_pair]) == 0
+    model, tokenizer, labels, _ = open_classifier(finetuned)
+    with warnings.catch_warnings():  # glue cuts dev texts at its recipe's length, as in training: no warning
+        warnings.simplefilter("error")
+        classify(model, tokenizer, labels, ["album"], [long_pair.split("\t")[1]], 32, warn_truncated=False)
 
 
 def test_export_gives_the_same_probabilities_in_transformers(tmp_path, finetuned):

@@ -95,12 +95,13 @@ def classify(
     pairs: list[str | None] | None = None,
     max_length: int | None = None,
     batch_size: int = 64,
+    warn_truncated: bool = True,
 ) -> list[dict]:
     """Label and class probabilities of each text (or text pair), in input order.
 
     Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label);
     for a regression model (one label) `{"score": its output}`. Texts longer than `max_length` tokens
-    (default: the model's positions) are truncated, with a warning.
+    (default: the model's positions) are truncated, with a warning unless `warn_truncated` is False.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -130,7 +131,7 @@ def classify(
                     "probabilities": dict(zip(labels, row, strict=True)),
                 }
             )
-    if truncated:
+    if truncated and warn_truncated:
         warnings.warn(
             f"{truncated:,} of {len(texts):,} texts are longer than the {max_length} tokens the model reads; "
             "only their first tokens were used",

@@ -741,8 +741,8 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
             if stem not in sets:
                 continue
             examples = sets[stem]
-            outputs = classify(
-                model, tokenizer, labels, examples.texts, examples.pairs, max_length, EVAL_BATCH_SIZE
+            outputs = classify(  # cut at the recipe's max_length, as in fine-tuning: no warning
+                model, tokenizer, labels, examples.texts, examples.pairs, max_length, EVAL_BATCH_SIZE, False
             )
             predicted = [o["score"] for o in outputs] if regression else [o["label"] for o in outputs]
             true = truth(examples, regression)
