@@ -110,8 +110,8 @@ def classify(
     results, truncated = [], 0
     for start in range(0, len(texts), batch_size):
         chunk = texts[start : start + batch_size], pairs[start : start + batch_size]
-        encoded = tokenizer.encode_pairs(*chunk, max_length)
-        truncated += sum(len(ids) > max_length for ids, _ in tokenizer.encode_pairs(*chunk))
+        encoded, cuts = tokenizer.encode_pairs_and_cuts(*chunk, max_length)
+        truncated += cuts
         examples = [{"input_ids": ids, "token_type_ids": types} for ids, types in encoded]
         batch = pad_batch(examples, tokenizer.pad_id)
         logits = model(

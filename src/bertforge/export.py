@@ -152,7 +152,6 @@ def import_hf(src_dir: str | Path, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     with building_new_folder(out):
         model, tokenizer, config, report = open_hf_folder(src_dir)
-        untrained = untrained_heads(Path(src_dir), report["initialised"])
-        notes = {UNTRAINED_HEADS: {"heads": untrained}} if untrained else None
+        notes = {UNTRAINED_HEADS: {"heads": report["untrained"]}} if report["untrained"] else None
         save_model_folder(out, model, tokenizer, config, notes)
-    return {"out": out, **report, "untrained": untrained}
+    return {"out": out, **report}

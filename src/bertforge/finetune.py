@@ -954,8 +954,8 @@ def build_classifier(
         if tagger:
             encoder = {name: tensor for name, tensor in encoder.items() if not name.startswith("pooler.")}
         elif hasattr(body, "pooler") and not any(name.startswith("pooler.") for name in encoder):
-            reinit_pooler = True  # a tagger's encoder, which has none
-            encoder = encoder | {f"pooler.{name}": t for name, t in body.pooler.state_dict().items()}
+            fresh_pooler = {f"pooler.{name}": t.clone() for name, t in body.pooler.state_dict().items()}
+            encoder = encoder | fresh_pooler  # a tagger's encoder, which has none
         fresh = (
             {key: value.clone() for key, value in body.pooler.state_dict().items()} if reinit_pooler else None
         )

@@ -38,6 +38,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +242,7 @@ def open_pretrained(
     folder = find_model_folder(path)
     if folder.hugging_face:
         model, tokenizer, config, report = open_hf_folder(folder.path)
-        refuse_untrained(path, untrained_heads(folder.path, report["initialised"]), needs)
+        refuse_untrained(path, report["untrained"], needs)
         return model, tokenizer, config
     refuse_untrained(path, untrained_heads(folder.path), needs)
     if folder.has_labels:
@@ -265,7 +266,7 @@ def fine_tuned_kind(path: Path) -> tuple[str, str, str]:
     return "a fine-tuned classifier", "classify", "open_classifier"
 
 
-def untrained_heads(folder: Path, initialised: list[str] = ()) -> list[str]:
+def untrained_heads(folder: Path, initialised: Sequence[str] = ()) -> list[str]:
     """The pretraining heads ("mlm", "nsp") that `folder` holds untrained: those its untrained_heads.json
     names (an import, or its export) and those among the weights `open_hf_folder` drew fresh."""
     named = (
@@ -342,8 +343,9 @@ def open_labelled_model(
 
 def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig, dict]:
     """Model (BERT with its pretraining heads, or GPT's language model), tokenizer, run config and a
-    report `{"initialised", "dropped"}` from a Hugging Face BERT or OpenAIGPT folder: head weights
-    it lacked (drawn fresh, as Hugging Face does) and task heads it had that pretraining does not use."""
+    report `{"initialised", "dropped", "untrained"}` from a Hugging Face BERT or OpenAIGPT folder: head
+    weights it lacked (drawn fresh, as Hugging Face does), task heads it had that pretraining does not
+    use, and the pretraining heads left untrained (`untrained_heads`)."""
     src = Path(path)
     if not src.is_dir():
         raise BertforgeError(f"{src} is not a folder; give a Hugging Face model folder")
@@ -353,9 +355,10 @@ def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, R
     weights = read_hf_weights(src)
     if model_config.objective == "clm":
         model, dropped = gpt_convert.language_model_from_hf(model_config, weights, src)
-        return model, tokenizer, config, {"initialised": [], "dropped": dropped}
+        return model, tokenizer, config, {"initialised": [], "dropped": dropped, "untrained": []}
     model, report = bert_convert.model_from_hf_weights(model_config, weights, src)
-    if "nsp" in untrained_heads(src, report["initialised"]):
+    report["untrained"] = untrained_heads(src, report["initialised"])
+    if "nsp" in report["untrained"]:
         config.data.nsp = config.data.warmup_nsp = False  # nothing trained its NSP head
     return model.eval(), tokenizer, config, report
 

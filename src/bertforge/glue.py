@@ -742,7 +742,14 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
                 continue
             examples = sets[stem]
             outputs = classify(  # cut at the recipe's max_length, as in fine-tuning: no warning
-                model, tokenizer, labels, examples.texts, examples.pairs, max_length, EVAL_BATCH_SIZE, False
+                model,
+                tokenizer,
+                labels,
+                examples.texts,
+                examples.pairs,
+                max_length,
+                EVAL_BATCH_SIZE,
+                warn_truncated=False,
             )
             predicted = [o["score"] for o in outputs] if regression else [o["label"] for o in outputs]
             true = truth(examples, regression)

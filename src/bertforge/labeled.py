@@ -38,7 +38,7 @@ FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SUFFIXES[".json"] = "jsonl"  # a .json file of one object per line; an array is refused with a hint
 _INTEGER = re.compile(r"[+-]?\d+")
-_WHOLE_NUMBER = re.compile(r"[+-]?\d+\.0*")  # "1.0": pandas writes an integer column with gaps so
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")  # "1.0" too: pandas writes an integer column with gaps so
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # finite: no nan, no inf
 TaskType = Literal["auto", "classification", "regression"]  # auto: regression for real-valued labels
 TASK_TYPES: tuple[TaskType, ...] = get_args(TaskType)
@@ -256,8 +256,7 @@ def label_name(value, column: str = "label", where: str = "") -> str:
         return repr(value)
     if isinstance(value, str) and value.strip():
         value = value.strip()
-        whole = _INTEGER.fullmatch(value) or _WHOLE_NUMBER.fullmatch(value)
-        return str(int(float(value)) if "." in value else int(value)) if whole else value
+        return str(int(value.partition(".")[0])) if _WHOLE_NUMBER.fullmatch(value) else value
     shown = json.dumps(value) if not isinstance(value, str) else "empty"
     raise BertforgeError(
         f"{where}: the label in column {column!r} is {shown}; give a class name, an integer class id "

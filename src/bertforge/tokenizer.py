@@ -88,23 +88,30 @@ class BertTokenizer:
         self, texts: list[str], pairs: list[str | None] | None = None, max_length: int | None = None
     ) -> list[tuple[list[int], list[int]]]:
         """`encode_pair` of each text and its pair (None: a single text), in one call to the backend."""
+        return self.encode_pairs_and_cuts(texts, pairs, max_length)[0]
+
+    def encode_pairs_and_cuts(
+        self, texts: list[str], pairs: list[str | None] | None = None, max_length: int | None = None
+    ) -> tuple[list[tuple[list[int], list[int]]], int]:
+        """`encode_pairs`, and how many of the texts (with their pairs) `max_length` cut."""
         pairs = pairs if pairs is not None else [None] * len(texts)
         specials = [2 if b is None else 3 for b in pairs]
         if max_length is not None and texts and max_length < max(specials):
             raise BertforgeError(f"max_length must be at least {max(specials)} to hold the special tokens")
         pieces = self.encode_batch([*texts, *(b or "" for b in pairs)])
-        encoded = []
+        encoded, cuts = [], 0
         halves = pieces[: len(texts)], pieces[len(texts) :]
         for first, second, b, count in zip(*halves, pairs, specials, strict=True):
-            if max_length is not None:
+            if max_length is not None and len(first) + len(second) + count > max_length:
                 first, second = _truncate_longest_first(first, second, max_length - count)
+                cuts += 1
             input_ids = [self.cls_id, *first, self.sep_id]
             token_type_ids = [0] * len(input_ids)
             if b is not None:
                 input_ids += [*second, self.sep_id]
                 token_type_ids += [1] * (len(second) + 1)
             encoded.append((input_ids, token_type_ids))
-        return encoded
+        return encoded, cuts
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(_int_list(ids), skip_special_tokens=skip_special_tokens)
