@@ -95,8 +95,8 @@ def cross_entropy_sum(logits: Tensor, labels: Tensor) -> Tensor:
     logits and (N,) class ids, where a negative label counts nothing.
 
     The float32 softmax runs over a few rows at a time (see the module docstring), and only the
-    logits and one float per row are kept for the backward; the result and the gradient (in the
-    logits' dtype) are the same up to float32 rounding.
+    logits and one float per row are kept for the backward; the result and the gradient are the same
+    up to float32 rounding, the gradient then rounded once to the logits' dtype.
     """
     return _RowChunkedCrossEntropySum.apply(logits, labels)
 
@@ -127,6 +127,7 @@ class _RowChunkedCrossEntropySum(torch.autograd.Function):
         grad = torch.empty_like(logits)  # (N, C): weight * (softmax - one_hot(label))
         for rows in _row_slices(logits):
             probs = (logits[rows] - log_z[rows, None]).exp_()  # float32; fp32 logits stay untouched
+            # the one-hot comes off in float32: p - 1 rounded once, not p and then the difference
+            probs[torch.arange(probs.shape[0], device=probs.device), labels[rows]] -= 1.0
             grad[rows] = probs.mul_(weight[rows, None])
-        grad[torch.arange(labels.numel(), device=labels.device), labels] -= weight.to(grad.dtype)
         return grad, None
