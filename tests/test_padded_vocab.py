@@ -20,6 +20,7 @@ from bertforge.evaluate import pretraining_batch_sums, pretraining_metrics
 from bertforge.folders import open_classifier
 from bertforge.infer import fill_mask
 from bertforge.losses import NO_LABEL
+from bertforge.model import PADDED_ROW_BIAS
 from bertforge.runtime import size_embeddings
 
 transformers = pytest.importorskip("transformers")
@@ -203,7 +204,9 @@ def test_mlm_loss_and_accuracy_leave_out_the_padding_rows(padded):
     assert metrics["mlm_loss"] == pytest.approx(float(expected) / len(labels), rel=1e-5)
 
 
-def test_export_writes_the_padded_model_back_the_same(padded, tmp_path):
+def test_export_writes_the_padded_model_back_predicting_only_real_tokens(padded, tmp_path):
+    """Every weight comes back the same but the padding rows' MLM bias, which the export sets so low
+    that transformers' softmax over all rows predicts the real tokens bertforge predicts."""
     model, _, imported = padded
     exported = tmp_path / "exported"
     assert main(["export", "--model", str(imported), "--out", str(exported)]) == 0
@@ -211,14 +214,26 @@ def test_export_writes_the_padded_model_back_the_same(padded, tmp_path):
     reloaded = transformers.BertForPreTraining.from_pretrained(exported).eval()
     theirs = transformers.AutoTokenizer.from_pretrained(exported)
     assert len(theirs) == len(TOKENS)
-    original = model.state_dict()
+    original, bias = model.state_dict(), "cls.predictions.bias"
     for name, tensor in reloaded.state_dict().items():
-        if name in original:  # a masked LM has no pooler or NSP head: those were drawn on import
-            assert torch.equal(tensor, original[name]), name
+        if name in original and not name.endswith("predictions.decoder.bias"):  # the bias, tied
+            expected = original[name].clone()  # a masked LM has no pooler or NSP head: drawn on import
+            if name == bias:
+                expected[len(TOKENS) :] = PADDED_ROW_BIAS
+            assert torch.equal(tensor, expected), name
+
+    ours, tokenizer = bertforge.load(imported)
+    ids, types, mask = encoded(tokenizer)
+    with torch.no_grad():
+        theirs_logits = mlm_logits(reloaded, ids, types, mask)[mask.bool()]  # every row
+        ours_logits = ours(ids, token_type_ids=types, attention_mask=mask)[0][mask.bool()]
+    assert (theirs_logits.argmax(-1) < len(TOKENS)).all()
+    assert float(theirs_logits.softmax(-1)[:, len(TOKENS) :].sum(-1).max()) < 1e-6
+    assert torch.equal(theirs_logits.argmax(-1), ours_logits[:, : len(TOKENS)].argmax(-1))
 
     assert main(["import-hf", "--from", str(exported), "--out", str(tmp_path / "again")]) == 0
     first, second = (
-        read_weights(imported / "model.safetensors"),
+        read_weights(exported / "model.safetensors"),
         read_weights(tmp_path / "again" / "model.safetensors"),
     )
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
@@ -302,7 +317,8 @@ def test_a_bert_pretrained_on_a_gpu_has_padded_rows_and_exports_exactly(
     model, tokenizer = bertforge.load(tmp_path / "run")
     tokens, rows = tokenizer.vocab_size, model.config.vocab_size
     assert tokens % 64 and rows == -(-tokens // 64) * 64  # padded, or the test would show nothing
-    assert torch.equal(model.cls.predictions.bias[tokens:], torch.zeros(rows - tokens))  # never trained
+    padded_bias = model.cls.predictions.bias[tokens:]
+    assert torch.equal(padded_bias, torch.full((rows - tokens,), PADDED_ROW_BIAS))  # never trained
 
     exported = tmp_path / "exported"
     assert main(["export", "--model", str(tmp_path / "run"), "--out", str(exported)]) == 0
@@ -314,6 +330,7 @@ def test_a_bert_pretrained_on_a_gpu_has_padded_rows_and_exports_exactly(
         their_logits = mlm_logits(theirs, ids, types, mask)
     real = mask.bool()
     torch.testing.assert_close(ours_logits[real], their_logits[real], rtol=0, atol=TOL)
+    assert (their_logits[real].argmax(-1) < tokens).all()  # transformers' softmax over every row
 
     assert main(["import-hf", "--from", str(exported), "--out", str(tmp_path / "again")]) == 0
     first = read_weights(tmp_path / "run" / "final" / "model.safetensors")

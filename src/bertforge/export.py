@@ -21,7 +21,9 @@ Owns:
 Special tokens may sit at any ids (Google's original BERT vocabularies put them at 0 and 100-103);
 a vocabulary without all five of `[PAD] [UNK] [CLS] [SEP] [MASK]` is refused on import. A padded
 vocabulary (more embedding rows than tokens, e.g. 30,522 tokens in 30,528 rows; on import, fewer than 128
-more) is kept as it is, both ways: `model.vocab_size` counts the rows, the tokenizer section the tokens.
+more) is kept, both ways: `model.vocab_size` counts the rows, the tokenizer section the tokens. An
+export gives the extra rows' MLM bias `model.PADDED_ROW_BIAS`, so that Hugging Face's softmax over all
+rows never picks one.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     model, pairs = checked_model(source.path, config, labels), read_pairs(source.path)
     if config.model.objective == "clm":
         return export_gpt(model, config, tokenizer, labels, pairs, out)
+    if labels is None:
+        model.silence_padded_rows(tokenizer.vocab_size)  # whatever a run or an import left there
     tagger = isinstance(model, BertForTokenClassification)
     architecture = "BertForPreTraining" if labels is None else "BertForSequenceClassification"
     architecture = TAGGER_ARCHITECTURE if tagger else architecture

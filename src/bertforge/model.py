@@ -346,6 +346,9 @@ class BertPredictionHeadTransform(nn.Module):
         return self.LayerNorm(self.act(self.dense(h)))
 
 
+PADDED_ROW_BIAS = -1e4  # a logit that no softmax picks, finite in fp16 and bf16
+
+
 class BertLMPredictionHead(nn.Module):
     """Masked-LM head: transform, then a decoder tied to the word embeddings with its own bias."""
 
@@ -387,6 +390,14 @@ class BertForPreTraining(nn.Module):
         self.cls = BertPreTrainingHeads(config)
         init_weights(self.cls, config)  # before tying, so the embeddings are not drawn twice
         self.tie_weights()
+
+    @torch.no_grad()
+    def silence_padded_rows(self, tokens: int) -> None:
+        """Start the MLM bias of the embedding rows past the tokenizer's `tokens` (a padded vocabulary's,
+        which stand for no token) at PADDED_ROW_BIAS. bertforge leaves them out of every softmax, so they
+        get no gradient; a softmax over all rows, as in Hugging Face's models, then gives them nothing
+        (from a bias of 0 they would win it: the real tokens' biases are log frequencies, all negative)."""
+        self.cls.predictions.bias[tokens:] = PADDED_ROW_BIAS
 
     def tie_weights(self) -> None:
         """Make the MLM decoder share the word embeddings and `cls.predictions.bias`.

@@ -338,6 +338,7 @@ def train_and_save(
     elif mlm and not resume:  # a resumed run loads its checkpoint's weights in `train`
         if config.train.mlm_bias_init == "unigram":
             init_mlm_bias(model, train_shards, tokenizer.special_ids)
+        model.silence_padded_rows(tokenizer.vocab_size)
         if config.train.embedding_init != "normal" and distributed.launched().is_main:
             # Rank 0 alone: DistributedDataParallel gives its weights to every rank when it wraps the model.
             init_word_embeddings(model, train_shards, tokenizer.special_ids, config, show_progress)
@@ -461,7 +462,7 @@ def init_mlm_bias(
     counts = token_counts(shards, exclude=special_ids).astype(np.float64)
     log_prior = np.log((counts + 0.5) / (counts.sum() + 0.5 * len(counts)))  # add-half: all finite
     with torch.no_grad():
-        model.cls.predictions.bias[: len(log_prior)].copy_(torch.from_numpy(log_prior))  # padded rows: 0
+        model.cls.predictions.bias[: len(log_prior)].copy_(torch.from_numpy(log_prior))
 
 
 def init_word_embeddings(
