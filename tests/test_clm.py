@@ -204,11 +204,15 @@ def test_pretrain_objective_clm_on_the_command_line(
     printed = capsys.readouterr().out
     assert "held-out: clm_loss" in printed and "clm_accuracy" in printed and "next-token loss" in printed
     config = read_config(out)
-    assert (config.model.objective, config.model.hidden_act, config.model.hidden_size) == (
+    model = config.model
+    assert (model.objective, model.hidden_act, model.layer_norm_eps, model.hidden_size) == (
         "clm",
         "gelu_new",
+        1e-5,  # GPT-1's, where BERT's is 1e-12
         128,
     )
+    assert main(["export", "--model", str(out), "--out", str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["layer_norm_epsilon"] == 1e-5
     resume = ["pretrain", "--out", str(out), "--resume", "--objective", "clm"]
     assert_clean_failure(capsys, resume, "drop --objective")
     gelu = ["pretrain", "--objective", "clm", "--corpus", str(wiki_slice), "--out", str(tmp_path / "gelu")]

@@ -21,6 +21,7 @@ from typing import Literal, get_args
 from bertforge.config_rules import (
     DATA_RULES,
     GPT_HIDDEN_ACT,
+    GPT_LAYER_NORM_EPS,
     GPT_RULES,
     MODEL_RULES,
     OPENAI_GPT_RULES,
@@ -256,10 +257,12 @@ def preset_model(name: str) -> ModelConfig:
 
 
 def apply_objective(config: RunConfig, objective: str) -> None:
-    """Set the model's objective; "clm" (GPT-1) also takes GPT-1's activation and no sentence pairs."""
+    """Set the model's objective; "clm" (GPT-1) also takes GPT-1's activation and LayerNorm epsilon,
+    and no sentence pairs."""
     config.model.objective = objective
     if objective == "clm":
         config.model.hidden_act = GPT_HIDDEN_ACT
+        config.model.layer_norm_eps = GPT_LAYER_NORM_EPS
         config.data.nsp = False
 
 

@@ -278,6 +278,7 @@ MODEL_RULES: list[Rule] = [
 ]
 
 GPT_HIDDEN_ACT = "gelu_new"  # GPT-1's GELU (the tanh approximation), which model.objective = "clm" takes
+GPT_LAYER_NORM_EPS = 1e-5  # GPT-1's (OpenAIGPTConfig's layer_norm_epsilon); BERT's is 1e-12
 # The activations Hugging Face's OpenAIGPT has (its "gelu" is the tanh form, bertforge's "gelu_new")
 OPENAI_GPT_ACTS: tuple[str, ...] = (GPT_HIDDEN_ACT, "relu", "silu")
 
