@@ -585,5 +585,40 @@ def test_time_budget_schedules_follow_the_clock_not_the_steps(
     assert len(lrs) == 25 and lrs[-1] == pytest.approx(peak * (1 - 28.5 / 30) / 0.75)
 
 
+def test_a_time_budget_that_runs_out_between_two_steps_still_ends_with_its_last_steps_records(
+    tmp_path, monkeypatch, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    """On a fake clock a step takes 1 s and the bar's update 0.5 s, so the 15-second budget runs out
+    after the 10th step's records were decided (at 14.5 s) and before the 11th begins: the run takes
+    one more step and ends with it logged, evaluated and checkpointed, as every run ends."""
+    import bertforge.pretrain
+    import bertforge.train
+
+    clock = FakeClock()
+    real_loss, real_advance = bertforge.pretrain.masked_lm_and_nsp_loss, bertforge.train.Trainer.advance
+
+    def timed_loss(model, batch, vocab_size):
+        clock.now += 1.0
+        return real_loss(model, batch, vocab_size)
+
+    def slow_advance(self, bar, elapsed_s):
+        real_advance(self, bar, elapsed_s)
+        clock.now += 0.5
+
+    monkeypatch.setattr(bertforge.train, "time", clock)
+    monkeypatch.setattr(bertforge.pretrain, "masked_lm_and_nsp_loss", timed_loss)
+    monkeypatch.setattr(bertforge.train.Trainer, "advance", slow_advance)
+    config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.25)
+    config.data.valid = str(wiki_valid_slice)
+    config.train.checkpoint_every = 1_000_000
+    run = tmp_path / "run"
+    result = pretrain(config, run, tokenizer_dir=small_tokenizer_dir, show_progress=False)
+
+    assert result["step"] == 11
+    assert metrics_lines(run, "train")[-1]["step"] == 11
+    assert [line["step"] for line in metrics_lines(run, "valid")] == [0, 11]
+    assert [path.name for path in list_checkpoints(run)] == ["step_000011"]
+
+
 def test_a_run_without_validation_text_logs_no_empty_valid_lines(tiny_pretrained_run):
     assert metrics_lines(tiny_pretrained_run, "train") and metrics_lines(tiny_pretrained_run, "valid") == []

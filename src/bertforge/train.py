@@ -260,23 +260,24 @@ class Trainer:
             self.evaluate_at_warmup_length(0)
         stream = self.start()
         bar, first_step = self.progress_bar(show_progress), self.state.step
-        while True:
+        # The step that ends the run is the one `after_step` finds at the end, which it logs, evaluates
+        # and checkpoints; before the first step, a run resumed at its end.
+        done = self.schedule.progress(self.state.step, self.elapsed()) >= 1.0
+        while not done:
             now = self.elapsed()
             progress = self.progress = self.schedule.progress(self.state.step, now)
-            if progress >= 1.0:
-                self.advance(bar, now)  # a time budget's bar ends full
-                break
             if self.warming_up() and progress >= self.objective.warmup_fraction:
                 stream = self.end_warmup(stream)
             lr = self.schedule.learning_rate(self.schedule.progress(self.state.step + 1, now))
             self.optimizer_step(stream, lr)
             stop = self.agreed_stop()
-            self.after_step(lr, bar, checkpoint_now=bool(stop))
+            done = self.after_step(lr, bar, checkpoint_now=bool(stop))
             self.advance(bar, now)  # after the step's log line: a plain progress line shows its loss
             if stop:
                 bar.close()
                 step = self.state.step
                 raise Interrupted(stop, step, checkpoint_dir(self.run_dir, step), self.world.is_main)
+        self.advance(bar, self.elapsed())  # a time budget's bar ends full
         bar.close()
         return {
             "step": self.state.step,
@@ -465,9 +466,9 @@ class Trainer:
             return 0
         return distributed.all_reduce_max(self.signals.received)
 
-    def after_step(self, lr: float, bar: Progress, checkpoint_now: bool = False) -> None:
+    def after_step(self, lr: float, bar: Progress, checkpoint_now: bool = False) -> bool:
         """Log, evaluate and checkpoint on their cadences, and always after the last step; checkpoint
-        (and log) also when `checkpoint_now`."""
+        (and log) also when `checkpoint_now`. Whether this step was the last."""
         step = self.state.step
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done or checkpoint_now
@@ -495,6 +496,7 @@ class Trainer:
             self.save_checkpoint(step)
         if checkpoint or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
+        return done
 
     def window_figures(self, totals: dict[str, float], tokens: float, seconds: float) -> dict:
         """On CUDA, a log window's MFU and peak memory (`metrics_log.DeviceFigures`), at its length."""
