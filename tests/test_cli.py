@@ -505,3 +505,21 @@ def test_errors_show_the_library_names_as_the_commands_flags():
     assert in_flags("use runtime.device=cuda", flags) == "use --device=cuda"
     unrelated = "xtrain.batch_size and train.batch_size_of_x, data.max_seq_length2, out of memory"
     assert in_flags(unrelated, flags) == unrelated
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("xpu", "--device = 'xpu' is not a device; use auto, cpu, cuda, cuda:N or mps"),
+        ("cuda:x", "--device = 'cuda:x' is not a device"),
+        ("mps", "--device asks for mps but this torch has no Apple GPU; use --device=cpu"),
+        ("cuda", "--device asks for CUDA but no GPU is visible; use --device=cpu"),
+    ],
+)
+def test_a_device_that_is_not_there_is_one_line(pipeline, capsys, device, message):
+    import torch
+
+    if device == "mps" and torch.backends.mps.is_available() or device == "cuda" and torch.cuda.is_available():
+        pytest.skip(f"this machine has {device}")
+    argv = ["fill-mask", "--model", str(pipeline.folder / "run"), "--device", device, "the [MASK] sat ."]
+    assert_clean_failure(capsys, argv, message)

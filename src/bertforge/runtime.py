@@ -21,11 +21,13 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise BertforgeError(
-            f"runtime.device = {name!r} is not a device; use auto, cpu, cuda or cuda:N"
-        ) from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise BertforgeError(f"runtime.device = {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError("runtime.device asks for CUDA but no GPU is visible; use runtime.device=cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise BertforgeError("runtime.device asks for mps but this torch has no Apple GPU; use runtime.device=cpu")
     return device
 
 

@@ -10,7 +10,7 @@ from bertforge.config import PRECISIONS
 
 def add_device_argument(p, default: str | None = "auto") -> None:
     """`--device` (`runtime.device`); a training command's default None keeps its config's."""
-    p.add_argument("--device", default=default, help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", default=default, help="auto, cpu, cuda, cuda:N or mps")
 
 
 def add_precision_argument(p) -> None:
