@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# A rerun replaces the last demo's run folder, and nothing else: OUT must be a run folder, empty or new.
 demo: $(STAMP) $(filter $(FETCHED)/%,$(CORPUS) $(VALID))
-	rm -rf $(OUT)
+	@if [ -n "$$(ls -A '$(OUT)' 2>/dev/null)" ] && [ ! -f '$(OUT)/config.json' ]; then \
+		echo "make demo: $(OUT) holds files but no run; give another OUT=, or empty it" >&2; exit 2; fi
+	rm -rf '$(OUT)'
 	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)
 	$(PY) -m bertforge showcase --model $(OUT) --corpus $(VALID)
 

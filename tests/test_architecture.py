@@ -47,7 +47,22 @@ def imported_modules(path: Path) -> set[str]:
             found |= {
                 a.name.removeprefix("bertforge.") for a in node.names if a.name.startswith("bertforge.")
             }
+            found |= {"__init__" for a in node.names if a.name == "bertforge"}  # its attributes: unseen
     return {"commands.*" if name.startswith("commands") else name for name in found}
+
+
+def test_every_import_is_one_the_layer_check_reads():
+    """No relative imports and no imports by name at run time, which `imported_modules` would miss."""
+    hidden = sorted(
+        f"{module_name(path)}: line {node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.ImportFrom) and node.level)
+        or (isinstance(node, ast.Import) and any(a.name == "importlib" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("importlib"))
+        or (isinstance(node, ast.Name) and node.id == "__import__")
+    )
+    assert not hidden, "imports the layer check cannot follow: " + ", ".join(hidden)
 
 
 def test_the_drawing_names_every_module_once():
