@@ -519,7 +519,8 @@ def test_errors_show_the_library_names_as_the_commands_flags():
 def test_a_device_that_is_not_there_is_one_line(pipeline, capsys, device, message):
     import torch
 
-    if device == "mps" and torch.backends.mps.is_available() or device == "cuda" and torch.cuda.is_available():
+    present = {"mps": torch.backends.mps.is_available(), "cuda": torch.cuda.is_available()}
+    if present.get(device):
         pytest.skip(f"this machine has {device}")
     argv = ["fill-mask", "--model", str(pipeline.folder / "run"), "--device", device, "the [MASK] sat ."]
     assert_clean_failure(capsys, argv, message)

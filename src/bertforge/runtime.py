@@ -27,7 +27,9 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError("runtime.device asks for CUDA but no GPU is visible; use runtime.device=cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise BertforgeError("runtime.device asks for mps but this torch has no Apple GPU; use runtime.device=cpu")
+        raise BertforgeError(
+            "runtime.device asks for mps but this torch has no Apple GPU; use runtime.device=cpu"
+        )
     return device
 
 
