@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, nargs="+", default=[128], help="step sequence lengths")
     parser.add_argument("--dropout", type=float, help="step: both models' dropout (default 0.1)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models in the step test")
-    parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 5)")
+    parser.add_argument("--rounds", type=int, help="timed rounds per step measurement (default 6)")
     parser.add_argument("--e2e-steps", type=int, help="pretraining steps for e2e (default 60)")
     parser.add_argument(
         "--workers",
@@ -136,7 +136,7 @@ def run_all(args, only: list[str], precisions: list[str], bench: Bench, results:
         results["prep"] = prep.run(bench)
     if "step" in only:
         presets = args.presets or (["tiny"] if quick else ["tiny", "mini", "small"])
-        rounds = args.rounds or (2 if quick else 5)
+        rounds = args.rounds or (2 if quick else 6)  # even: each contender goes first as often
         warmup = (3 if args.compile else 1) if quick else (4 if args.compile else 2)
         timing = (warmup, rounds, 1 if quick else 2)
         results["step"] = step.run(presets, precisions, args.seq_len, batch, bench, timing, args.dropout)
