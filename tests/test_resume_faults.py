@@ -128,6 +128,11 @@ def test_a_damaged_checkpoint_file_is_skipped_for_the_previous_intact_one(tmp_pa
     [
         ({"step": "two"}, "holds step = 'two', not a whole number from 0"),
         ({"step": -5}, "holds step = -5, not a whole number from 0"),
+        ({"micro_batch": 0}, "holds micro_batch = 0, not a whole number from 1"),
+        ({"world_size": 0}, "holds world_size = 0, not a whole number from 1"),
+        ({"elapsed_s": "x"}, "holds elapsed_s = 'x', not a number of seconds from 0"),
+        ({"elapsed_s": -5.0}, "holds elapsed_s = -5.0, not a number of seconds from 0"),
+        ({"elapsed_s": float("nan")}, "holds elapsed_s = nan, not a number of seconds from 0"),
         ({"rng": None}, "does not hold a bertforge training state"),
         ({"rng": {"torch_cpu": "xx"}}, "holds a damaged random state"),
     ],
@@ -211,6 +216,17 @@ def test_a_refused_change_on_resume_leaves_the_runs_config_as_it_was(tmp_path, c
     argv += ["--set", "train.gradient_accumulation_steps=2"]  # micro-batches of 4 where the run has 8
     assert_clean_failure(capsys, argv, "micro-batches of 8 sequences")
     assert (run / "config.json").read_bytes() == before
+
+
+def test_a_resume_with_another_batch_size_names_it_and_the_way_back(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)  # batches of 8 sequences, one micro-batch each
+    argv = ["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--batch-size", "16", "--quiet"]
+    message = (
+        "was trained with micro-batches of 8 sequences, and train.batch_size = 16 makes them 16: resume "
+        "with the run's batch size (drop --batch-size), or with train.gradient_accumulation_steps=2"
+    )
+    assert_clean_failure(capsys, argv, message)
 
 
 def test_a_resume_to_fewer_steps_than_the_run_has_taken_is_refused(tmp_path, capsys, tiny_pretrained_run):

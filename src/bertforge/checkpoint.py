@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import math
 import pickle
 import re
 from pathlib import Path
@@ -359,7 +360,8 @@ def load_checkpoint(
     return state
 
 
-COUNTS = ("step", "epoch", "batch", "tokens", "micro_batch", "world_size")  # state.json's whole numbers
+COUNTS = ("step", "epoch", "batch", "tokens")  # state.json's whole numbers
+AT_LEAST_ONE = ("micro_batch", "world_size")  # and those that cannot be 0
 
 
 def read_state(path: Path) -> dict:
@@ -371,17 +373,23 @@ def read_state(path: Path) -> dict:
     )
     if "step" not in state or not isinstance(state.get("rng"), dict):
         raise DamagedCheckpoint(f"{path / STATE} does not hold a bertforge training state")
-    wrong = [name for name in COUNTS if name in state and not is_count(state[name])]
-    if wrong:
+    for name, least in [*((name, 0) for name in COUNTS), *((name, 1) for name in AT_LEAST_ONE)]:
+        if name in state and not is_count(state[name], least):
+            raise DamagedCheckpoint(
+                f"{path / STATE} holds {name} = {state[name]!r}, not a whole number from {least}; "
+                "use another checkpoint"
+            )
+    elapsed = state.get("elapsed_s", 0.0)
+    if isinstance(elapsed, bool) or not isinstance(elapsed, int | float) or not 0 <= elapsed < math.inf:
         raise DamagedCheckpoint(
-            f"{path / STATE} holds {wrong[0]} = {state[wrong[0]]!r}, not a whole number from 0; "
+            f"{path / STATE} holds elapsed_s = {elapsed!r}, not a number of seconds from 0; "
             "use another checkpoint"
         )
     return state
 
 
-def is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def is_count(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def read_config(folder: Path) -> RunConfig:

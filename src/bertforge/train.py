@@ -197,12 +197,7 @@ class Trainer:
         self.state.load_state_dict(saved_state)  # older checkpoints lack micro_batch: this run's stands
         saved = self.state.micro_batch
         if saved != self.plan.micro_batch:
-            raise BertforgeError(
-                f"{path} was trained with micro-batches of {saved} sequences on "
-                f"{self.state.world_size} process(es), but {self.world.world_size} would use "
-                f"{self.plan.micro_batch}: resume with the number of processes the run was trained with, "
-                f"or with train.gradient_accumulation_steps={self.train_cfg.batch_size // saved}"
-            )
+            raise self.other_micro_batch(path, saved)
         if self.train_cfg.max_steps < self.state.step:
             raise BertforgeError(
                 f"{path} is at step {self.state.step}, past train.max_steps = {self.train_cfg.max_steps}: "
@@ -212,6 +207,22 @@ class Trainer:
         self.restore_rank_rng(saved_state.get("rank_rng"))
         if self.world.is_main:
             self.log.truncate_after(self.state.step)
+
+    def other_micro_batch(self, path: Path, saved: int) -> BertforgeError:
+        """The error for a resume whose micro-batches would differ from the checkpoint's `saved`."""
+        batch, processes = self.train_cfg.batch_size, self.state.world_size
+        same = f"train.gradient_accumulation_steps={batch // saved}" if batch % saved == 0 else ""
+        if self.world.world_size == processes:
+            return BertforgeError(
+                f"{path} was trained with micro-batches of {saved} sequences, and train.batch_size = {batch} "
+                f"makes them {self.plan.micro_batch}: resume with the run's batch size (drop --batch-size)"
+                + (f", or with {same}" if same else "")
+            )
+        return BertforgeError(
+            f"{path} was trained with micro-batches of {saved} sequences on {processes} process(es), "
+            f"but {self.world.world_size} would use {self.plan.micro_batch}: resume with the number of "
+            "processes the run was trained with" + (f", or with {same}" if same else "")
+        )
 
     def load_newest_intact(self, checkpoints: list[Path]) -> tuple[Path, dict]:
         """Load the newest checkpoint that passes its checks into the model and optimizer, warning
