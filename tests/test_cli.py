@@ -249,6 +249,28 @@ def test_output_folder_holding_another_run(tmp_path, capsys, wiki_slice):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
+def test_an_output_folder_of_other_files_is_refused_without_offering_resume(tmp_path, capsys, wiki_slice):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    message = "holds files but no bertforge run; choose a new"
+    assert_clean_failure(capsys, pretrain_argv(wiki_slice, out), message)
+    argv = ["pretrain", "--out", str(out), "--resume"]
+    assert_clean_failure(capsys, argv, "holds no bertforge run to resume; start one without --resume")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_run_that_lost_its_config_names_the_checkpoints_copy(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    (run / "config.json").unlink()
+    newest = sorted((run / "checkpoints").iterdir())[-1] / "config.json"
+    message = f"holds checkpoints but no config.json; copy {newest} into {run}, then resume"
+    assert_clean_failure(capsys, ["pretrain", "--out", str(run), "--resume", "--quiet"], message)
+    shutil.copy(newest, run / "config.json")
+    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"]) == 0
+
+
 def test_tokenizer_that_does_not_match_the_model(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
     from bertforge.config import TokenizerConfig
     from bertforge.tokenizer import train_tokenizer

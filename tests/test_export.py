@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import WIKI_VALID, assert_clean_failure, tiny_config
 from safetensors.torch import load_file, save_file
-from test_cli import TINY
 
 import bertforge
 from bertforge.checkpoint import read_weights, save_model_folder
@@ -337,11 +336,13 @@ def test_pretraining_starts_from_an_imported_model(tmp_path, hf_pretraining, wik
     assert "pretrain --init" in capsys.readouterr().out
     run = tmp_path / "run"
     argv = ["pretrain", "--init", str(tmp_path / "imported"), "--corpus", str(wiki_slice), "--out", str(run)]
-    argv += ["--max-steps", "1", "--lr", "1e-4", *TINY, "--set", "model.hidden_size=256"]
+    argv += ["--max-steps", "1", "--lr", "1e-4", "--set", "data.max_seq_length=64"]
+    argv += ["--set", "model.attention_probs_dropout_prob=0.0"]
     argv += ["--set", "train.schedule=constant", "--set", "train.warmup_ratio=0"]  # the one step has lr 1e-4
     assert main(argv) == 0, capsys.readouterr().err
     config = json.loads((run / "config.json").read_text())
-    assert config["model"]["hidden_size"] == 32  # the imported model's size won over --set
+    assert config["model"]["hidden_size"] == 32  # the imported model's size
+    assert config["model"]["attention_probs_dropout_prob"] == 0.0  # the run's dropout
     assert (run / "tokenizer" / "vocab.txt").read_text() == (tmp_path / "imported" / "vocab.txt").read_text()
     start = read_weights(tmp_path / "imported" / "model.safetensors")
     end = read_weights(run / "final" / "model.safetensors")
@@ -357,6 +358,16 @@ def test_init_conflicts_with_preset_and_tokenizer(tmp_path, capsys, wiki_slice, 
     argv = ["pretrain", "--init", str(tmp_path), "--corpus", str(wiki_slice), "--out", str(tmp_path / "r")]
     assert_clean_failure(capsys, [*argv, "--preset", "mini"], "--init brings its own")
     assert_clean_failure(capsys, [*argv, "--tokenizer", str(small_tokenizer_dir)], "--init brings its own")
+    shaping = [
+        "--set",
+        "model.hidden_size=256",
+        "--set",
+        "tokenizer.vocab_size=99",
+        "--set",
+        "model.hidden_dropout_prob=0",
+    ]
+    message = "--init brings its own model and tokenizer: drop --set model.hidden_size, tokenizer.vocab_size"
+    assert_clean_failure(capsys, [*argv, *shaping], message)
 
 
 # ------------------------------------------------------------------------------------ classifier

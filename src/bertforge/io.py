@@ -235,16 +235,22 @@ def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
     if out.is_file():
         raise BertforgeError(f"{out} is a file; `out` must name a folder")
     check_folder_path(out)
-    if resume:
-        if not (out / marker).is_file():
-            raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
-    elif is_occupied(out):
-        what = (
-            "already holds a run (begun or finished)"
-            if (out / marker).is_file()
-            else "is not an empty folder"
+    if (out / marker).is_file():
+        if not resume and is_occupied(out):
+            raise BertforgeError(
+                f"{out} already holds a run (begun or finished); pass `resume=True` to continue it, or "
+                "choose a new `out`"
+            )
+        return
+    saved = sorted((out / "checkpoints").glob(f"*/{marker}"))  # a run that lost its own copy
+    if saved:
+        raise BertforgeError(
+            f"{out} holds checkpoints but no {marker}; copy {saved[-1]} into {out}, then resume"
         )
-        raise BertforgeError(f"{out} {what}; pass `resume=True` to continue it, or choose a new `out`")
+    if resume:
+        raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
+    if is_occupied(out):
+        raise BertforgeError(f"{out} holds files but no {kind}; choose a new or empty `out`")
 
 
 @contextlib.contextmanager

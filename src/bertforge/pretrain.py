@@ -239,11 +239,19 @@ def run_pretraining(
     return {**result, **held_out.reference}
 
 
+INIT_DROPOUTS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)  # model settings --init leaves to the run
+
+
 def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], BertTokenizer]:
     """Weights and tokenizer to start pretraining from; `config` takes the source's model and
-    tokenizer sections (its architecture and vocabulary win over any other setting)."""
+    tokenizer sections (its architecture and vocabulary win over any other setting), all but the
+    dropout rates, which are the run's (`INIT_DROPOUTS`)."""
     model, tokenizer, source = open_pretrained(path)
-    config.model, config.tokenizer = source.model, source.tokenizer
+    dropouts = {name: getattr(config.model, name) for name in INIT_DROPOUTS}
+    config.model, config.tokenizer = replace(source.model, **dropouts), source.tokenizer
     if config.train.embedding_init != "normal" and distributed.launched().is_main:
         warnings.warn(
             f"the weights come from {path}: train.embedding_init = "

@@ -386,13 +386,21 @@ def restarted_by_torchrun(args) -> bool:
 def run_pretrain(args) -> int:
     from bertforge.checkpoint import read_config
     from bertforge.distributed import launched
-    from bertforge.pretrain import pretrain
+    from bertforge.pretrain import INIT_DROPOUTS, pretrain
     from bertforge.progress import duration
 
     if args.init and (args.resume or args.tokenizer or args.preset or args.objective):
         raise BertforgeError(
             "--init brings its own model size, objective and tokenizer: drop --preset, --objective, "
             "--tokenizer and --resume"
+        )
+    kept = {f"model.{name}" for name in INIT_DROPOUTS}
+    names = [item.partition("=")[0].strip() for item in args.set]
+    reshaping = [name for name in names if name.startswith(("model.", "tokenizer.")) and name not in kept]
+    if args.init and reshaping:
+        raise BertforgeError(
+            f"--init brings its own model and tokenizer: drop --set {', '.join(reshaping)} (the dropout "
+            "settings still apply)"
         )
     restarted = restarted_by_torchrun(args)
     config = read_config(args.out) if restarted else pretrain_config(args)
