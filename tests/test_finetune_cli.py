@@ -550,7 +550,7 @@ def test_the_readmes_python_example_runs(tiny_pretrained_run, finetuned):
     assert '"runs/mini"' in block and '"runs/sst2/pretrained/seed_1"' in block
     block = block.replace('"runs/mini"', repr(str(tiny_pretrained_run)))
     block = block.replace('"runs/sst2/pretrained/seed_1"', repr(str(finetuned)))
-    block = block.replace("bertforge.classifier.classify(", "classified = bertforge.classifier.classify(")
+    block = block.replace("\nclassifier.classify(", "\nclassified = classifier.classify(")
     names: dict = {}
     exec(compile(block, "README.md", "exec"), names)  # noqa: S102 (the README's own example)
     [result] = names["classified"]
