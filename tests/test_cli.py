@@ -228,6 +228,40 @@ def test_unknown_format(tmp_path, capsys, wiki_slice):
 
 
 @pytest.mark.parametrize(
+    "objective, message",
+    [
+        ("mlm", "has one document, and next sentence prediction takes its random sentences from others"),
+        ("clm", "has 9 tokens, fewer than one sequence of 64; give more text to evaluate on"),
+    ],
+)
+def test_a_validation_file_too_small_to_evaluate_on_is_named(
+    tmp_path, capsys, wiki_slice, objective, message
+):
+    valid = tmp_path / "valid.txt"
+    valid.write_text("one sentence here .\nand another one .\n", encoding="utf-8")
+    argv = ["pretrain", "--objective", objective, "--preset", "tiny", "--corpus", str(wiki_slice)]
+    argv += [
+        "--valid",
+        str(valid),
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "data.max_seq_length=64",
+        "--quiet",
+    ]
+    assert_clean_failure(capsys, argv, f"the validation file {valid} {message}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_validation_file_that_is_also_training_text_is_warned_about(tmp_path, wiki_slice):
+    copy = tmp_path / "copy.tokens"
+    shutil.copy(wiki_slice, copy)
+    expected = re.escape(f"the validation file {copy} is also training text ({wiki_slice})")
+    with pytest.warns(UserWarning, match=expected):
+        assert main([*pretrain_argv(wiki_slice, tmp_path / "run", "--valid", str(copy)), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize(
     "setting, message",
     [
         ("model.num_attention_heads=3", "divisible"),

@@ -346,7 +346,7 @@ def _stream(
     if on_progress is not None:
         on_progress(source.consumed - reported)
     if count == 0:
-        raise BertforgeError(f"corpus file {path} has no text (only blank lines or headings); check the file")
+        raise BertforgeError(f"{path} has no text (only blank lines or headings); check the file")
 
 
 def _wikitext_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:

@@ -38,10 +38,15 @@ EVAL_BATCH_SIZE = 64
 
 
 def evaluation_batches(
-    shards: TokenShards, tokenizer: BertTokenizer, data: DataConfig, objective: str = "mlm"
+    shards: TokenShards,
+    tokenizer: BertTokenizer,
+    data: DataConfig,
+    objective: str = "mlm",
+    text: str = "the evaluation text",
 ) -> list[dict]:
     """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`);
-    for "clm", the fixed packed windows (as many at most)."""
+    for "clm", the fixed packed windows (as many at most). `text` names the text in the errors."""
+    check_evaluation_text(shards, data, objective, text)
     if objective == "clm":
         length, limit = data.max_seq_length, data.eval_max_pairs
         windows = packed_batches(
@@ -55,6 +60,22 @@ def evaluation_batches(
     collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
     batches = SeededBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
     return [batches[i] for i in range(len(batches))]
+
+
+def check_evaluation_text(shards: TokenShards, data: DataConfig, objective: str, text: str) -> None:
+    """Refuse a text too small to evaluate on, naming it (the training text's messages would
+    speak of the corpus and its settings)."""
+    documents = int(np.count_nonzero(np.diff(np.asarray(shards.document_offsets)) > 0))
+    if objective == "clm" and shards.num_tokens + documents < data.max_seq_length:
+        raise BertforgeError(
+            f"{text} has {shards.num_tokens} tokens, fewer than one sequence of {data.max_seq_length}; "
+            "give more text to evaluate on"
+        )
+    if objective == "mlm" and data.nsp and documents < 2:
+        raise BertforgeError(
+            f"{text} has one document, and next sentence prediction takes its random sentences from "
+            "others: give text of several documents (blank lines between them, or one JSON object each)"
+        )
 
 
 def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
@@ -173,7 +194,7 @@ def evaluate_model(
     shards = cached_shards(
         Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress, text_column
     )
-    batches = evaluation_batches(shards, tokenizer, data, config.model.objective)
+    batches = evaluation_batches(shards, tokenizer, data, config.model.objective, str(corpus))
     where = resolve_device(device)
     model.to(where)
     precision = evaluation_precision(precision, where)

@@ -202,6 +202,7 @@ def run_pretraining(
     with distributed.joined_after(device, config.runtime.dist_timeout_minutes) as world:
         corpus_files, prepared = training_text(config.data)  # checked before any work
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
+        warn_valid_in_training(corpus_files, config.data.valid, hashes, resume)
         if resume and not allow_changed_data:
             check_same_data(out, hashes)
         init_state = None
@@ -317,11 +318,11 @@ def validation_data(
     valid_shards = cached_shards(
         corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress, data.text_column
     )
-    objective = config.model.objective
+    objective, text = config.model.objective, f"the validation file {data.valid}"
     warmup = replace(data, max_seq_length=data.warmup_seq_length, nsp=data.nsp or data.warmup_nsp)
     return HeldOut(
-        batches=evaluation_batches(valid_shards, tokenizer, data, objective),
-        warmup_batches=evaluation_batches(valid_shards, tokenizer, warmup, objective)
+        batches=evaluation_batches(valid_shards, tokenizer, data, objective, text),
+        warmup_batches=evaluation_batches(valid_shards, tokenizer, warmup, objective, text)
         if data.warmup_seq_length
         else [],
         reference={"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)},
@@ -539,6 +540,22 @@ def data_hashes(corpus_files: list[Path], valid: str, prepared: list[TokenShards
     files = [*corpus_files, *([Path(valid)] if valid else [])]
     hashes = {os.path.abspath(file): content_hash(file) for file in files}
     return hashes | {os.path.abspath(part.path): content_hash(part.path / META_FILE) for part in prepared}
+
+
+def warn_valid_in_training(
+    corpus_files: list[Path], valid: str, hashes: dict[str, str], resume: bool
+) -> None:
+    """Warn (once, as a run starts) when the validation file's bytes are also a training file's."""
+    if not valid or resume or not distributed.launched().is_main:
+        return
+    held_out = hashes[os.path.abspath(valid)]
+    same = [str(file) for file in corpus_files if hashes[os.path.abspath(file)] == held_out]
+    if same:
+        warnings.warn(
+            f"the validation file {valid} is also training text ({same[0]}): its held-out figures "
+            "measure what the model memorised; give text the run does not train on",
+            stacklevel=3,
+        )
 
 
 def check_same_data(out: Path, hashes: dict[str, str]) -> None:
