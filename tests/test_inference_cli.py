@@ -4,6 +4,8 @@ and one clear message for every bad input."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +258,19 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
     assert_clean_failure(
         capsys, ["nsp", "--model", str(mlm_only), "a", "b"], "without next sentence prediction"
     )
+
+
+def test_a_run_without_final_is_read_at_its_newest_checkpoint_with_a_notice(tmp_path, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    shutil.rmtree(run / "final")  # as a run interrupted before its end leaves it
+    newest = sorted((run / "checkpoints").iterdir())[-1]
+    with pytest.warns(
+        UserWarning, match=re.escape(f"{run} has no final/ model yet: using its newest checkpoint")
+    ):
+        assert main(["fill-mask", "--model", str(run), "the [MASK] sat ."]) == 0
+    model, _ = bertforge.load(newest)
+    with pytest.warns(UserWarning, match=newest.name):
+        from_run, _ = bertforge.load(run)
+    ours, theirs = model.state_dict(), from_run.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

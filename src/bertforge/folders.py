@@ -38,6 +38,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,7 +122,11 @@ def find_model_folder(path: str | Path, *, classifier: bool = False) -> ModelFol
     if (path / "final" / WEIGHTS).is_file():
         path = path / "final"
     elif not classifier and not (path / WEIGHTS).is_file() and list_checkpoints(path):
-        path = list_checkpoints(path)[-1]  # (a checkpoint has no labels: never a classifier folder)
+        newest = list_checkpoints(path)[-1]  # (a checkpoint has no labels: never a classifier folder)
+        warnings.warn(
+            f"{path} has no final/ model yet: using its newest checkpoint, {newest.name}", stacklevel=2
+        )
+        path = newest
     if is_hf_folder(path):
         folder = ModelFolder(path, path, hugging_face=True)
     else:
