@@ -260,3 +260,13 @@ def test_a_tokenizer_trained_for_a_run_says_so_in_a_line_and_a_cached_one_says_n
         [corpus], replace(config, vocab_size=150), "auto", tmp_path / "cache", show_progress=False
     )
     assert capfd.readouterr() == ("", "") and quiet.vocab_size == 150
+
+
+def test_a_size_below_what_the_characters_need_is_exceeded_with_a_warning(tmp_path):
+    corpus = tmp_path / "text.txt"
+    text = "the quick brown fox jumps over the lazy dog .\n\nsphinx of black quartz , judge my vow ."
+    corpus.write_text(text)
+    with pytest.warns(UserWarning, match=r"more than tokenizer.vocab_size = 10: WordPiece keeps"):
+        tokenizer = train_tokenizer([corpus], TokenizerConfig(vocab_size=10), tmp_path / "tok")
+    letters = set(text) - {" ", "\n"}
+    assert tokenizer.vocab_size >= len(SPECIAL_TOKENS) + len(letters)  # each character, at least alone

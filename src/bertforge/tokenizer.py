@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -222,6 +223,13 @@ def train_tokenizer(
             "times; use a larger corpus or lower min_frequency"
         )
     tokenizer = BertTokenizer(backend, config.kind, config.lowercase, config.min_frequency)
+    if config.kind == "wordpiece" and tokenizer.vocab_size > config.vocab_size:
+        warnings.warn(
+            f"the vocabulary holds {tokenizer.vocab_size:,} tokens, more than tokenizer.vocab_size = "
+            f"{config.vocab_size:,}: WordPiece keeps BERT's five special tokens and every character of the "
+            f"text, alone and as a `##` piece ({len(pieces):,} of those); a larger size adds whole words",
+            stacklevel=2,
+        )
     tokenizer.save(out_dir)
     return tokenizer
 
