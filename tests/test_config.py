@@ -163,6 +163,8 @@ def test_a_saved_config_of_an_earlier_version_loads_without_its_retired_settings
 def test_missing_and_invalid_toml(tmp_path):
     with pytest.raises(BertforgeError, match="does not exist"):
         load_toml(tmp_path / "none.toml")
+    with pytest.raises(BertforgeError, match="is a folder; give a TOML file"):
+        load_toml(tmp_path)
     bad = tmp_path / "bad.toml"
     bad.write_text("[train\nx=")
     with pytest.raises(BertforgeError, match="not valid TOML"):

@@ -525,3 +525,18 @@ def test_export_refusals(tmp_path, capsys, run, exported):
             capsys, [command[0], "--model", str(flipped), *command[1:]], "tensors differ"
         )
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_without_nsp_exports_its_nsp_head_as_untrained(
+    tmp_path, wiki_slice, small_tokenizer_dir, capsys
+):
+    from bertforge.cli import main
+    from bertforge.pretrain import pretrain
+
+    config = tiny_config(wiki_slice, max_steps=2, eval_every=2)
+    config.data.nsp = False
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert main(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "untrained heads (nsp)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "hf" / "untrained_heads.json").read_text()) == {"heads": ["nsp"]}
+    assert main(["nsp", "--model", str(tmp_path / "hf"), "A sentence .", "Another ."]) == 2  # as the run

@@ -268,6 +268,8 @@ def apply_objective(config: RunConfig, objective: str) -> None:
 
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise BertforgeError(f"config file {path} is a folder; give a TOML file, such as configs/mini.toml")
     if not path.is_file():
         raise BertforgeError(f"config file {path} does not exist; check the path")
     try:

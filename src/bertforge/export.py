@@ -47,6 +47,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.classifier import sequence_classifier
 from bertforge.config import RunConfig, save_json
+from bertforge.config_rules import trains_nsp
 from bertforge.errors import BertforgeError
 from bertforge.folders import (
     BERTFORGE_CONFIG,
@@ -104,9 +105,17 @@ def write_export(source: ModelFolder, out: Path) -> dict:
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, TOKEN_TASK if tagger else None, pairs))
-        if labels is None and (untrained := untrained_heads(source.path)):
-            write_json(tmp / UNTRAINED_HEADS, {"heads": untrained})  # an import's, kept for import-hf
-    return {"architecture": architecture, "out": out}
+        untrained = pretraining_heads_untrained(source.path, config) if labels is None else []
+        if untrained:
+            write_json(tmp / UNTRAINED_HEADS, {"heads": untrained})  # for whoever reads it, import-hf too
+    return {"architecture": architecture, "out": out, "untrained": untrained}
+
+
+def pretraining_heads_untrained(folder: Path, config: RunConfig) -> list[str]:
+    """The heads a pretraining folder holds untrained: an import's, and NSP where the run trained MLM
+    alone."""
+    untrained = untrained_heads(folder)
+    return untrained + ["nsp"] if not trains_nsp(config) and "nsp" not in untrained else untrained
 
 
 def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> torch.nn.Module:

@@ -382,6 +382,11 @@ def run_export(args) -> int:
     result = export_model(args.model, args.out)
     print(f"exported {result['architecture']} to {args.out}")
     print(f"  transformers: {result['architecture']}.from_pretrained({str(args.out)!r})")
+    if result.get("untrained"):
+        print(
+            f"  untrained heads ({', '.join(result['untrained'])}): their outputs are noise "
+            "(untrained_heads.json says so)"
+        )
     return 0
 
 
