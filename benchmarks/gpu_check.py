@@ -500,7 +500,7 @@ def target_lines(parts: dict) -> list[str]:
         if "e2e_slots_over_step" in run:
             name = f"end to end ({mode}), slots with padding, >= 90% of the step"
             checks.append((name, run["e2e_slots_over_step"], 0.9, pct))
-    lines = ["## Targets (one H100)", ""]
+    lines = ["## Targets (set for one H100; the GPU of this run is named above)", ""]
     for name, value, floor, show in checks:
         verdict = "not measured" if value is None else ("met" if value >= floor else "NOT met")
         lines.append(f"- {name}: {show(value) if value is not None else '-'}, {verdict}")
