@@ -93,6 +93,10 @@ def test_each_subcommand_has_help(capsys, argv, expected):
         ),
         (["pretrain", "--max-steps", "abc"], "argument --max-steps: invalid"),
         (["attention", "a b", "--heads", "0"], "layers and heads count from 1"),
+        (
+            ["fill-mask", "--model", "m", "--bogus"],
+            "unrecognized arguments: --bogus; see `bertforge fill-mask --help`",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_pointing_at_help(capsys, argv, message):

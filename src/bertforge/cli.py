@@ -62,7 +62,12 @@ def run() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own help lists what it takes
+        given = " ".join(unknown)
+        parser.exit(
+            2, f"bertforge: error: unrecognized arguments: {given}; see `bertforge {args.command} --help`\n"
+        )
     with one_line_warnings(), left_process_group():
         try:
             return args.handler(args)
