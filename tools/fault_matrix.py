@@ -239,7 +239,6 @@ def run_forked(argv: list[str], stdout: Path, stderr: Path, cwd: Path, env: dict
         os.chdir(cwd)
         os.environ.update(env)
         default_signals()
-        sys.argv = ["bertforge", *argv]
         code = bertforge_main(argv)
     except BaseException:
         traceback.print_exc()
@@ -265,11 +264,13 @@ def warm_imports() -> None:
 
 
 def bertforge_main(argv: list[str]) -> int:
-    """The exit status Python gives `raise SystemExit(main())`, uncaught exceptions included."""
-    from bertforge.cli import main
+    """The exit status Python gives `python -m bertforge ARGV` (`raise SystemExit(run())`, run reading
+    sys.argv), uncaught exceptions included."""
+    from bertforge.cli import run
 
+    sys.argv = ["bertforge", *argv]
     try:
-        status = main(argv)
+        status = run()
     except SystemExit as stop:
         status = stop.code
     except KeyboardInterrupt:  # uncaught: Python prints it and dies of SIGINT
@@ -1543,7 +1544,11 @@ READERS: dict[str, tuple[Callable[[Trace, Path], list], set[str], set[str]]] = {
     ),
     "classify": (lambda t, m: ["classify", "--model", m, "a fine film"], CLASSIFIERS, set()),
     "tag": (lambda t, m: ["tag", "--model", m, "Peter Blackburn went to Rome ."], TAGGERS, set()),
-    "finetune": (lambda t, m: finetune_argv(m, t.path("out")), BERTS | {"gpt-run"}, CLASSIFIERS | {"hf-gpt"}),
+    "finetune": (  # a tagger's encoder starts a classifier, with a fresh pooler
+        lambda t, m: finetune_argv(m, t.path("out")),
+        BERTS | {"gpt-run", "tagger"},
+        CLASSIFIERS | {"hf-gpt"},
+    ),
     "pretrain-init": (
         lambda t, m: cmd(
             "pretrain --init {} --corpus {} --out {} --max-steps 2 --quiet --set runtime.precision=fp32 "
