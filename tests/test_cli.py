@@ -257,6 +257,13 @@ def test_a_validation_file_too_small_to_evaluate_on_is_named(
     assert not (tmp_path / "run").exists()
 
 
+def test_an_empty_corpus_path_is_refused_not_read_as_this_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text("some words of mine\n\nand more of them\n")
+    argv = ["pretrain", "--corpus", "", "--out", str(tmp_path / "run"), "--max-steps", "2", *TINY]
+    assert_clean_failure(capsys, argv, "--corpus is given an empty path (an unset shell variable?)")
+    assert not (tmp_path / "run").exists()
+
 def test_a_validation_file_that_is_also_training_text_is_warned_about(tmp_path, wiki_slice):
     copy = tmp_path / "copy.tokens"
     shutil.copy(wiki_slice, copy)

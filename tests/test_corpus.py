@@ -80,17 +80,31 @@ def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
 
 
-def test_text_reader_joins_lines_and_splits_on_blank_lines(tmp_path):
+def test_text_reader_ends_sentences_at_line_breaks_and_documents_at_blank_lines(tmp_path):
     path = write(
         tmp_path / "plain.txt", "First line\ncontinues. Second sentence.\n\n\n\nNext doc.\r\n   \nLast doc"
     )
     assert detect_format(path) == "text"
     assert list(read_documents(path)) == [
-        ["First line continues.", "Second sentence."],
+        ["First line", "continues.", "Second sentence."],
         ["Next doc."],
         ["Last doc"],
     ]
     assert list(read_documents(path, format="text")) == list(read_documents(path))
+
+
+def test_text_without_capitals_or_full_stops_keeps_a_sentence_a_line(tmp_path):
+    """Google's input format (a sentence a line, a blank line between documents) in lower case and
+    without punctuation, as many corpora come: each line stays a sentence, as in a JSON line."""
+    lines = ["the cat sat on the mat", "it was warm there", "then it rained"]
+    path = write(tmp_path / "lower.txt", "\n".join(lines) + "\n\nanother document\nof two lines\n")
+    assert list(read_documents(path)) == [lines, ["another document", "of two lines"]]
+    jsonl = write(tmp_path / "lower.jsonl", json.dumps({"text": "\n".join(lines)}) + "\n")
+    assert list(read_documents(jsonl)) == [lines]
+
+
+def test_a_long_run_of_full_stops_splits_in_linear_time():
+    assert split_sentences("Wait" + "." * 50_000 + " Then more.") == ["Wait" + "." * 50_000, "Then more."]
 
 
 def test_jsonl_reader(tmp_path):
@@ -115,6 +129,26 @@ def error_message(path, format="auto") -> str:
     with pytest.raises(BertforgeError) as raised:
         list(read_documents(path, format))
     return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        (
+            "u16.txt",
+            "hello world\n".encode("utf-16"),
+            "is UTF-16 text, not UTF-8 text; convert it: `iconv -f utf-16",
+        ),
+        ("table.dat", b"PAR1\x15\x04 rest", "is a Parquet file, not UTF-8 text; give it the .parquet ending"),
+        ("img.txt", b"\x89PNG\r\n\x1a\n data", "is a PNG image, not UTF-8 text; leave it out of the corpus"),
+        ("text.bz2", b"BZh91AY&SY data", "is bzip2-compressed, not UTF-8 text; decompress it"),
+        ("nul.txt", b"the\x00European union\n", "holds NUL bytes on line 1: a binary file or an archive"),
+    ],
+)
+def test_files_that_are_not_text_are_named_with_what_to_do(tmp_path, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert message in error_message(path)
 
 
 def test_missing_file_and_directory(tmp_path):
@@ -145,6 +179,10 @@ def test_bad_jsonl_lines_name_the_line(tmp_path):
         write(tmp_path / "b.jsonl", f'{good}\n{{"body": "x"}}\n')
     )
     assert 'line 1: no string "text"' in error_message(write(tmp_path / "c.jsonl", '{"text": 5}\n'), "jsonl")
+    body = error_message(write(tmp_path / "e.jsonl", '{"body": "x", "id": 1}\n'), "jsonl")
+    assert 'no string "text" field (its fields: body, id);' in body and "data.text_column" in body
+    cut = error_message(write(tmp_path / "f.jsonl", '{"text": "Cut emoji \\ud83d here."}\n'), "jsonl")
+    assert "line 1: the \"text\" field holds '\\ud83d', half of a character" in cut
     assert "line 1: not valid JSON" in error_message(write(tmp_path / "d.txt", "plain words\n"), "jsonl")
 
 

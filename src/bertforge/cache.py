@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import TokenizerConfig
-from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, resolve_format
+from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, READER_VERSION, resolve_format
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
 from bertforge.shards import TokenShards, build_shards, ids_past_vocabulary
@@ -122,7 +122,13 @@ def cached_shards(
     """Tokenize one corpus file into shards unless shards of the same text and tokenizer are cached."""
     fmt = resolve_format(corpus, format)
     corpus_sha256 = content_hash(corpus)
-    key = cache_key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column))
+    key = cache_key(
+        corpus_sha256,
+        tokenizer.fingerprint,
+        fmt,
+        *_column_part([fmt], text_column),
+        f"reader-v{READER_VERSION}",
+    )
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
         with entry_lock(folder):

@@ -1,10 +1,11 @@
 """Corpus readers: turn corpus files into a stream of documents, each a list of sentences.
 
 Owns resolving `--corpus` values (files, folders, glob patterns) into a list of files, format
-detection (WikiText, plain text with blank-line documents, JSON lines, Parquet), the rule-based
-sentence splitter, undoing WikiText's tokenisation artifacts, and the error messages for
-unreadable input. Text files are read line by line, gzip-compressed ones (`.gz`) decompressed on
-the fly, and Parquet files in batches of rows, so memory does not grow with the corpus.
+detection (WikiText, plain text with blank-line documents and a sentence a line, JSON lines,
+Parquet), the rule-based sentence splitter, undoing WikiText's tokenisation artifacts, and the
+error messages for unreadable input. Text files are read line by line, gzip-compressed ones (`.gz`)
+decompressed on the fly, and Parquet files in batches of rows, so memory does not grow with the
+corpus.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bertforge.errors import BertforgeError, to_utf8
 
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
+READER_VERSION = 2  # 2: a line break ends a sentence in plain text; cached shards key on it
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 
@@ -29,7 +31,7 @@ DEFAULT_TEXT_COLUMN = "text"
 # then an optional space-separated straight quote (closing or opening: decided by quote parity),
 # then whitespace before something that may start a sentence.
 _BOUNDARY = re.compile(
-    r"""[.!?]+
+    r"""(?<![.!?])[.!?]+  # a whole run of them (a match starting inside one would backtrack, O(n^2))
         (?:["'”’»)\]]|\s[)\]”’»])*
         (?P<quote>\s")?
         \s+
@@ -160,6 +162,8 @@ class _Lines:
         with self.path.open("rb") as handle:
             lines = self._gunzip(handle) if compressed else handle
             for number, raw in enumerate(lines, 1):
+                if number == 1 and (kind := _binary_kind(raw)):
+                    raise BertforgeError(f"{self.path} is {kind}")
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as error:
@@ -167,6 +171,11 @@ class _Lines:
                         f"{self.path} is not UTF-8 text: undecodable bytes on line {number} "
                         f"(byte offset {self.bytes_read + error.start}); {to_utf8(self.path)}"
                     ) from None
+                if "\x00" in line:  # the normalizer would drop them and glue words together
+                    raise BertforgeError(
+                        f"{self.path} holds NUL bytes on line {number}: a binary file or an archive (a "
+                        ".tar.gz: extract it), not text; give text files"
+                    )
                 self.bytes_read += len(raw)
                 self.consumed = handle.tell() if compressed else self.bytes_read
                 if number == 1:
@@ -181,6 +190,28 @@ class _Lines:
                 f"{self.path} is not a readable gzip file ({error}); check that it was copied whole "
                 f"(`gzip -t {self.path}`), or drop the .gz ending if it is plain text"
             ) from None
+
+
+# The first bytes of files that are not UTF-8 text: what each is, and what to do with it.
+_BINARY_STARTS = {
+    b"\xff\xfe": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
+    b"\xfe\xff": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
+    b"PAR1": ("a Parquet file", "give it the .parquet ending, or --format parquet"),
+    b"BZh": ("bzip2-compressed", "decompress it (`bunzip2 -k FILE`), or compress it with gzip"),
+    b"\xfd7zXZ": ("xz-compressed", "decompress it (`unxz -k FILE`), or compress it with gzip"),
+    b"PK\x03\x04": ("a zip archive", "extract it and give its text files"),
+    b"%PDF": ("a PDF", "extract its text first (`pdftotext FILE`)"),
+    b"\x89PNG": ("a PNG image", "leave it out of the corpus"),
+    b"\xff\xd8\xff": ("a JPEG image", "leave it out of the corpus"),
+}
+
+
+def _binary_kind(first_line: bytes) -> str | None:
+    """ "KIND, not UTF-8 text; FIX" for a file that starts as one of `_BINARY_STARTS`."""
+    for start, (kind, fix) in _BINARY_STARTS.items():
+        if first_line.startswith(start):
+            return f"{kind}, not UTF-8 text; {fix}"
+    return None
 
 
 class _ParquetRows:
@@ -374,16 +405,18 @@ def clean_wikitext(text: str) -> str:
 
 
 def _text_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
+    """Blank lines end a document, and a line break a sentence (Google's input format: a sentence a
+    line), as within a JSON line's text; each line is split at its sentence ends too."""
     paragraph: list[str] = []
     for _, line in lines:
         text = line.strip()
         if text:
             paragraph.append(text)
         elif paragraph:
-            yield split_sentences(" ".join(paragraph))
+            yield _sentences_of_paragraphs(paragraph)
             paragraph = []
     if paragraph:
-        yield split_sentences(" ".join(paragraph))
+        yield _sentences_of_paragraphs(paragraph)
 
 
 def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
@@ -398,15 +431,23 @@ def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
 def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
     field = json.dumps(column)
     hint = f'each line must be one JSON object with a string {field} field, e.g. {{{field}: "..."}}'
-    if column != DEFAULT_TEXT_COLUMN:
-        hint += " (the field is data.text_column)"
+    hint += " (another field: data.text_column)"
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise BertforgeError(f"{path}, line {number}: not valid JSON ({error.msg}); {hint}") from None
     if not isinstance(record, dict) or not isinstance(record.get(column), str):
-        raise BertforgeError(f"{path}, line {number}: no string {field} field; {hint}")
-    return record[column]
+        fields = f" (its fields: {', '.join(record)})" if isinstance(record, dict) and record else ""
+        raise BertforgeError(f"{path}, line {number}: no string {field} field{fields}; {hint}")
+    text = record[column]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate escape, such as "\ud83d" of a cut emoji
+        raise BertforgeError(
+            f"{path}, line {number}: the {field} field holds {text[error.start]!r}, half of a character "
+            "(a lone surrogate escape, as in text cut inside an emoji); remove or replace it"
+        ) from None
+    return text
 
 
 def _parquet_documents(rows: _ParquetRows, _column: str) -> Iterator[list[str]]:

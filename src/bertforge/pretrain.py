@@ -529,6 +529,11 @@ def absolute_data_paths(data: DataConfig) -> None:
     absolute, so that the saved config names the same files from any working directory."""
     if isinstance(data.corpus, (str, Path)):  # a library caller's single path
         data.corpus = [str(data.corpus)] if str(data.corpus) else []
+    for name, values in (("--corpus", data.corpus), ("--shards", data.shards)):
+        if any(not str(value).strip() for value in values):  # abspath("") would name this folder
+            raise BertforgeError(
+                f"{name} is given an empty path (an unset shell variable?); name a file or folder"
+            )
     data.corpus = [os.path.abspath(spec) for spec in data.corpus]
     data.shards = [os.path.abspath(folder) for folder in data.shards]
     data.valid = os.path.abspath(data.valid) if data.valid else data.valid
