@@ -151,6 +151,17 @@ def test_files_that_are_not_text_are_named_with_what_to_do(tmp_path, name, data,
     assert message in error_message(path)
 
 
+def test_json_that_is_not_json_lines_is_named_with_the_conversion(tmp_path):
+    array = tmp_path / "records.json"
+    array.write_text('[{"text": "One."},\n {"text": "Two."}]\n')
+    assert "holds a JSON array, not JSON lines" in error_message(array)
+    assert "`jq -c '.[]' FILE > FILE.jsonl`" in error_message(array)
+    pretty = tmp_path / "pretty.jsonl"
+    pretty.write_text('{\n  "text": "One."\n}\n')
+    assert "holds JSON over several lines" in error_message(pretty)
+    assert list(read_documents(array, "text"))  # read as text when the user says so
+
+
 def test_missing_file_and_directory(tmp_path):
     assert "does not exist" in error_message(tmp_path / "nope.txt")
     assert "is a folder" in error_message(tmp_path)
@@ -256,6 +267,20 @@ def test_parquet_reader_reads_one_document_per_row_in_batches(tmp_path):
     assert documents[-1] == ["Row 2999.", "Ends."] and len(documents) == 3002
     assert sum(seen) == path.stat().st_size
     assert list(read_documents(path, "parquet", text_column="body")) == documents
+
+
+def test_parquet_text_as_a_category_or_a_string_view_column_is_read(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = ["One. Two.", "Three.", "One. Two."]
+    columns = {"category": pa.array(texts).dictionary_encode()}
+    if hasattr(pa, "string_view"):
+        columns["view"] = pa.array(texts, type=pa.string_view())
+    pq.write_table(pa.table(columns), tmp_path / "kinds.parquet")
+    for column in columns:
+        documents = list(read_documents(tmp_path / "kinds.parquet", text_column=column))
+        assert documents == [["One.", "Two."], ["Three."], ["One.", "Two."]], column
 
 
 def test_parquet_errors(tmp_path, monkeypatch):

@@ -233,11 +233,19 @@ class _ParquetRows:
                 f"name the text column with data.text_column"
             )
         kind = schema.field(column).type
-        if not (self._pa.types.is_string(kind) or self._pa.types.is_large_string(kind)):
+        if not self._is_text(kind):
             raise BertforgeError(
                 f"{path}: column {column!r} holds {kind}, not text; "
                 "name the text column with data.text_column"
             )
+
+    def _is_text(self, kind) -> bool:
+        """A string column, of any width or layout, or a dictionary (pandas' category) of strings."""
+        types = self._pa.types
+        if types.is_dictionary(kind):
+            kind = kind.value_type
+        string_view = getattr(types, "is_string_view", lambda _: False)  # pyarrow 16 and later
+        return types.is_string(kind) or types.is_large_string(kind) or string_view(kind)
 
     def _open(self):
         try:
@@ -317,12 +325,26 @@ def detect_format(path: str | Path) -> str:
             continue
         if seen == 0 and line.lstrip().startswith("{") and _is_json_object(line):
             return "jsonl"
+        if seen == 0 and _looks_like_json(path, line):
+            what, query = (
+                ("a JSON array", "'.[]'") if line.lstrip()[0] == "[" else ("JSON over several lines", ".")
+            )
+            raise BertforgeError(
+                f'{path} holds {what}, not JSON lines (one object a line, such as {{"text": "..."}}); '
+                f"convert it, e.g. `jq -c {query} FILE > FILE.jsonl`, or give --format text"
+            )
         if _WIKITEXT_TITLE_LINE.fullmatch(line):
             return "wikitext"
         seen += 1
         if seen >= _DETECT_LINES:
             break
     return "text"
+
+
+def _looks_like_json(path: Path, first_line: str) -> bool:
+    """A JSON array, or a pretty-printed object, in a file named as JSON: not JSON lines."""
+    named = any(suffix.lower() in (".json", ".jsonl") for suffix in path.suffixes)
+    return named and first_line.lstrip()[:1] in ("[", "{")
 
 
 def _is_json_object(line: str) -> bool:
