@@ -252,6 +252,12 @@ def test_attention_command_refuses_impossible_requests(capsys, tiny_pretrained_r
     assert_clean_failure(capsys, [*argv, *extra], message)
 
 
+def test_an_empty_second_text_is_refused_not_dropped(capsys, tiny_pretrained_run):
+    for second in (["  "], ["--pair", ""]):
+        argv = ["attention", "--model", str(tiny_pretrained_run), "a b", *second, "--json"]
+        assert_clean_failure(capsys, argv, "the second text is empty")
+
+
 def test_layer_numbers_count_from_one(capsys, tiny_pretrained_run):
     with pytest.raises(SystemExit):
         main(["attention", "--model", str(tiny_pretrained_run), "a", "--json", "--layers", "0"])

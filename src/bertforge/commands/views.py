@@ -109,8 +109,11 @@ def run_attention(args) -> int:
         check_png(args.out)
     if args.pair is not None and args.pair_option is not None:
         raise BertforgeError("give the second text once: as an argument or with --pair")
+    pair = args.pair if args.pair is not None else args.pair_option
+    if pair is not None and not pair.strip():
+        raise BertforgeError("the second text is empty; give one with words in it, or leave it out")
     model, tokenizer = load_model_for_views(args.model, args.device)
-    maps = attention_maps(model, tokenizer, args.text, args.pair or args.pair_option)
+    maps = attention_maps(model, tokenizer, args.text, pair)
     layer_count, head_count = maps.weights.shape[:2]
     layers = chosen(args.layers, layer_count, "layer")
     heads = chosen(args.heads, head_count, "head")
