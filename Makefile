@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# A rerun replaces the last demo's run folder, and nothing else: OUT must be a run folder, empty or new.
+# A rerun replaces the last demo's run folder, and nothing else: OUT must be a pretraining run (its
+# data.json), empty or new.
 demo: $(STAMP) $(filter $(FETCHED)/%,$(CORPUS) $(VALID))
-	@if [ -n "$$(ls -A '$(OUT)' 2>/dev/null)" ] && [ ! -f '$(OUT)/config.json' ]; then \
+	@if [ -n "$$(ls -A '$(OUT)' 2>/dev/null)" ] && [ ! -f '$(OUT)/data.json' ]; then \
 		echo "make demo: $(OUT) holds files but no run; give another OUT=, or empty it" >&2; exit 2; fi
 	rm -rf '$(OUT)'
 	$(PY) -m bertforge pretrain --config $(CONFIG) --corpus $(CORPUS) --valid $(VALID) --out $(OUT) $(ARGS)

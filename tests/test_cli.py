@@ -97,6 +97,10 @@ def test_each_subcommand_has_help(capsys, argv, expected):
             ["fill-mask", "--model", "m", "--bogus"],
             "unrecognized arguments: --bogus; see `bertforge fill-mask --help`",
         ),
+        (
+            ["tokenizer", "train", "--corpus", "c", "--out", "o", "--bogus"],
+            "unrecognized arguments: --bogus; see `bertforge tokenizer train --help`",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_pointing_at_help(capsys, argv, message):
@@ -261,8 +265,9 @@ def test_an_empty_corpus_path_is_refused_not_read_as_this_folder(tmp_path, capsy
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.md").write_text("some words of mine\n\nand more of them\n")
     argv = ["pretrain", "--corpus", "", "--out", str(tmp_path / "run"), "--max-steps", "2", *TINY]
-    assert_clean_failure(capsys, argv, "--corpus is given an empty path (an unset shell variable?)")
+    assert_clean_failure(capsys, argv, "--corpus holds an empty path (an unset shell variable?)")
     assert not (tmp_path / "run").exists()
+
 
 def test_a_validation_file_that_is_also_training_text_is_warned_about(tmp_path, wiki_slice):
     copy = tmp_path / "copy.tokens"
@@ -591,3 +596,16 @@ def test_a_device_that_is_not_there_is_one_line(pipeline, capsys, device, messag
         pytest.skip(f"this machine has {device}")
     argv = ["fill-mask", "--model", str(pipeline.folder / "run"), "--device", device, "the [MASK] sat ."]
     assert_clean_failure(capsys, argv, message)
+
+
+def test_a_gpu_index_past_the_visible_ones_is_one_line(monkeypatch):
+    import torch
+
+    from bertforge.errors import BertforgeError
+    from bertforge.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(BertforgeError, match=r"'cuda:2', but 2 GPU\(s\) are visible: use cuda:0 to cuda:1"):
+        resolve_device("cuda:2")

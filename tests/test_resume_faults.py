@@ -223,8 +223,10 @@ def test_a_resume_with_another_batch_size_names_it_and_the_way_back(tmp_path, ca
     shutil.copytree(tiny_pretrained_run, run)  # batches of 8 sequences, one micro-batch each
     argv = ["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--batch-size", "16", "--quiet"]
     message = (
-        "was trained with micro-batches of 8 sequences, and train.batch_size = 16 makes them 16: resume "
-        "with the run's batch size (drop --batch-size), or with train.gradient_accumulation_steps=2"
+        "was trained with micro-batches of 8 sequences, and train.batch_size = 16 with "
+        "train.gradient_accumulation_steps = 1 makes them 16: resume with the run's batch settings (drop "
+        "--batch-size and --set train.gradient_accumulation_steps), or with "
+        "train.gradient_accumulation_steps=2"
     )
     assert_clean_failure(capsys, argv, message)
 

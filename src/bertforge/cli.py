@@ -1,7 +1,7 @@
 """The `bertforge` command line: the entry point, the parser and the handling of user errors.
 
 Each command group lives in `bertforge.commands.<group>` and registers its subcommands; a handler
-parses its arguments, builds a config and calls exactly one library function. User mistakes
+parses its arguments, builds a config and calls the library. User mistakes
 (`BertforgeError`, and argparse's usage errors) print one line on stderr and exit with status 2, no
 traceback; so does an `OSError` that reaches the top (an unreadable input, a disk that refused a
 write). The library's messages name settings (`data.max_seq_length`) and function arguments
@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own help lists what it takes
+        command = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
         given = " ".join(unknown)
         parser.exit(
-            2, f"bertforge: error: unrecognized arguments: {given}; see `bertforge {args.command} --help`\n"
+            2, f"bertforge: error: unrecognized arguments: {given}; see `bertforge {command} --help`\n"
         )
     with one_line_warnings(), left_process_group():
         try:

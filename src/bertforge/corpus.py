@@ -23,7 +23,7 @@ from bertforge.errors import BertforgeError, to_utf8
 
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 2  # 2: a line break ends a sentence in plain text; cached shards key on it
+READER_VERSION = 2  # 2: a line break ends a sentence in plain text; cached text shards key on it
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 
@@ -197,7 +197,13 @@ _BINARY_STARTS = {
     b"\xff\xfe": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
     b"\xfe\xff": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
     b"PAR1": ("a Parquet file", "give it the .parquet ending, or --format parquet"),
-    b"BZh": ("bzip2-compressed", "decompress it (`bunzip2 -k FILE`), or compress it with gzip"),
+    **{
+        b"BZh%d1AY&SY" % level: (
+            "bzip2-compressed",
+            "decompress it (`bunzip2 -k FILE`), or compress it with gzip",
+        )
+        for level in range(1, 10)
+    },
     b"\xfd7zXZ": ("xz-compressed", "decompress it (`unxz -k FILE`), or compress it with gzip"),
     b"PK\x03\x04": ("a zip archive", "extract it and give its text files"),
     b"%PDF": ("a PDF", "extract its text first (`pdftotext FILE`)"),
@@ -323,16 +329,17 @@ def detect_format(path: str | Path) -> str:
     for _, line in _Lines(path):
         if not line.strip():
             continue
-        if seen == 0 and line.lstrip().startswith("{") and _is_json_object(line):
-            return "jsonl"
         if seen == 0 and _looks_like_json(path, line):
             what, query = (
                 ("a JSON array", "'.[]'") if line.lstrip()[0] == "[" else ("JSON over several lines", ".")
             )
             raise BertforgeError(
                 f'{path} holds {what}, not JSON lines (one object a line, such as {{"text": "..."}}); '
-                f"convert it, e.g. `jq -c {query} FILE > FILE.jsonl`, or give --format text"
+                f"convert it, e.g. `jq -c {query} FILE > FILE.jsonl`"
             )
+        # A broken first line of a file named as JSON is JSON lines too: its reader names the fault.
+        if seen == 0 and line.lstrip().startswith("{") and (_is_json_object(line) or _named_json(path)):
+            return "jsonl"
         if _WIKITEXT_TITLE_LINE.fullmatch(line):
             return "wikitext"
         seen += 1
@@ -342,9 +349,12 @@ def detect_format(path: str | Path) -> str:
 
 
 def _looks_like_json(path: Path, first_line: str) -> bool:
-    """A JSON array, or a pretty-printed object, in a file named as JSON: not JSON lines."""
-    named = any(suffix.lower() in (".json", ".jsonl") for suffix in path.suffixes)
-    return named and first_line.lstrip()[:1] in ("[", "{")
+    """A JSON array, or an object over several lines, in a file named as JSON: not JSON lines."""
+    return _named_json(path) and (first_line.lstrip().startswith("[") or first_line.strip() == "{")
+
+
+def _named_json(path: Path) -> bool:
+    return any(suffix.lower() in (".json", ".jsonl") for suffix in path.suffixes)
 
 
 def _is_json_object(line: str) -> bool:

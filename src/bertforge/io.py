@@ -242,11 +242,6 @@ def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
                 "choose a new `out`"
             )
         return
-    saved = sorted((out / "checkpoints").glob(f"*/{marker}"))  # a run that lost its own copy
-    if saved:
-        raise BertforgeError(
-            f"{out} holds checkpoints but no {marker}; copy {saved[-1]} into {out}, then resume"
-        )
     if resume:
         raise BertforgeError(f"{out} holds no {kind} to resume; start one without `resume=True`")
     if is_occupied(out):

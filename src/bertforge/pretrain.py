@@ -240,19 +240,11 @@ def run_pretraining(
     return {**result, **held_out.reference}
 
 
-INIT_DROPOUTS = (
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-)  # model settings --init leaves to the run
-
-
 def init_from(path: Path, config: RunConfig) -> tuple[dict[str, torch.Tensor], BertTokenizer]:
     """Weights and tokenizer to start pretraining from; `config` takes the source's model and
-    tokenizer sections (its architecture and vocabulary win over any other setting), all but the
-    dropout rates, which are the run's (`INIT_DROPOUTS`)."""
+    tokenizer sections (its architecture, dropout and vocabulary win over any other setting)."""
     model, tokenizer, source = open_pretrained(path)
-    dropouts = {name: getattr(config.model, name) for name in INIT_DROPOUTS}
-    config.model, config.tokenizer = replace(source.model, **dropouts), source.tokenizer
+    config.model, config.tokenizer = source.model, source.tokenizer
     if config.train.embedding_init != "normal" and distributed.launched().is_main:
         warnings.warn(
             f"the weights come from {path}: train.embedding_init = "
@@ -505,6 +497,9 @@ def check_pretraining_folder(out: Path, resume: bool) -> None:
     kind, nor a finished run whose checkpoints are gone), a new run an empty folder."""
     model_hint = f"; to train it further, start a new run from its weights with --init {out}"
     refuse_other_kind(out, "pretraining run", model_hint, resume)
+    if not (out / CONFIG).is_file() and (checkpoints := list_checkpoints(out)):  # a run that lost its copy
+        saved = checkpoints[-1] / CONFIG
+        raise BertforgeError(f"{out} holds checkpoints but no {CONFIG}; copy {saved} into {out}, then resume")
     check_run_folder(out, resume, CONFIG, "bertforge run")
     if resume and not list_checkpoints(out) and (out / "final").exists():
         raise BertforgeError(
@@ -529,10 +524,10 @@ def absolute_data_paths(data: DataConfig) -> None:
     absolute, so that the saved config names the same files from any working directory."""
     if isinstance(data.corpus, (str, Path)):  # a library caller's single path
         data.corpus = [str(data.corpus)] if str(data.corpus) else []
-    for name, values in (("--corpus", data.corpus), ("--shards", data.shards)):
+    for name, values in (("data.corpus", data.corpus), ("data.shards", data.shards)):
         if any(not str(value).strip() for value in values):  # abspath("") would name this folder
             raise BertforgeError(
-                f"{name} is given an empty path (an unset shell variable?); name a file or folder"
+                f"{name} holds an empty path (an unset shell variable?); name a file or folder"
             )
     data.corpus = [os.path.abspath(spec) for spec in data.corpus]
     data.shards = [os.path.abspath(folder) for folder in data.shards]

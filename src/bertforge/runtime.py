@@ -26,6 +26,10 @@ def resolve_device(name: str) -> torch.device:
         raise BertforgeError(f"runtime.device = {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError("runtime.device asks for CUDA but no GPU is visible; use runtime.device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        raise BertforgeError(
+            f"runtime.device = {name!r}, but {count} GPU(s) are visible: use cuda:0 to cuda:{count - 1}"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise BertforgeError(
             "runtime.device asks for mps but this torch has no Apple GPU; use runtime.device=cpu"

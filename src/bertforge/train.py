@@ -210,12 +210,18 @@ class Trainer:
 
     def other_micro_batch(self, path: Path, saved: int) -> BertforgeError:
         """The error for a resume whose micro-batches would differ from the checkpoint's `saved`."""
-        batch, processes = self.train_cfg.batch_size, self.state.world_size
-        same = f"train.gradient_accumulation_steps={batch // saved}" if batch % saved == 0 else ""
+        train, processes = self.train_cfg, self.state.world_size
+        same = (
+            f"train.gradient_accumulation_steps={train.batch_size // saved}"
+            if train.batch_size % saved == 0
+            else ""
+        )
         if self.world.world_size == processes:
+            settings = f"train.batch_size = {train.batch_size} with train.gradient_accumulation_steps = "
             return BertforgeError(
-                f"{path} was trained with micro-batches of {saved} sequences, and train.batch_size = {batch} "
-                f"makes them {self.plan.micro_batch}: resume with the run's batch size (drop --batch-size)"
+                f"{path} was trained with micro-batches of {saved} sequences, and {settings}"
+                f"{train.gradient_accumulation_steps} makes them {self.plan.micro_batch}: resume with the "
+                "run's batch settings (drop --batch-size and --set train.gradient_accumulation_steps)"
                 + (f", or with {same}" if same else "")
             )
         return BertforgeError(

@@ -40,7 +40,7 @@ TEXT_COLUMN_HELP = (
 # How library errors name what these commands' flags set (`bertforge.cli.in_flags`). `pretrain` keeps
 # the names that config validation uses (data.format, runtime.precision): a bad value there came from
 # --set or --config, since argparse checks the flags' own values.
-CORPUS_FLAGS = {"data.corpus": "--corpus", "data.text_column": "--text-column"}
+CORPUS_FLAGS = {"data.corpus": "--corpus", "data.shards": "--shards", "data.text_column": "--text-column"}
 READER_FLAGS = {**CORPUS_FLAGS, "data.format": "--format"}
 EVALUATE_FLAGS = {**READER_FLAGS, "runtime.precision": "--precision", "`max_length`": "--max-length"}
 
@@ -386,7 +386,7 @@ def restarted_by_torchrun(args) -> bool:
 def run_pretrain(args) -> int:
     from bertforge.checkpoint import read_config
     from bertforge.distributed import launched
-    from bertforge.pretrain import INIT_DROPOUTS, pretrain
+    from bertforge.pretrain import pretrain
     from bertforge.progress import duration
 
     if args.init and (args.resume or args.tokenizer or args.preset or args.objective):
@@ -394,14 +394,10 @@ def run_pretrain(args) -> int:
             "--init brings its own model size, objective and tokenizer: drop --preset, --objective, "
             "--tokenizer and --resume"
         )
-    kept = {f"model.{name}" for name in INIT_DROPOUTS}
     names = [item.partition("=")[0].strip() for item in args.set]
-    reshaping = [name for name in names if name.startswith(("model.", "tokenizer.")) and name not in kept]
+    reshaping = [name for name in names if name.startswith(("model.", "tokenizer."))]
     if args.init and reshaping:
-        raise BertforgeError(
-            f"--init brings its own model and tokenizer: drop --set {', '.join(reshaping)} (the dropout "
-            "settings still apply)"
-        )
+        raise BertforgeError(f"--init brings its own model and tokenizer: drop --set {', '.join(reshaping)}")
     restarted = restarted_by_torchrun(args)
     config = read_config(args.out) if restarted else pretrain_config(args)
     with reporting_to(args.out, args.report_to):
