@@ -141,6 +141,7 @@ def test_an_explicit_gpu_under_torchrun_is_refused(monkeypatch):
 def test_pretrain_refuses_cuda_n_under_torchrun_before_any_work(tmp_path, wiki_slice, monkeypatch):
     torchrun_env(monkeypatch, rank=0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a machine with cuda:1
     monkeypatch.setattr(pretrain, "cached_shards", lambda *a, **k: pytest.fail("the cache was touched"))
     config = tiny_config(wiki_slice)
     config.runtime.device = "cuda:1"
