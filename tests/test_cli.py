@@ -609,3 +609,14 @@ def test_a_gpu_index_past_the_visible_ones_is_one_line(monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda:1")
     with pytest.raises(BertforgeError, match=r"'cuda:2', but 2 GPU\(s\) are visible: use cuda:0 to cuda:1"):
         resolve_device("cuda:2")
+
+
+def test_paths_left_over_by_an_unquoted_glob_are_named_as_such(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("words\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--corpus", "a.txt", "b.txt", "--out", "run"])  # what `--corpus *.txt` becomes
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "unrecognized arguments: b.txt (a glob the shell expanded? quote it" in err

@@ -180,3 +180,12 @@ def test_what_a_killed_prepare_left_is_removed_by_the_next(tmp_path, wiki_slice,
     assert not out.exists() and list(tmp_path.glob(".shards.tmp-*"))
     assert main(prepare_argv(wiki_slice, small_tokenizer_dir, out)) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+def test_a_shard_folder_given_twice_is_read_once(prepared):
+    from bertforge.config import DataConfig
+    from bertforge.pretrain import training_text
+
+    data = DataConfig(shards=[str(prepared), str(prepared / "."), os.path.relpath(prepared)])
+    files, shard_sets = training_text(data)
+    assert files == [] and len(shard_sets) == 1  # as a corpus file named twice counts once

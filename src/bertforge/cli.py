@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # the command's own help lists what it takes
         command = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
         given = " ".join(unknown)
+        paths = [arg for arg in unknown if not arg.startswith("-") and Path(arg).exists()]
+        shell = " (a glob the shell expanded? quote it, or repeat the flag before each path)" if paths else ""
         parser.exit(
-            2, f"bertforge: error: unrecognized arguments: {given}; see `bertforge {command} --help`\n"
+            2, f"bertforge: error: unrecognized arguments: {given}{shell}; see `bertforge {command} --help`\n"
         )
     with one_line_warnings(), left_process_group():
         try:

@@ -264,8 +264,8 @@ def training_text(data: DataConfig) -> tuple[list[Path], list[TokenShards]]:
         )
     if data.valid:
         check_text_file(data.valid, "validation")
-    if data.shards:
-        return [], [TokenShards.open(folder) for folder in data.shards]
+    if data.shards:  # each folder once, as each corpus file
+        return [], [TokenShards.open(folder) for folder in dict.fromkeys(map(os.path.realpath, data.shards))]
     return resolve_corpus_files(data.corpus), []
 
 
