@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         given = " ".join(unknown)
         paths = [arg for arg in unknown if not arg.startswith("-") and Path(arg).exists()]
         shell = " (a glob the shell expanded? quote it, or repeat the flag before each path)" if paths else ""
-        parser.exit(
-            2, f"bertforge: error: unrecognized arguments: {given}{shell}; see `bertforge {command} --help`\n"
-        )
+        parser.exit(2, usage_line(f"unrecognized arguments: {given}{shell}", f"bertforge {command}"))
     with one_line_warnings(), left_process_group():
         try:
             return args.handler(args)
@@ -136,7 +134,12 @@ class OneLineParser(argparse.ArgumentParser):
     pointing at `--help`, exit status 2, as every other user error."""
 
     def error(self, message: str):
-        self.exit(2, f"bertforge: error: {message}; see `{self.prog} --help`\n")
+        self.exit(2, usage_line(message, self.prog))
+
+
+def usage_line(message: str, prog: str) -> str:
+    """A usage error's one line, pointing at `prog`'s help."""
+    return f"bertforge: error: {message}; see `{prog} --help`\n"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -951,17 +951,18 @@ def build_classifier(
     model = (token_classifier if tagger else sequence_classifier)(config.model, num_labels)
     if encoder is not None:
         body = getattr(model, ENCODER[config.model.objective])
+        drawn = (
+            {name: t.clone() for name, t in body.pooler.state_dict().items()}
+            if hasattr(body, "pooler")
+            else {}
+        )
         if tagger:
             encoder = {name: tensor for name, tensor in encoder.items() if not name.startswith("pooler.")}
-        elif hasattr(body, "pooler") and not any(name.startswith("pooler.") for name in encoder):
-            fresh_pooler = {f"pooler.{name}": t.clone() for name, t in body.pooler.state_dict().items()}
-            encoder = encoder | fresh_pooler  # a tagger's encoder, which has none
-        fresh = (
-            {key: value.clone() for key, value in body.pooler.state_dict().items()} if reinit_pooler else None
-        )
+        elif drawn and not any(name.startswith("pooler.") for name in encoder):
+            encoder = encoder | {f"pooler.{name}": t for name, t in drawn.items()}  # a tagger's encoder: none
         check_and_load_state(body, encoder, source=source)
-        if fresh is not None:
-            body.pooler.load_state_dict(fresh)
+        if reinit_pooler:
+            body.pooler.load_state_dict(drawn)
     return model
 
 

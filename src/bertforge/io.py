@@ -236,7 +236,7 @@ def check_run_folder(out: Path, resume: bool, marker: str, kind: str) -> None:
         raise BertforgeError(f"{out} is a file; `out` must name a folder")
     check_folder_path(out)
     if (out / marker).is_file():
-        if not resume and is_occupied(out):
+        if not resume:
             raise BertforgeError(
                 f"{out} already holds a run (begun or finished); pass `resume=True` to continue it, or "
                 "choose a new `out`"
