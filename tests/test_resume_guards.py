@@ -18,6 +18,7 @@ from bertforge.cache import remove_orphans
 from bertforge.checkpoint import list_checkpoints, prune_checkpoints, read_state, verify_files
 from bertforge.cli import main
 from bertforge.config import TokenizerConfig
+from bertforge.corpus import READER_VERSION
 from bertforge.io import RunFolderLock, entry_lock
 from bertforge.labeled import label_names, read_labeled
 from bertforge.pretrain import pretrain
@@ -65,6 +66,32 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     shutil.copy(corpus, other)  # the same text under another name is another corpus
     argv = [*resume[:-3], "--max-steps", "5", "--corpus", str(other)]
     assert_clean_failure(capsys, argv, f"{other}, {corpus}, {valid};")  # sorted
+
+
+def test_resume_refuses_plain_text_read_by_another_sentence_splitter(
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, capsys
+):
+    plain = []
+    for source in (wiki_slice, wiki_valid_slice):  # WikiText without its ` = Title = ` lines: plain text
+        lines = source.read_text(encoding="utf-8").splitlines()
+        plain.append(tmp_path / source.name)
+        plain[-1].write_text(
+            "\n".join(line for line in lines if not line.strip().startswith("=")), encoding="utf-8"
+        )
+    run = tmp_path / "run"
+    pretrain(tiny_config(*plain, max_steps=2, eval_every=2), run, small_tokenizer_dir, show_progress=False)
+    data = json.loads((run / "data.json").read_text(encoding="utf-8"))
+    assert data["text_reader"] == READER_VERSION
+    del data["text_reader"]  # as written before a line break ended a sentence
+    (run / "data.json").write_text(json.dumps(data), encoding="utf-8")
+    before = snapshot(run)
+    resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
+    err = assert_clean_failure(capsys, resume, "split plain text into other sentences")
+    assert "--allow-changed-data" in err
+    assert snapshot(run) == before
+    assert main([*resume, "--allow-changed-data"]) == 0
+    assert json.loads((run / "data.json").read_text(encoding="utf-8"))["text_reader"] == READER_VERSION
+    assert main([*resume[:-3], "--max-steps", "4", "--quiet"]) == 0
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ Run folder layout (`--out DIR`):
                         resume that changes a setting (`--resume --max-steps 400`) records it
                         here, so that a plain `--resume` continues as asked
     data.json           the sha256 of every corpus and validation file (of a shard folder: its
-                        meta.json): `--resume` refuses changed text unless `--allow-changed-data`
+                        meta.json), the tokenizer's fingerprint and the plain-text reader's version:
+                        `--resume` refuses changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, tokenizer_config.json, bertforge_tokenizer.json
     metrics.jsonl       one line per log window ("train") and per evaluation ("valid"); with a
                         sequence-length warmup, also the evaluation at its length while it lasts
@@ -67,7 +68,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
-from bertforge.corpus import check_text_file, resolve_corpus_files
+from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files, resolve_format
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -204,7 +205,7 @@ def run_pretraining(
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
         warn_valid_in_training(corpus_files, config.data.valid, hashes, resume)
         if resume and not allow_changed_data:
-            check_same_data(out, hashes)
+            check_same_data(out, hashes, reads_plain_text(corpus_files, config.data))
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
@@ -228,7 +229,10 @@ def run_pretraining(
         tokenizer.save(out / "tokenizer")
         save_json(config, out / CONFIG)
     if world.is_main and (not resume or allow_changed_data):
-        write_json(out / DATA, {"sha256": hashes, "tokenizer": tokenizer.fingerprint})
+        write_json(
+            out / DATA,
+            {"sha256": hashes, "tokenizer": tokenizer.fingerprint, "text_reader": READER_VERSION},
+        )
     try:
         result = train_and_save(
             config, out, tokenizer, train_shards, held_out, resume, show_progress, init_state=init_state
@@ -558,14 +562,31 @@ def warn_valid_in_training(
         )
 
 
-def check_same_data(out: Path, hashes: dict[str, str]) -> None:
-    """Refuse to resume on text other than the run started on (runs from before data.json: unchecked)."""
-    if (out / DATA).is_file():
-        fix = (
-            "resume on the text it started on, pass `allow_changed_data=True` to train on the changed text, "
-            "or start a new run"
+def reads_plain_text(corpus_files: list[Path], data: DataConfig) -> bool:
+    """Whether the run reads a corpus or validation file as plain text (whose reader is versioned)."""
+    files = [*corpus_files, *([Path(data.valid)] if data.valid else [])]
+    return any(resolve_format(file, data.format) == "text" for file in files)
+
+
+def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
+    """Refuse to resume on text other than the run started on, or on plain text now read into other
+    sentences (data.json without `text_reader`: version 1); runs from before data.json: unchecked."""
+    if not (out / DATA).is_file():
+        return
+    saved = read_json(out / DATA)
+    refuse_changed_data(
+        saved.get("sha256", {}),
+        hashes,
+        out,
+        "resume on the text it started on, pass `allow_changed_data=True` to train on the changed text, "
+        "or start a new run",
+    )
+    if plain_text and saved.get("text_reader", 1) != READER_VERSION:
+        raise BertforgeError(
+            f"the run in {out} started under a bertforge that split plain text into other sentences "
+            "(now a line break ends one), so its sentence pairs would change; pass "
+            "`allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
-        refuse_changed_data(read_json(out / DATA).get("sha256", {}), hashes, out, fix)
 
 
 def corpus_path(path: str, name: str) -> Path:
