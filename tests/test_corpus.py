@@ -349,6 +349,16 @@ def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):
     assert resolve_corpus_files(["data/s*"]) == [Path("data/sub/c.jsonl")]  # a matched folder is expanded
 
 
+def test_a_corpus_folder_is_read_through_its_linked_subfolders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("elsewhere/wiki/a.txt", "data/b.txt"):
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        write(Path(name), "Some text.\n")
+    Path("data/wiki").symlink_to(tmp_path / "elsewhere/wiki", target_is_directory=True)
+    Path("data/wiki/up").symlink_to(tmp_path / "data", target_is_directory=True)  # a loop
+    assert resolve_corpus_files("data") == [Path("data/b.txt"), Path("data/wiki/a.txt")]
+
+
 @pytest.mark.parametrize(
     ("specs", "message"),
     [

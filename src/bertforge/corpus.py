@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -58,7 +59,7 @@ _GLOB_CHARACTERS = frozenset("*?[")
 def resolve_corpus_files(specs: str | Path | Sequence[str | Path]) -> list[Path]:
     """The files named by corpus specs, sorted by absolute path, each once.
 
-    A spec is a file, a folder (every regular file below it, hidden files and folders skipped) or
+    A spec is a file, a folder (every file below it, through linked folders, hidden ones skipped) or
     a glob pattern (`data/*.txt`, `data/**/*.gz`). A folder or pattern without files is an error.
     """
     specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
@@ -89,11 +90,17 @@ def _spec_files(spec: str) -> list[Path]:
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    return sorted(
-        path
-        for path in folder.rglob("*")
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-    )
+    """Every file below `folder` but hidden ones, through linked subfolders too (each real folder once:
+    a link back up does not loop)."""
+    files, seen = [], set()
+    for root, folders, names in os.walk(folder, followlinks=True):
+        if os.path.realpath(root) in seen:
+            folders[:] = []
+            continue
+        seen.add(os.path.realpath(root))
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        files += [Path(root, name) for name in names if not name.startswith(".")]
+    return sorted(file for file in files if file.is_file())
 
 
 def is_gzip(path: str | Path) -> bool:
