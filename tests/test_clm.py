@@ -562,7 +562,8 @@ def test_a_gpt_model_loads_as_a_gpt(gpt_run):
 
 
 def test_a_hugging_face_gpt_counts_as_trained_on_all_its_positions(tmp_path, small_tokenizer_dir):
-    """GPT-1 trained on windows of its 512 positions: `generate` reads them all, not BERT's 128."""
+    """GPT-1 trained on windows of its 512 positions, Google's BERTs ended at 512 tokens: another's model
+    is read at all its positions (`generate` and `fill-mask` alike), not at bertforge's default 128."""
     from bertforge.folders import run_config_for
 
     tokenizer = load_tokenizer(small_tokenizer_dir)
@@ -571,4 +572,4 @@ def test_a_hugging_face_gpt_counts_as_trained_on_all_its_positions(tmp_path, sma
     )
     assert run_config_for(tmp_path, gpt, tokenizer).data.max_seq_length == 512
     bert = ModelConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=512)
-    assert run_config_for(tmp_path, bert, tokenizer).data.max_seq_length == 128  # BERT's pretraining length
+    assert run_config_for(tmp_path, bert, tokenizer).data.max_seq_length == 512

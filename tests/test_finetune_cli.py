@@ -156,9 +156,16 @@ def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_t
     with pytest.warns(UserWarning, match="fine-tuned on text pairs, and 1 of 1 texts have no tab"):
         assert main(["classify", "--model", str(tmp_path / "hf"), "album song"]) == 0
     long_pair = "album song\t" + "song " * 300
-    with pytest.warns(UserWarning, match="1 of 2 texts are longer than the 32 tokens the model reads"):
-        assert main(["classify", "--model", str(finetuned), "album\tsong", long_pair]) == 0
+    for folder in (finetuned, tmp_path / "hf"):  # an export is read at the length it was fine-tuned at
+        with pytest.warns(UserWarning, match="1 of 2 texts are longer than the 32 tokens the model reads"):
+            assert main(["classify", "--model", str(folder), "album\tsong", long_pair]) == 0
     model, tokenizer, labels, _ = open_classifier(finetuned)
+    assert model.config.max_position_embeddings > 32
+    long_second = [long_pair.split("\t")[1]]
+    with pytest.warns(UserWarning, match="longer than the 32 tokens"):  # the API reads as the CLI does
+        by_default = classify(model, tokenizer, labels, ["album"], long_second)
+    at_32 = classify(model, tokenizer, labels, ["album"], long_second, 32, warn_truncated=False)
+    assert by_default == at_32
     with warnings.catch_warnings():  # glue cuts dev texts at its recipe's length, as in training: no warning
         warnings.simplefilter("error")
         classify(model, tokenizer, labels, ["album"], [long_pair.split("\t")[1]], 32, warn_truncated=False)

@@ -343,6 +343,23 @@ def test_greedy_tokens_are_the_argmax_also_past_the_window(window):
             assert model(read)[0, -1].argmax().item() == out[0, end].item()
 
 
+def test_no_padded_output_row_is_ever_chosen():
+    """An import may have output rows past its tokenizer's tokens (`pad_to_multiple_of`)."""
+    model, tokens = ours_model(), VOCAB - 9
+    forward = model.forward
+
+    def padded_row_first(*args, **kwargs):
+        logits = forward(*args, **kwargs)
+        logits[..., VOCAB - 1] += 100.0  # the largest logit by far, on a row that is no token
+        return logits
+
+    model.forward = padded_row_first
+    prompt = random_ids(2, 4) % tokens
+    assert (generate(model, prompt, 5)[:, 4:] == VOCAB - 1).all()
+    for settings in ({}, dict(do_sample=True, temperature=5.0, seed=0)):
+        assert generate(model, prompt, 20, vocab_size=tokens, **settings).max() < tokens
+
+
 def test_sampling_with_a_seed_is_reproducible():
     model = ours_model()
     prompt = random_ids(1, 4)[0]

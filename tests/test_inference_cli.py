@@ -14,9 +14,11 @@ import torch
 from conftest import assert_clean_failure, tiny_config
 
 import bertforge
+from bertforge.batches import pad_batch
 from bertforge.checkpoint import save_model_folder
 from bertforge.cli import main
 from bertforge.config import validate
+from bertforge.errors import BertforgeError
 from bertforge.infer import embed, fill_mask, next_sentence
 from bertforge.model import BertForPreTraining
 from bertforge.tokenizer import load_tokenizer
@@ -131,6 +133,25 @@ def test_nsp_and_showcase_take_a_model_with_nsp_in_its_warmup_only(
     showcase = ["showcase", "--model", str(warmup_only), *corpus, "--sentences", "2"]
     assert main(showcase) == 0
     assert capsys.readouterr().out.count("\n  true next ") == 2
+    evaluate = ["evaluate", "--model", str(warmup_only), *corpus, "--nsp", "--json", "--quiet"]
+    assert main([*evaluate, "--max-pairs", "16"]) == 0  # its NSP head trained: its figures are reported
+    assert "nsp_accuracy" in json.loads(capsys.readouterr().out)
+
+
+def test_a_model_is_read_up_to_the_length_it_was_trained_at(tmp_path, small_tokenizer_dir):
+    folder = save_random_model(tmp_path / "short", small_tokenizer_dir)
+    config = json.loads((folder / "final" / "config.json").read_text(encoding="utf-8"))
+    config["data"]["max_seq_length"] = 16  # of its 64 positions: those past 16 never trained
+    (folder / "final" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    model, tokenizer = bertforge.load(folder)
+    text = " ".join(["word"] * 20)
+    with pytest.raises(BertforgeError, match="more than the model's maximum of 16"):
+        fill_mask(model, tokenizer, "[MASK] " + text)
+    with pytest.raises(BertforgeError, match="more than the model's maximum of 16"):
+        next_sentence(model, tokenizer, text, "short .")
+    with pytest.warns(UserWarning, match="longer than the model's maximum of 16"):
+        cut = embed(model, tokenizer, [text])
+    np.testing.assert_allclose(cut, embed(model, tokenizer, [" ".join(["word"] * 14)]), atol=1e-6)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -164,13 +185,20 @@ def test_embed_shows_progress_for_large_inputs_and_warns_on_truncation(capsys, t
     assert np.load(tmp_path / "big.npy").shape == (1201, 32)
 
 
-def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice):
+def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice, monkeypatch):
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
     out = capsys.readouterr().out
     assert out.count("[MASK]") == 3 and out.count("true: ") == 3 and "top-5:" in out
     assert "next sentence prediction" in out and out.count("\n  true next ") == 3
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
     assert capsys.readouterr().out == out  # seeded
+    batches = []
+    monkeypatch.setattr(
+        "bertforge.infer.pad_batch", lambda rows, pad: batches.append(len(rows)) or pad_batch(rows, pad)
+    )
+    argv = ["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]
+    assert main([*argv, "--batch-size", "1"]) == 0
+    assert capsys.readouterr().out == out and set(batches) == {1}  # one text at a time, the same answers
     assert "note:" not in out
     assert (
         main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "100000"])

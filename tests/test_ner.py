@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import HF_TINY_SIZES, SHARED_DATA, assert_clean_failure, metrics_lines, tiny_config
+from safetensors.torch import load_file, save_file
 
 from bertforge.checkpoint import read_weights, save_model_folder
 from bertforge.classifier import save_classifier
@@ -21,6 +22,7 @@ from bertforge.commands.finetuning import comparison_table
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
 from bertforge.errors import BertforgeError
+from bertforge.export import export_model
 from bertforge.finetune import FinetuneTask, build_classifier, finetune, finetuning_config
 from bertforge.folders import open_encoder, open_tagger
 from bertforge.gpt import GPTLMHeadModel
@@ -242,6 +244,25 @@ def test_long_texts_are_tagged_in_windows_put_back_together(tagger_run):
     assert all(text[e["start"] : e["end"]] == e["text"] for e in whole["entities"] + windowed["entities"])
 
 
+def test_a_tagger_reads_the_length_it_was_fine_tuned_at_by_default(tagger_run, tmp_path, monkeypatch):
+    import bertforge.tagger
+
+    lengths = []
+    encode = bertforge.tagger.encode_words
+
+    def recorded(tokenizer, pieces, length):
+        lengths.append(length)
+        return encode(tokenizer, pieces, length)
+
+    monkeypatch.setattr(bertforge.tagger, "encode_words", recorded)
+    export_model(tagger_run[0], tmp_path / "hf")
+    for folder in (tagger_run[0], tmp_path / "hf"):
+        model, tokenizer, labels, config = open_tagger(folder)
+        tag(model, tokenizer, labels, ["Peter Blackburn"])
+        assert config.data.max_seq_length == 32 < model.config.max_position_embeddings
+    assert lengths == [32, 32]
+
+
 # -------------------------------------------------------------------------------------- Hugging Face
 
 
@@ -301,6 +322,22 @@ def test_a_hugging_face_tagger_is_read_and_imported(tmp_path, small_tokenizer_di
     printed = capsys.readouterr().out
     assert "fine-tuning heads left out: classifier.bias, classifier.weight" in printed
     assert main(["tag", "--model", str(tmp_path / "hf"), "Rome"]) == 0
+
+    # as older transformers versions saved one: an unused pooler, TensorFlow-era LayerNorm names
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    hidden = HF_TINY_SIZES["hidden_size"]
+    weights["bert.pooler.dense.weight"], weights["bert.pooler.dense.bias"] = (
+        torch.zeros(hidden, hidden),
+        torch.zeros(hidden),
+    )
+    for kind, old_name in (("weight", "gamma"), ("bias", "beta")):
+        weights[f"bert.embeddings.LayerNorm.{old_name}"] = weights.pop(f"bert.embeddings.LayerNorm.{kind}")
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    old_style, _, _, config = open_tagger(tmp_path / "hf")
+    assert config.data.max_seq_length == HF_TINY_SIZES["max_position_embeddings"]  # as transformers reads it
+    with torch.no_grad():
+        got = old_style(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------- bad input

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
 from bertforge.gpt import CausalSelfAttention
-from bertforge.model import BertSelfAttention
+from bertforge.model import BertSelfAttention, reading_length
 from bertforge.runtime import eval_mode
 from bertforge.tokenizer import BertTokenizer
 
@@ -51,7 +51,7 @@ def attention_maps(
         ids, token_types = tokenizer.encode_batch([text])[0], None
     else:
         ids, token_types = tokenizer.encode_pair(text, pair)
-    limit = model.config.max_position_embeddings
+    limit = reading_length(model)  # positions past the length it was trained at never trained
     if len(ids) > limit:
         raise BertforgeError(
             f"the text is {len(ids)} tokens long, more than the model's maximum of {limit}; shorten it"

@@ -117,7 +117,7 @@ def rename_hf_keys(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Te
     TensorFlow-era LayerNorm `gamma`/`beta`, buffers and task heads left out (the heads reported)."""
     renamed, dropped = {}, []
     for name, tensor in weights.items():
-        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        name = _layer_norm_name(name)
         if name.startswith(("embeddings.", "encoder.", "pooler.")):
             name = f"bert.{name}"
         if name.endswith(BUFFERS):
@@ -129,9 +129,14 @@ def rename_hf_keys(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Te
     return renamed, sorted(dropped)
 
 
-def without_buffers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict without the buffers old transformers versions saved beside the weights."""
-    return {name: tensor for name, tensor in weights.items() if not name.endswith(BUFFERS)}
+def classifier_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Hugging Face classifier's or tagger's state dict in our names: TensorFlow-era LayerNorm
+    `gamma`/`beta` renamed, the buffers old transformers versions saved beside the weights left out."""
+    return {_layer_norm_name(name): tensor for name, tensor in weights.items() if not name.endswith(BUFFERS)}
+
+
+def _layer_norm_name(name: str) -> str:
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
 def tie_hf_aliases(weights: dict[str, torch.Tensor], src: Path) -> None:

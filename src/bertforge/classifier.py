@@ -33,7 +33,7 @@ from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, label_file, save_weigh
 from bertforge.config import ModelConfig, RunConfig, save_json
 from bertforge.gpt import GPTForSequenceClassification
 from bertforge.io import atomic_directory, write_json
-from bertforge.model import BertForSequenceClassification
+from bertforge.model import BertForSequenceClassification, reading_length
 from bertforge.tokenizer import BertTokenizer
 
 Classifier = BertForSequenceClassification | GPTForSequenceClassification
@@ -101,11 +101,12 @@ def classify(
 
     Returns one dict per text: `label`, `score` (its probability) and `probabilities` (every label);
     for a regression model (one label) `{"score": its output}`. Texts longer than `max_length` tokens
-    (default: the model's positions) are truncated, with a warning unless `warn_truncated` is False.
+    (default: the length it was fine-tuned at, `model.max_length` where `folders.open_classifier` opened
+    it, else the model's positions) are truncated, with a warning unless `warn_truncated` is False.
     """
     model.eval()
     device = next(model.parameters()).device
-    max_length = max_length or model.config.max_position_embeddings
+    max_length = max_length or reading_length(model)
     pairs = pairs or [None] * len(texts)
     results, truncated = [], 0
     for start in range(0, len(texts), batch_size):

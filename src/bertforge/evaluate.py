@@ -18,6 +18,7 @@ import torch
 from bertforge.batches import SeededBatches
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
+from bertforge.config_rules import trains_nsp
 from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.folders import open_pretrained
@@ -175,7 +176,7 @@ def evaluate_model(
     `mlm_loss`, the text's `unigram_entropy`. `precision`: see `evaluation_precision`."""
     model, tokenizer, config = open_pretrained(model_path, needs=("mlm",))
     data = config.data
-    trained_nsp = data.nsp
+    trained_nsp = trains_nsp(config)  # all along, or in the sequence-length warmup
     if nsp is not None:
         if config.model.objective == "clm":
             raise BertforgeError(

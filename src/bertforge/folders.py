@@ -72,6 +72,7 @@ from bertforge.model import BertForPreTraining
 from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
 from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
 
+POOLER = "bert.pooler."  # older transformers versions saved one in token classifiers, unused
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
 HF_BIN = "pytorch_model.bin"
 UNTRAINED_HEADS = "untrained_heads.json"  # an import's heads that its source lacked, drawn fresh
@@ -248,7 +249,7 @@ def open_pretrained(
     if folder.hugging_face:
         model, tokenizer, config, report = open_hf_folder(folder.path)
         refuse_untrained(path, report["untrained"], needs)
-        return model, tokenizer, config
+        return read_as_trained(model, config), tokenizer, config
     refuse_untrained(path, untrained_heads(folder.path), needs)
     if folder.has_labels:
         kind, command, opener = fine_tuned_kind(folder.path)
@@ -261,7 +262,7 @@ def open_pretrained(
     config, tokenizer = read_config_and_tokenizer(folder)
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
-    return model.eval(), tokenizer, config
+    return read_as_trained(model, config).eval(), tokenizer, config
 
 
 def fine_tuned_kind(path: Path) -> tuple[str, str, str]:
@@ -342,8 +343,17 @@ def open_labelled_model(
         weights = read_weights(folder.path / WEIGHTS)
     labels = read_labels(folder.path)
     model = build(config.model, len(labels))
+    if not any(name.startswith(POOLER) for name in model.state_dict()):  # a tagger
+        weights = {name: tensor for name, tensor in weights.items() if not name.startswith(POOLER)}
     check_and_load_state(model, weights, source=str(folder.path / WEIGHTS))
-    return model.eval(), tokenizer, labels, config
+    return read_as_trained(model, config).eval(), tokenizer, labels, config
+
+
+def read_as_trained(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
+    """`model`, marked with the length it was trained at (`model.max_length`, which inference reads
+    up to: positions past it never trained)."""
+    model.max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)
+    return model
 
 
 def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig, dict]:
@@ -390,15 +400,17 @@ def hf_model_config_and_tokenizer(src: Path) -> tuple[ModelConfig, BertTokenizer
 
 
 def hf_classifier_parts(src: Path) -> tuple[RunConfig, BertTokenizer, dict[str, torch.Tensor]]:
-    """Run config, tokenizer and weights (in our names) of an exported BERT or OpenAIGPT classifier."""
+    """Run config, tokenizer and weights (in our names) of an exported BERT or OpenAIGPT classifier.
+
+    The config is the fine-tuning run's where bertforge exported the folder, so that it is read at
+    the length it was fine-tuned at; another's is read as `transformers` reads it, up to its positions."""
     model_config, tokenizer = hf_model_config_and_tokenizer(src)
-    config = RunConfig(model=model_config)
-    config.tokenizer.vocab_size = tokenizer.vocab_size  # a padded vocabulary keeps its extra rows
+    config = run_config_for(src, model_config, tokenizer)
     check_tokenizer_fits(tokenizer, config, src, recorded=False)
     weights = read_hf_weights(src)
     if model_config.objective == "clm":
         return config, tokenizer, gpt_convert.from_hf_state_dict(weights)
-    return config, tokenizer, bert_convert.without_buffers(weights)
+    return config, tokenizer, bert_convert.classifier_weights(weights)
 
 
 def read_hf_config(src: Path) -> dict:
@@ -458,10 +470,11 @@ def hf_lowercase(src: Path) -> bool:
 
 def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:
     """Our run config for an imported model: the one a bertforge export carries, or defaults; the
-    model section always comes from config.json and the tokenizer section from the tokenizer."""
+    model section always comes from config.json and the tokenizer section from the tokenizer. Another's
+    model is taken as trained at all its positions (Google's BERTs ended at 512 tokens, GPT-1 on windows)."""
     ours = (src / BERTFORGE_CONFIG).is_file()
     config = load_json(src / BERTFORGE_CONFIG) if ours else RunConfig()
-    if not ours and model_config.objective == "clm":  # a GPT trained on windows of all its positions
+    if not ours:
         config.data.max_seq_length = model_config.max_position_embeddings
     config.model = model_config
     config.tokenizer.kind = tokenizer.kind

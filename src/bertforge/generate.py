@@ -37,6 +37,7 @@ def generate(
     pad_token_id: int | None = None,
     use_cache: bool = True,
     window: int | None = None,
+    vocab_size: int | None = None,
 ) -> Tensor:
     """The prompts `input_ids` (B, T) or (T,) followed by up to `max_new_tokens` new tokens each.
 
@@ -44,13 +45,14 @@ def generate(
     finished: it is filled with `pad_token_id` (default: the end token) until every row is, and
     generation stops early when all are. `top_k` 0 and `top_p` 1 turn those filters off. The
     model runs in eval mode (no dropout) and is put back in its former mode afterwards. `window`: the
-    most tokens a prediction reads (default and at most the model's positions).
+    most tokens a prediction reads (default and at most the model's positions). `vocab_size`: the
+    tokenizer's tokens, the only ids chosen (default: every output row; an import may have padded rows).
     """
     check_settings(input_ids, max_new_tokens, temperature, top_k, top_p)
     positions = model.config.max_position_embeddings
     window = positions if window is None else min(window, positions)
     ids = input_ids if input_ids.dim() == 2 else input_ids[None]  # (B, T)
-    pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device)
+    pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device, vocab_size)
     with eval_mode(model):
         ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache, window)
     return ids if input_ids.dim() == 2 else ids[0]
@@ -117,14 +119,23 @@ class _Picker:
     """Chooses the next token from logits (B, V): argmax, or a draw from the filtered softmax."""
 
     def __init__(
-        self, do_sample: bool, temperature: float, top_k: int, top_p: float, seed: int | None, device
+        self,
+        do_sample: bool,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int | None,
+        device,
+        vocab_size: int | None = None,
     ):
         self.do_sample, self.temperature, self.top_k, self.top_p = do_sample, temperature, top_k, top_p
+        self.vocab_size = vocab_size
         self.generator = None
         if do_sample and seed is not None:
             self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits: Tensor) -> Tensor:
+        logits = logits[:, : self.vocab_size]  # (B, V): padded rows are no tokens
         if not self.do_sample:
             return logits.argmax(-1)  # (B,)
         probs = filter_logits(logits / self.temperature, self.top_k, self.top_p).softmax(-1)  # (B, V)

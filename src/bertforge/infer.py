@@ -23,6 +23,7 @@ import torch
 
 from bertforge.batches import pad_batch
 from bertforge.errors import BertforgeError
+from bertforge.model import reading_length
 from bertforge.progress import progress_bar
 from bertforge.runtime import eval_mode, to_device
 from bertforge.tokenizer import BertTokenizer
@@ -55,7 +56,7 @@ def fill_mask(
     if top_k < 1:
         raise BertforgeError(f"top_k must be at least 1, got {top_k}")
     top_k = min(top_k, tokenizer.vocab_size)
-    encoded = _encode_single(tokenizer, texts, _max_length(model), truncate=False)
+    encoded = _encode_single(tokenizer, texts, reading_length(model), truncate=False)
     for i, ids in enumerate(encoded):
         if tokenizer.mask_id not in ids:
             raise BertforgeError(
@@ -100,7 +101,7 @@ def next_sentence(
     seconds, _ = _as_list(b, "sentence b")
     if len(firsts) != len(seconds):
         raise BertforgeError(f"got {len(firsts)} first sentences but {len(seconds)} second ones")
-    examples = _encode_pairs(tokenizer, firsts, seconds, _max_length(model))
+    examples = _encode_pairs(tokenizer, firsts, seconds, reading_length(model))
     probabilities = [0.0] * len(examples)
     with _inference(model) as device:
         for rows, batch in _batches(examples, batch_size, tokenizer.pad_id, device):
@@ -135,7 +136,7 @@ def embed(
     if batch_size < 1:
         raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
     texts, single = _as_list(texts)
-    encoded = _encode_single(tokenizer, texts, _max_length(model), truncate=True)
+    encoded = _encode_single(tokenizer, texts, reading_length(model), truncate=True)
     encoder = getattr(model, "bert", model)  # the pretraining model's encoder, or a bare BertModel
     vectors = np.zeros((len(texts), encoder.config.hidden_size), dtype=np.float32)
     with _inference(model) as device:
@@ -173,6 +174,7 @@ def showcase(
     seed: int = 0,
     top_k: int = 5,
     nsp: bool = True,
+    batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> list[dict]:
     """What the demo prints: for `count` sentences (a seeded choice among those that have a next
     sentence in their document), one content word masked and the `top_k` predictions, and the
@@ -184,16 +186,16 @@ def showcase(
     """
     if count < 1:
         raise BertforgeError(f"the showcase needs at least one sentence, got {count}")
-    examples = _choose_sentences(tokenizer, documents, count, random.Random(seed), _max_length(model), nsp)
-    predictions = fill_mask(model, tokenizer, [e["masked"] for e in examples], top_k=top_k)
+    examples = _choose_sentences(tokenizer, documents, count, random.Random(seed), reading_length(model), nsp)
+    predictions = fill_mask(model, tokenizer, [e["masked"] for e in examples], top_k, batch_size)
     for example, found in zip(examples, predictions, strict=True):
         example["predictions"] = found[0]
         answer_id = tokenizer.encode_batch([example["answer"]])[0][0]
         example["hit"] = any(p["token_id"] == answer_id for p in found[0])
     if "random" in examples[0]:
         firsts = [e["sentence"] for e in examples]
-        p_next = next_sentence(model, tokenizer, firsts, [e["next"] for e in examples])
-        p_random = next_sentence(model, tokenizer, firsts, [e["random"] for e in examples])
+        p_next = next_sentence(model, tokenizer, firsts, [e["next"] for e in examples], batch_size)
+        p_random = next_sentence(model, tokenizer, firsts, [e["random"] for e in examples], batch_size)
         for example, p, q in zip(examples, p_next, p_random, strict=True):
             example["p_next"], example["p_random"] = p, q
     return examples
@@ -321,10 +323,6 @@ def _as_list(text: str | Sequence[str], what: str = "text") -> tuple[list[str], 
 def _describe(texts: list[str], i: int) -> str:
     preview = texts[i] if len(texts[i]) <= _PREVIEW else texts[i][:_PREVIEW] + "..."
     return f"the text {preview!r}" if len(texts) == 1 else f"text {i + 1} ({preview!r})"
-
-
-def _max_length(model: torch.nn.Module) -> int:
-    return model.config.max_position_embeddings
 
 
 def _encode_pairs(

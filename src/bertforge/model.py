@@ -80,6 +80,12 @@ def check_positions(end: int, position_embeddings: nn.Embedding) -> None:
         )
 
 
+def reading_length(model: nn.Module) -> int:
+    """The longest input a model reads: the length it was trained (or fine-tuned) at, where the folder
+    it was opened from recorded it (`model.max_length`), else its positions."""
+    return getattr(model, "max_length", None) or model.config.max_position_embeddings
+
+
 def check_num_labels(num_labels: int) -> None:
     """One output is a regression head (Hugging Face's `num_labels = 1`); more, one per class."""
     if num_labels < 1:

@@ -30,7 +30,7 @@ from bertforge.config import ModelConfig
 from bertforge.entities import entity_spans
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json
-from bertforge.model import BertForSequenceClassification
+from bertforge.model import BertForSequenceClassification, reading_length
 from bertforge.tokenizer import BertTokenizer
 
 TOKEN_TASK = "token-classification"  # labels.json's "task" in a tagger folder
@@ -105,11 +105,12 @@ def tag(
     Returns one dict per text: `words`, each `{"word", "start", "end", "tag", "score"}`, and
     `entities`, each `{"entity": type, "start", "end", "text", "score"}` with `start` and `end`
     character offsets into the text (`text[start:end]`) and the mean of its words' scores. Texts
-    longer than `max_length` pieces (default: the model's positions) are tagged in windows.
+    longer than `max_length` pieces (default: the length it was fine-tuned at, `model.max_length` where
+    `folders.open_tagger` opened it, else the model's positions) are tagged in windows.
     """
     model.eval()
     device = next(model.parameters()).device
-    max_length = max_length or model.config.max_position_embeddings
+    max_length = max_length or reading_length(model)
     parsed = [text_words(tokenizer, text) for text in texts]
     examples = [example for pieces, _ in parsed for example in encode_words(tokenizer, pieces, max_length)]
     predicted: list[tuple[int, float]] = []

@@ -477,16 +477,14 @@ def classify_inputs(args) -> list[str]:
 
 
 def opened_on_device(args, opener):
-    """The texts of the arguments, and the model (on --device), tokenizer, labels and the longest
-    sequence of the folder `opener` reads from --model."""
+    """The texts of the arguments, and the model (on --device, reading the length it was fine-tuned
+    at), tokenizer and labels of the folder `opener` reads from --model."""
     from bertforge.runtime import resolve_device
 
     check_flags(args, {"--batch-size": count()})
     texts = classify_inputs(args)
-    model, tokenizer, labels, config = opener(args.model)
-    model.to(resolve_device(args.device))
-    max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)
-    return texts, model, tokenizer, labels, max_length
+    model, tokenizer, labels, _ = opener(args.model)
+    return texts, model.to(resolve_device(args.device)), tokenizer, labels
 
 
 def run_classify(args) -> int:
@@ -494,10 +492,10 @@ def run_classify(args) -> int:
     from bertforge.classifier import classify, warn_unlike_training
     from bertforge.folders import find_model_folder, open_classifier
 
-    texts, model, tokenizer, labels, max_length = opened_on_device(args, open_classifier)
+    texts, model, tokenizer, labels = opened_on_device(args, open_classifier)
     firsts, pairs = zip(*[(text.split("\t", 1) + [None])[:2] for text in texts], strict=True)
     warn_unlike_training(read_pairs(find_model_folder(args.model, classifier=True).path), pairs)
-    results = classify(model, tokenizer, labels, list(firsts), list(pairs), max_length, args.batch_size)
+    results = classify(model, tokenizer, labels, list(firsts), list(pairs), batch_size=args.batch_size)
     for text, result in zip(texts, results, strict=True):
         if args.json:
             print(json.dumps({"text": text, **result}))
@@ -512,8 +510,8 @@ def run_tag(args) -> int:
     from bertforge.folders import open_tagger
     from bertforge.tagger import tag
 
-    texts, model, tokenizer, labels, max_length = opened_on_device(args, open_tagger)
-    results = tag(model, tokenizer, labels, texts, max_length, args.batch_size)
+    texts, model, tokenizer, labels = opened_on_device(args, open_tagger)
+    results = tag(model, tokenizer, labels, texts, batch_size=args.batch_size)
     for text, result in zip(texts, results, strict=True):
         if args.json:
             print(json.dumps({"text": text, **result}))

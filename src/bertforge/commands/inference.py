@@ -316,7 +316,13 @@ def run_showcase(args) -> int:
     documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
     model, tokenizer, config = load_on_device(args)
     examples = showcase(
-        model, tokenizer, documents, count=args.sentences, seed=args.seed, nsp=trains_nsp(config)
+        model,
+        tokenizer,
+        documents,
+        count=args.sentences,
+        seed=args.seed,
+        nsp=trains_nsp(config),
+        batch_size=args.batch_size,
     )
     if len(examples) < args.sentences:
         fit = "a next sentence, a content word to mask, within the model's length"
@@ -363,6 +369,7 @@ def run_generate(args) -> int:
         seed=args.seed,
         eos_token_id=tokenizer.sep_id,
         window=config.data.max_seq_length,  # positions past it were never trained
+        vocab_size=tokenizer.vocab_size,
     ).tolist()
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if args.json:
