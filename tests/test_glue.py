@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import time
@@ -255,6 +256,23 @@ def test_a_damaged_row_is_one_error_naming_file_and_line(glue_dir, task, row, me
     assert str(error.value) == f"{path} {message}" or str(error.value).startswith(f"{path} {message}")
 
 
+def test_qqps_damaged_rows_are_left_out_with_a_line_as_hugging_face_leaves_them(glue_dir):
+    """QQP's train.tsv as distributed holds a question broken over two lines (missing fields)."""
+    path = glue_dir / "QQP" / "train.tsv"
+    lines = path.read_text(encoding="utf-8").split("\n")
+    lines[3:3] = ["7\t1\t2\tWhat is", "x\tWhy?\t0", "8\t3\t4\t \tWhy not?\t1"]  # lines 4-6
+    path.write_text("\n".join(lines), encoding="utf-8")
+    data = read_task(TASKS["QQP"], glue_dir / "QQP")
+    assert len(data.train) == 24 and data.train.lines[:3] == [2, 3, 7]
+    assert data.notes == [
+        "QQP: train.tsv: 3 damaged rows left out (line 4, 5, 6), as Hugging Face's readers leave them"
+    ]
+    rte = glue_dir / "RTE" / "train.tsv"  # another task's damaged row is an error
+    rte.write_text(rte.read_text(encoding="utf-8").rstrip("\n") + "\nWhat is\n", encoding="utf-8")
+    with pytest.raises(BertforgeError, match="has 1 tab-separated fields, not 4"):
+        read_task(TASKS["RTE"], glue_dir / "RTE")
+
+
 def test_a_file_of_another_layout_is_refused_with_the_columns_it_needs(glue_dir):
     path = tsv(glue_dir / "MRPC" / "dev.tsv", [["text", "label"], ["a", "1"]])
     with pytest.raises(
@@ -412,6 +430,9 @@ def test_recipes_refuse_unknown_tables_keys_and_values():
         ({"MRPC": {"max_length": 2}}, r"\[MRPC\]: max_length must be at least 4, got 2"),
         ({"sweep": {"batch_size": 16}}, r"\[sweep\]: batch_size must be a list"),
         ({"sweep": {"learning_rate": []}}, r"\[sweep\]: learning_rate must be a list of one or more"),
+        ({"sweep": [3e-4, 1e-4]}, r"\[sweep\]: sweep must be a table of lists"),
+        ({"sweep": {"batch_size": [16, 16]}}, r"\[sweep\]: batch_size lists a value twice"),
+        ({"SST-2": 3e-4}, r"\[SST-2\]"),
         (
             {"rte": {"epochs": 1}, "RTE": {"epochs": 2}},
             r"f.toml: RTE has two tables \(names in other cases\)",
@@ -728,16 +749,16 @@ def test_a_stopped_benchmark_reports_the_tasks_it_keeps_and_finishes_the_rest_la
     )
     assert "\nRTE " in table and "STS-B" not in table
     saved = json.loads((out / "glue.json").read_text(encoding="utf-8"))
-    assert saved["tasks"].keys() == {"RTE"} and saved["settings"]["tasks"] == ["RTE"]
+    assert saved["tasks"].keys() == {"RTE"} and saved["settings"]["tasks"] == ["RTE", "STS-B"]
     assert json.loads((out / "glue_task.json").read_text(encoding="utf-8"))["tasks"] == ["RTE", "STS-B"]
     other = ["glue", "--out", str(out), "--resume", "--tasks", "mrpc"]
     message = assert_clean_failure(capsys, other, "has no MRPC (its tasks: RTE, STS-B)")
     assert "run its command again with them: bertforge glue --model" in message
     assert "--tasks RTE,STS-B,MRPC --seeds" in message
 
-    report = run_glue(None, out, resume=True, show_progress=False)  # all of its tasks again
+    assert main([*shlex.split(saved["command"])[1:], "--quiet"]) == 0  # the whole benchmark's command
     assert trained == [out / "STS-B" / "seed_1"]
-    assert report["tasks"].keys() == {"RTE", "STS-B"}
+    assert json.loads((out / "glue.json").read_text(encoding="utf-8"))["tasks"].keys() == {"RTE", "STS-B"}
 
 
 def test_the_command_skips_a_missing_task_scores_test_files_and_prints_the_table(
@@ -1063,6 +1084,30 @@ def test_a_benchmark_stopped_in_its_first_run_keeps_the_checkpoint_and_resumes_t
     assert list(out.glob("RTE/seed_1/checkpoints/step_*")) and not list(out.rglob("result.json"))
     monkeypatch.setattr(EpochEvaluator, "__call__", evaluate)
     assert run_figures(run_glue(None, out, resume=True, show_progress=False)) == full
+
+
+def test_a_dev_file_added_after_a_run_is_scored_on_resume_without_training_again(
+    tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
+):
+    mismatched = glue_dir / "MNLI" / "dev_mismatched.tsv"
+    kept = mismatched.read_bytes()
+    mismatched.unlink()
+    bench = tiny_bench(
+        tiny_pretrained_run, glue_dir, tmp_path, tasks=["MNLI"], seeds=[1], compare_scratch=False
+    )
+    out = tmp_path / "b"
+    (before,) = run_glue(bench, out, show_progress=False, jobs=1)["tasks"]["MNLI"]["arms"]["pretrained"][
+        "runs"
+    ]
+    assert set(before["dev"]) == {"acc_m"}
+    mismatched.write_bytes(kept)
+    trained = counting_training(monkeypatch)
+    (after,) = run_glue(None, out, resume=True, show_progress=False, jobs=1)["tasks"]["MNLI"]["arms"][
+        "pretrained"
+    ]["runs"]
+    assert trained == [] and set(after["dev"]) == {"acc_m", "acc_mm"}
+    assert after["dev"]["acc_m"] == before["dev"]["acc_m"]
+    assert after["score"] == (after["dev"]["acc_m"] + after["dev"]["acc_mm"]) / 2
 
 
 def test_the_settings_keep_absolute_paths_so_a_benchmark_resumes_from_any_folder(tmp_path, monkeypatch):

@@ -191,7 +191,8 @@ def run_glue(
             for name, data in datas.items()
         }
         tasks, runs_at_once = run_tasks(bench, datas, files, out, say, jobs, bool(only_tasks), show_progress)
-        report = build_report(asdict(bench), out, tasks, skipped, time.time() - began, runs_at_once)
+        # the settings and command of the whole benchmark, even where the report covers part of it
+        report = build_report(asdict(whole), out, tasks, skipped, time.time() - began, runs_at_once)
         write_json(out / REPORT, report)
         atomic_write_text(out / "glue.md", markdown_report(report))
         plot_report(report, out / "glue.png")
@@ -724,18 +725,21 @@ def run_record(result: dict) -> dict:
 
 def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
     """The run's best epoch (final/) scored on every dev and labelled test file: its figures, task
-    scores and the first dev file's predictions (for the paired bootstrap); kept in glue_scores.json."""
+    scores and the first dev file's predictions (for the paired bootstrap); kept in glue_scores.json,
+    and scored again where the task's files are not those it was scored on (a dev or test file added
+    or taken away since)."""
     path = run_dir / SCORES
+    files = sorted([*data.dev, *data.test])
     if path.is_file():
         with contextlib.suppress(DamagedScores):  # a damaged file is scored again from final/
             saved = read_json(path, error=DamagedScores)
-            if {"dev", "test", "score", "predicted"} <= saved.keys():
+            if {"dev", "test", "score", "predicted"} <= saved.keys() and saved.get("files") == files:
                 return saved
     model, tokenizer, labels, _ = open_classifier(run_dir / "final")
     model.to(resolve_device(config.runtime.device))
     max_length = min(config.data.max_seq_length, model.config.max_position_embeddings)
     regression = data.spec.kind == "regression"
-    record: dict = {"dev": {}, "test": {}}
+    record: dict = {"files": files, "dev": {}, "test": {}}
     for split, stems, sets in (("dev", data.spec.dev, data.dev), ("test", data.spec.test, data.test)):
         for which, stem in enumerate(stems):
             if stem not in sets:

@@ -5,7 +5,8 @@ integer labels), finding a task's folder among the folders given (names in any c
 without the dash: `SST-2/`, `sst2/`, `STS-B/`, `stsb/`), and reading each file into
 `bertforge.labeled.LabeledExamples` with one clear message, naming file and line, for a damaged
 row: a field count unlike the header's, a label outside the task's set, a score that is not a
-number from 0 to 5, an empty text.
+number from 0 to 5, an empty text. QQP's files, distributed with rows whose fields are missing, lose
+those rows with one line, as Hugging Face's readers drop them.
 
 A split whose header has no label column (GLUE's own test.tsv files) is read as None: there is
 nothing to score. STS-B's scores are kept as written (`"3.800"`); every other label is a class name
@@ -52,6 +53,7 @@ class TaskSpec:
     dev: tuple[str, ...] = ("dev",)  # file stems; the first is the one fine-tuning validates on
     test: tuple[str, ...] = ("test",)
     symmetric: bool = False  # a pair means the same in either order (paraphrase, similarity)
+    damaged_rows: bool = False  # QQP as distributed has rows with missing fields: skipped, as HF does
 
     @property
     def key(self) -> str:
@@ -93,6 +95,7 @@ TASKS: dict[str, TaskSpec] = {
             _pairs(("question1", "question2"), label="is_duplicate") + _pairs(("question1", "question2")),
             BINARY,
             symmetric=True,
+            damaged_rows=True,
         ),
         TaskSpec(
             "MNLI",
@@ -172,7 +175,8 @@ def candidate_folders(root: Path) -> list[Path]:
 def read_task(spec: TaskSpec, folder: Path) -> TaskData:
     """Read a task's train, dev and (labelled) test files from its folder."""
     folder = Path(folder)
-    train = read_split(spec, folder / "train.tsv")
+    skipped: dict[str, list[int]] = {}
+    train = read_split(spec, folder / "train.tsv", skipped=skipped)
     if train is None:
         raise BertforgeError(f"{folder / 'train.tsv'} has no label column; {layout_hint(spec)}")
     dev, test, notes = {}, {}, []
@@ -186,24 +190,38 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
                 )
             notes.append(f"{spec.name}: no {path.name}, not scored")
             continue
-        examples = read_split(spec, path)
+        examples = read_split(spec, path, skipped=skipped)
         if examples is None:
             raise BertforgeError(f"{path} has no label column; {layout_hint(spec)}")
         dev[stem] = examples
     for stem in spec.test:
         path = folder / f"{stem}.tsv"
         if path.is_file():
-            examples = read_split(spec, path, test=True)
+            examples = read_split(spec, path, test=True, skipped=skipped)
             if examples is None:
                 notes.append(f"{spec.name}: {path.name} has no labels, not scored")
             else:
                 test[stem] = examples
+    notes += [skipped_note(spec, name, lines) for name, lines in skipped.items()]
     return TaskData(spec, folder, train, dev, test, notes)
 
 
-def read_split(spec: TaskSpec, path: Path, test: bool = False) -> LabeledExamples | None:
+def skipped_note(spec: TaskSpec, name: str, lines: list[int]) -> str:
+    shown = ", ".join(str(line) for line in lines[:5]) + (", ..." if len(lines) > 5 else "")
+    return (
+        f"{spec.name}: {name}: {len(lines)} damaged row{'s' if len(lines) > 1 else ''} left out (line "
+        f"{shown}), as Hugging Face's readers leave them"
+    )
+
+
+def read_split(
+    spec: TaskSpec, path: Path, test: bool = False, skipped: dict[str, list[int]] | None = None
+) -> LabeledExamples | None:
     """One file of `spec`'s task; None when its header has the texts but no label column, or, for a
-    `test` file, when every label is -1 (how `datasets` writes a test split whose labels are withheld)."""
+    `test` file, when every label is -1 (how `datasets` writes a test split whose labels are withheld).
+    A task with `damaged_rows` leaves out rows with missing fields or an empty text, their line numbers
+    put in `skipped` under the file's name; any other task's damaged row is refused."""
+    skipped = {} if skipped is None else skipped
     lines = read_text(Path(path)).split("\n")
     rows = [line.rstrip("\r").split("\t") for line in lines]
     layout, start = choose_layout(spec, path, rows[0])
@@ -217,6 +235,9 @@ def read_split(spec: TaskSpec, path: Path, test: bool = False) -> LabeledExample
     examples = LabeledExamples(Path(path), [], [] if pair is not None else None, [], [])
     for number in range(start, len(rows)):
         row, where = rows[number], f"{path} line {number + 1}"
+        if spec.damaged_rows and damaged(row, width, text, pair):
+            skipped.setdefault(Path(path).name, []).append(number + 1)
+            continue
         if len(row) != width:
             shown = "is empty" if row == [""] else f"has {len(row)} tab-separated fields, not {width}"
             raise BertforgeError(f"{where} {shown} (as the {'header' if header else 'task'} has)")
@@ -228,6 +249,11 @@ def read_split(spec: TaskSpec, path: Path, test: bool = False) -> LabeledExample
     if not examples.texts:
         raise BertforgeError(f"{path} holds a header but no examples; add the examples below it")
     return examples
+
+
+def damaged(row: list[str], width: int, text: int, pair: int | None) -> bool:
+    """Whether a row has other than `width` fields, or an empty text."""
+    return len(row) != width or not row[text].strip() or (pair is not None and not row[pair].strip())
 
 
 def labels_withheld(labels: list[str]) -> bool:

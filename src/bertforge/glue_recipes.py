@@ -181,6 +181,11 @@ def checked_setting(key: str, value, kind: str, origin: str):
 
 
 def sweep_grid(values: dict, origin: str) -> dict[str, list]:
+    if not isinstance(values, dict):
+        raise BertforgeError(
+            f"{origin}: sweep must be a table of lists, e.g. [sweep] learning_rate = "
+            f"{DEFAULT_RECIPES['sweep']['learning_rate']}, got {values!r}"
+        )
     grid = {}
     for key in ("learning_rate", "batch_size"):
         choices = values.get(key, DEFAULT_RECIPES["sweep"][key])
@@ -190,6 +195,8 @@ def sweep_grid(values: dict, origin: str) -> dict[str, list]:
             )
         kind = "float" if key == "learning_rate" else "int"
         grid[key] = [checked_setting(key, value, kind, origin) for value in choices]
+        if len(set(grid[key])) < len(grid[key]):
+            raise BertforgeError(f"{origin}: {key} lists a value twice ({choices}); list each once")
     unknown = sorted(set(values) - set(grid))
     if unknown:
         raise BertforgeError(
