@@ -350,6 +350,39 @@ def test_ctrl_c_before_the_run_folder_exists_says_to_run_the_command_again(
     assert not run.exists()
 
 
+def test_sigterm_while_the_cache_writes_shards_removes_them_and_says_to_run_the_command_again(
+    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir
+):
+    """SIGTERM before the loop unwinds as Ctrl-C does (its default action left the cache's temporary)."""
+    from bertforge import shards
+
+    add = shards._ShardWriter.add
+
+    def terminated_midway(self, *args):
+        add(self, *args)
+        signal.raise_signal(signal.SIGTERM)  # what a scheduler sends, half the shards written
+
+    monkeypatch.setattr(shards._ShardWriter, "add", terminated_midway)
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    argv = [
+        "pretrain",
+        "--corpus",
+        str(wiki_slice),
+        "--out",
+        str(run),
+        "--tokenizer",
+        str(small_tokenizer_dir),
+    ]
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([*argv, "--cache-dir", str(cache), "--quiet"]) == 128 + signal.SIGTERM
+    assert one_error_line(capsys) == (
+        f"bertforge: stopped by SIGTERM before the run in {run} started; nothing of it was kept: run the "
+        "same command again (the tokenizer and shards that were complete are reused from the cache)\n"
+    )
+    assert not run.exists() and not list((cache / "shards").iterdir())  # no temporary left
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_ctrl_c_while_a_resumed_run_prepares_names_its_last_checkpoint(
     tmp_path, capsys, monkeypatch, tiny_pretrained_run
 ):

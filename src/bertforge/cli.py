@@ -31,6 +31,7 @@ from bertforge import __version__, distributed  # noqa: E402
 from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views  # noqa: E402
 from bertforge.errors import BertforgeError, Interrupted  # noqa: E402
 from bertforge.io import describe_os_error  # noqa: E402
+from bertforge.signals import signal_of, sigterm_unwinds  # noqa: E402
 
 COMMAND_GROUPS = (pretraining, inference, finetuning, glue, views, fetching)
 # How library errors name what these flags set, for every command that has them; a command adds
@@ -52,11 +53,10 @@ EXAMPLES = """examples:
 
 
 def run() -> int:
-    """The `bertforge` program: `main`, and after a stop by a signal, Ctrl-C ignored while the process
-    ends (a second one would break an exit handler of torch's into a traceback; the stop is saved)."""
+    """The `bertforge` program: `main`, then Ctrl-C ignored while the process ends (the command is
+    over, its work or its stop saved; a Ctrl-C now would only break an exit handler into a traceback)."""
     status = main()
-    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return status
 
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = [arg for arg in unknown if not arg.startswith("-") and Path(arg).exists()]
         shell = " (a glob the shell expanded? quote it, or repeat the flag before each path)" if paths else ""
         parser.exit(2, usage_line(f"unrecognized arguments: {given}{shell}", f"bertforge {command}"))
-    with one_line_warnings(), left_process_group():
+    with one_line_warnings(), left_process_group(), sigterm_unwinds():
         try:
             return args.handler(args)
         except BertforgeError as error:
@@ -83,13 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             if stop.report:
                 print(f"bertforge: {stop}", file=sys.stderr)
             return stop.exit_status
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            how = "stopped by SIGTERM" if signal_of(stop) == signal.SIGTERM else "interrupted by Ctrl-C"
             print(
-                "bertforge: interrupted by Ctrl-C; nothing half-written was kept: run the command again "
+                f"bertforge: {how}; nothing half-written was kept: run the command again "
                 "(a training run that saved a checkpoint continues with --resume)",
                 file=sys.stderr,
             )
-            return 130
+            return 128 + signal_of(stop)
 
 
 def in_flags(message: str, flags: dict[str, str]) -> str:

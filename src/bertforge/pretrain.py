@@ -39,7 +39,6 @@ import contextlib
 import functools
 import os
 import shlex
-import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -99,7 +98,7 @@ from bertforge.shards import (
     concat_shards,
     token_counts,
 )
-from bertforge.signals import StoppedEarly
+from bertforge.signals import StoppedEarly, signal_of
 from bertforge.tokenizer import BertTokenizer, load_tokenizer
 from bertforge.train import Objective, train
 from bertforge.window_init import init_window_model
@@ -149,9 +148,9 @@ def pretrain(
     except Interrupted as stop:
         stop.resume_command = resume_command
         raise
-    except KeyboardInterrupt:  # Ctrl-C before the loop took signals over, or a second one in it
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before the loop took them, or a second one
         report = distributed.launched().is_main
-        raise StoppedEarly(signal.SIGINT, *after_ctrl_c(out, resume_command), report) from None
+        raise StoppedEarly(signal_of(stop), *after_ctrl_c(out, resume_command), report) from None
 
 
 def continue_arguments(out: Path, cache_dir: Path | None) -> str:

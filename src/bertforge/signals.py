@@ -2,7 +2,8 @@
 with a checkpoint (`StopSignals`); data workers ignore them (`ignore_stop_signals`), the loop
 stops them. Code that a KeyboardInterrupt must not reach halfway holds them until it ends
 (`stop_signals_held`). Ctrl-C before a loop has saved anything, or in a command without one, is
-reported as `StoppedEarly`, which says what to do instead of `--resume`.
+reported as `StoppedEarly`, which says what to do instead of `--resume`; outside a loop SIGTERM
+unwinds as Ctrl-C does (`sigterm_unwinds`), so that its temporaries are removed too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,41 @@ def ignore_stop_signals(_worker_id: int) -> None:
     group, and the loop, not the signal, ends the workers."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM raised where Ctrl-C raises KeyboardInterrupt (`sigterm_unwinds`)."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(_signum: int, _frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block SIGTERM raises `Terminated`, as Ctrl-C raises KeyboardInterrupt: what a command
+    was writing is removed on the way out (the default action ended the process there and then, its
+    temporaries left behind). A SIGTERM the process ignores (nohup), or one off the main thread, is
+    left as it is; a training loop records it (`StopSignals`) and stops with a checkpoint."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def signal_of(stop: KeyboardInterrupt) -> int:
+    """The signal a KeyboardInterrupt stands for: SIGTERM for `Terminated`, else SIGINT (Ctrl-C)."""
+    return getattr(stop, "signum", signal.SIGINT)
 
 
 class StopSignals:

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import shlex
-import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -31,7 +30,7 @@ from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
 from bertforge.io import building_new_folder, check_new_folder
 from bertforge.reporting import add_report_to_argument, reporting_to
-from bertforge.signals import StoppedEarly
+from bertforge.signals import StoppedEarly, signal_of
 
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
 TEXT_COLUMN_HELP = (
@@ -287,9 +286,9 @@ def nothing_kept_on_ctrl_c(out: Path) -> Iterator[None]:
     command again: there is nothing to resume."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         then = "nothing of it was kept: run the same command again"
-        raise StoppedEarly(signal.SIGINT, f"before {out} was complete", then) from None
+        raise StoppedEarly(signal_of(stop), f"before {out} was complete", then) from None
 
 
 def pretrain_config(args) -> RunConfig:
