@@ -398,24 +398,29 @@ def test_ctrl_c_while_a_resumed_run_prepares_names_its_last_checkpoint(
     assert snapshot(run) == before
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("command", ["tokenizer", "prepare"])
 def test_ctrl_c_in_tokenizer_train_or_prepare_says_nothing_was_kept(
-    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir, command
+    tmp_path, capsys, monkeypatch, wiki_slice, small_tokenizer_dir, command, signum
 ):
     from bertforge import shards, tokenizer
+    from bertforge.signals import Terminated
+
+    def stopped(*_args, **_kwargs):
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated  # what each signal raises
 
     out = tmp_path / "out"
     if command == "tokenizer":
-        monkeypatch.setattr(tokenizer, "train_tokenizer", ctrl_c)
+        monkeypatch.setattr(tokenizer, "train_tokenizer", stopped)
         argv = ["tokenizer", "train", "--corpus", str(wiki_slice), "--out", str(out)]
     else:
-        monkeypatch.setattr(shards, "prepare_shards", ctrl_c)
+        monkeypatch.setattr(shards, "prepare_shards", stopped)
         argv = ["prepare", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir)]
         argv += ["--out", str(out)]
-    assert main(argv) == 130
+    assert main(argv) == 128 + signum
     err = one_error_line(capsys)
     assert "--resume" not in err
     assert err == (
-        f"bertforge: stopped by SIGINT before {out} was complete; nothing of it was kept: "
-        "run the same command again\n"
+        f"bertforge: stopped by {signal.Signals(signum).name} before {out} was complete; nothing of it was "
+        "kept: run the same command again\n"
     )

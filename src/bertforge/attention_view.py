@@ -41,7 +41,7 @@ def attention_maps(
 
     BERT reads `[CLS] text [SEP]` (`[CLS] text [SEP] pair [SEP]`, segments 0 then 1); GPT reads the
     text's tokens as they are, as a prompt. A text longer than the model's maximum
-    (`model.reading_length`) is refused.
+    (`bertforge.model.reading_length`) is refused.
     """
     causal = is_causal(model)
     if causal and pair is not None:

@@ -98,7 +98,7 @@ def _folder_files(folder: Path) -> list[Path]:
             folders[:] = []
             continue
         seen.add(os.path.realpath(root))
-        folders[:] = [name for name in folders if not name.startswith(".")]
+        folders[:] = sorted(name for name in folders if not name.startswith("."))  # a fixed order of names
         files += [Path(root, name) for name in names if not name.startswith(".")]
     return sorted(file for file in files if file.is_file())
 

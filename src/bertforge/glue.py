@@ -733,7 +733,8 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
     if path.is_file():
         with contextlib.suppress(DamagedScores):  # a damaged file is scored again from final/
             saved = read_json(path, error=DamagedScores)
-            if {"dev", "test", "score", "predicted"} <= saved.keys() and saved.get("files") == files:
+            # a file from before "files" was kept counts as scored on the files there are
+            if {"dev", "test", "score", "predicted"} <= saved.keys() and saved.get("files", files) == files:
                 return saved
     model, tokenizer, labels, _ = open_classifier(run_dir / "final")
     model.to(resolve_device(config.runtime.device))

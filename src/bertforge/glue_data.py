@@ -6,7 +6,7 @@ without the dash: `SST-2/`, `sst2/`, `STS-B/`, `stsb/`), and reading each file i
 `bertforge.labeled.LabeledExamples` with one clear message, naming file and line, for a damaged
 row: a field count unlike the header's, a label outside the task's set, a score that is not a
 number from 0 to 5, an empty text. QQP's files, distributed with rows whose fields are missing, lose
-those rows with one line, as Hugging Face's readers drop them.
+those rows (and rows with an empty question) with one line; Hugging Face's readers drop the former.
 
 A split whose header has no label column (GLUE's own test.tsv files) is read as None: there is
 nothing to score. STS-B's scores are kept as written (`"3.800"`); every other label is a class name
@@ -53,7 +53,7 @@ class TaskSpec:
     dev: tuple[str, ...] = ("dev",)  # file stems; the first is the one fine-tuning validates on
     test: tuple[str, ...] = ("test",)
     symmetric: bool = False  # a pair means the same in either order (paraphrase, similarity)
-    damaged_rows: bool = False  # QQP as distributed has rows with missing fields: skipped, as HF does
+    damaged_rows: bool = False  # QQP as distributed has rows with missing fields: left out
 
     @property
     def key(self) -> str:
@@ -210,7 +210,7 @@ def skipped_note(spec: TaskSpec, name: str, lines: list[int]) -> str:
     shown = ", ".join(str(line) for line in lines[:5]) + (", ..." if len(lines) > 5 else "")
     return (
         f"{spec.name}: {name}: {len(lines)} damaged row{'s' if len(lines) > 1 else ''} left out (line "
-        f"{shown}), as Hugging Face's readers leave them"
+        f"{shown}): missing fields or an empty question"
     )
 
 

@@ -5,8 +5,8 @@ Owns `fill_mask`, `next_sentence`, `embed` and `showcase`. Each takes a model an
 batch carries little padding), runs in inference mode on the model's device (CPU or GPU) and
 returns plain Python values or NumPy arrays that the CLI prints or saves.
 
-Inputs longer than the model's maximum (special tokens included; `model.reading_length`: the length it
-was trained at, whose positions trained, where its folder says, else its positions): `fill_mask`
+Inputs longer than the model's maximum (special tokens included; `bertforge.model.reading_length`: the
+length it was trained at, where its folder says, else its positions): `fill_mask`
 and `next_sentence` refuse them (cutting a text could drop the mask or change the question),
 `embed` truncates them with a warning (a long document still gets a vector from its beginning).
 """

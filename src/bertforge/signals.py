@@ -53,7 +53,8 @@ def sigterm_unwinds() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # not where a rank now ignores it
+            signal.signal(signal.SIGTERM, previous)
 
 
 def signal_of(stop: KeyboardInterrupt) -> int:
