@@ -568,7 +568,7 @@ def reads_plain_text(corpus_files: list[Path], data: DataConfig) -> bool:
 
 
 def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
-    """Refuse to resume on text other than the run started on, or on plain text now read into other
+    """Refuse to resume on text other than the run started on, or on plain text this reader splits into other
     sentences (data.json without `text_reader`: version 1); runs from before data.json: unchecked."""
     if not (out / DATA).is_file():
         return
@@ -583,7 +583,7 @@ def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None
     if plain_text and saved.get("text_reader", 1) != READER_VERSION:
         raise BertforgeError(
             f"the run in {out} started under a bertforge that split plain text into other sentences "
-            "(now a line break ends one), so its sentence pairs would change; pass "
+            "(this one ends a sentence at every line break), so its sentence pairs would change; pass "
             "`allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
 

@@ -53,7 +53,7 @@ def sigterm_unwinds() -> Iterator[None]:
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # not where a rank now ignores it
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # kept where a rank set it ignored since
             signal.signal(signal.SIGTERM, previous)
 
 
