@@ -94,10 +94,11 @@ def _folder_files(folder: Path) -> list[Path]:
     a link back up does not loop)."""
     files, seen = [], set()
     for root, folders, names in os.walk(folder, followlinks=True):
-        if os.path.realpath(root) in seen:
+        real = os.path.realpath(root)
+        if real in seen:
             folders[:] = []
             continue
-        seen.add(os.path.realpath(root))
+        seen.add(real)
         folders[:] = sorted(name for name in folders if not name.startswith("."))  # a fixed order of names
         files += [Path(root, name) for name in names if not name.startswith(".")]
     return sorted(file for file in files if file.is_file())

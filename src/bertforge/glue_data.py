@@ -235,15 +235,15 @@ def read_split(
     examples = LabeledExamples(Path(path), [], [] if pair is not None else None, [], [])
     for number in range(start, len(rows)):
         row, where = rows[number], f"{path} line {number + 1}"
-        if spec.damaged_rows and damaged(row, width, text, pair):
+        fault = row_fault(row, width, text, pair, "header" if header else "task")
+        if fault and spec.damaged_rows:
             skipped.setdefault(Path(path).name, []).append(number + 1)
             continue
-        if len(row) != width:
-            shown = "is empty" if row == [""] else f"has {len(row)} tab-separated fields, not {width}"
-            raise BertforgeError(f"{where} {shown} (as the {'header' if header else 'task'} has)")
-        examples.texts.append(checked_text(row[text], where))
+        if fault:
+            raise BertforgeError(f"{where}{fault}")
+        examples.texts.append(row[text])
         if pair is not None:
-            examples.pairs.append(checked_text(row[pair], where))
+            examples.pairs.append(row[pair])
         examples.labels.append(checked_label(spec, row[label], where))
         examples.lines.append(number + 1)
     if not examples.texts:
@@ -251,9 +251,15 @@ def read_split(
     return examples
 
 
-def damaged(row: list[str], width: int, text: int, pair: int | None) -> bool:
-    """Whether a row has other than `width` fields, or an empty text."""
-    return len(row) != width or not row[text].strip() or (pair is not None and not row[pair].strip())
+def row_fault(row: list[str], width: int, text: int, pair: int | None, shaped_by: str) -> str | None:
+    """What is wrong with a row, to follow its file and line in a message: other than `width` fields
+    (the count its header or task, `shaped_by`, has), or an empty text; None for a whole row."""
+    if len(row) != width:
+        shown = "is empty" if row == [""] else f"has {len(row)} tab-separated fields, not {width}"
+        return f" {shown} (as the {shaped_by} has)"
+    if not row[text].strip() or (pair is not None and not row[pair].strip()):
+        return ": a text is empty; GLUE's files have a text in every row"
+    return None
 
 
 def labels_withheld(labels: list[str]) -> bool:
@@ -304,12 +310,6 @@ def position(header: list[str] | None, column: str | int | None) -> int | None:
     if column is None or isinstance(column, int):
         return column
     return [name.strip() for name in header].index(column)
-
-
-def checked_text(value: str, where: str) -> str:
-    if not value.strip():
-        raise BertforgeError(f"{where}: a text is empty; GLUE's files have a text in every row")
-    return value
 
 
 def checked_label(spec: TaskSpec, value: str, where: str) -> str:

@@ -42,11 +42,8 @@ def sigterm_unwinds() -> Iterator[None]:
     was writing is removed on the way out (the default action ended the process there and then, its
     temporaries left behind). A SIGTERM the process ignores (nohup), or one off the main thread, is
     left as it is; a training loop records it (`StopSignals`) and stops with a checkpoint."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     previous = signal.getsignal(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread() or previous is not signal.SIG_DFL:
         yield
         return
     signal.signal(signal.SIGTERM, _raise_terminated)
