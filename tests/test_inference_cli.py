@@ -154,6 +154,24 @@ def test_a_model_is_read_up_to_the_length_it_was_trained_at(tmp_path, small_toke
     np.testing.assert_allclose(cut, embed(model, tokenizer, [" ".join(["word"] * 14)]), atol=1e-6)
 
 
+def test_a_checkpoint_from_the_sequence_length_warmup_reads_at_the_warmup_length(
+    tmp_path, wiki_slice, small_tokenizer_dir
+):
+    from bertforge.pretrain import pretrain
+
+    config = tiny_config(wiki_slice, max_steps=6, eval_every=6, checkpoint_every=2, keep_checkpoints=3)
+    config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5  # steps 1-3 at 16 tokens
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with pytest.warns(UserWarning, match="during the 16-token sequence-length warmup"):
+        during, tokenizer = bertforge.load(checkpoints / "step_000002")
+    assert during.max_length == 16  # positions 16-63 had not trained yet
+    with pytest.raises(BertforgeError, match="more than the model's maximum of 16"):
+        fill_mask(during, tokenizer, "[MASK] " + " ".join(["word"] * 20))
+    assert bertforge.load(checkpoints / "step_000004")[0].max_length == 64
+    assert bertforge.load(tmp_path / "run")[0].max_length == 64  # final/
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_embed_writes_the_library_vectors(capsys, tmp_path, run, loaded, pooling):
     texts = ["a first text .", "a second , longer text about the river .", "x"]

@@ -60,6 +60,7 @@ from bertforge.checkpoint import (
     pretraining_model,
     read_config,
     read_labels,
+    read_state,
     read_weights,
     verify_checkpoint,
 )
@@ -262,7 +263,14 @@ def open_pretrained(
     config, tokenizer = read_config_and_tokenizer(folder)
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
-    return read_as_trained(model, config).eval(), tokenizer, config
+    model = read_as_trained(model, config, folder.path if folder.is_checkpoint else None)
+    if model.max_length < config.data.max_seq_length:
+        warnings.warn(
+            f"{folder.path} was written during the {model.max_length}-token sequence-length warmup: "
+            f"it reads texts of up to {model.max_length} tokens",
+            stacklevel=2,
+        )
+    return model.eval(), tokenizer, config
 
 
 def fine_tuned_kind(path: Path) -> tuple[str, str, str]:
@@ -349,10 +357,19 @@ def open_labelled_model(
     return read_as_trained(model, config).eval(), tokenizer, labels, config
 
 
-def read_as_trained(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
+def read_as_trained(
+    model: torch.nn.Module, config: RunConfig, checkpoint: Path | None = None
+) -> torch.nn.Module:
     """`model`, marked with the length it was trained at (`model.max_length`, which inference reads
-    up to: positions past it never trained)."""
-    model.max_length = min(config.data.max_seq_length, config.model.max_position_embeddings)
+    up to: positions past it never trained). A `checkpoint` written during the sequence-length warmup
+    has trained at the warmup's length only."""
+    warming_up = (
+        checkpoint is not None
+        and config.data.warmup_seq_length
+        and read_state(checkpoint).get("warmup_end_epoch") is None
+    )
+    length = config.data.warmup_seq_length if warming_up else config.data.max_seq_length
+    model.max_length = min(length, config.model.max_position_embeddings)
     return model
 
 

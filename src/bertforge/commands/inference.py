@@ -353,6 +353,7 @@ def run_generate(args) -> int:
     import torch
 
     from bertforge.generate import generate
+    from bertforge.model import reading_length
 
     model, tokenizer, config = load_on_device(args, objective="clm")
     prompt = tokenizer.encode_batch([args.prompt])[0]
@@ -368,7 +369,7 @@ def run_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         eos_token_id=tokenizer.sep_id,
-        window=config.data.max_seq_length,  # positions past it were never trained
+        window=reading_length(model),  # positions past it were never trained
         vocab_size=tokenizer.vocab_size,
     ).tolist()
     text = tokenizer.decode(ids, skip_special_tokens=True)
