@@ -3,6 +3,8 @@ batches equal one-by-one answers, and every bad input gets its message."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -244,8 +246,10 @@ def test_a_mask_that_starts_a_word_is_offered_no_word_pieces(random_model):
     first, second, third = fill_mask(model, tokenizer, "[MASK] game ([MASK] was[MASK]", top_k=everything)
     for starts_a_word in (first, second):  # at the start, and after a punctuation mark
         assert not any(p["token"].startswith("##") for p in starts_a_word)
-        assert len(starts_a_word) == everything - pieces
+        assert len(starts_a_word) == everything - pieces - len(tokenizer.special_ids)
     assert sum(p["token"].startswith("##") for p in third) == pieces  # right after a word: all offered
+    special = set(tokenizer.special_ids)  # [PAD], [UNK], [CLS], [SEP], [MASK]: never a word
+    assert not any(p["token_id"] in special for found in (first, second, third) for p in found)
     # The scores stay the model's probabilities: the pieces' share is left out, not spread.
     assert sum(p["score"] for p in first) < 1.0
     top = fill_mask(model, tokenizer, "the [MASK] was good", top_k=5)[0]
@@ -299,6 +303,31 @@ def test_showcase_masks_content_words_and_scores_pairs(trained):
     assert [e["masked"] for e in again] == [e["masked"] for e in examples]  # seeded
     with pytest.raises(BertforgeError, match="no sentence"):
         showcase(model, tokenizer, [["One."], ["Two."]])
+
+
+def test_the_api_refuses_a_gpt_and_a_head_that_never_trained(tmp_path, trained):
+    from bertforge.gpt import GPTLMHeadModel
+
+    model, tokenizer = trained
+    gpt = GPTLMHeadModel(dataclasses.replace(model.config, objective="clm")).eval()
+    for call in (
+        lambda m: fill_mask(m, tokenizer, "the [MASK] sat"),
+        lambda m: next_sentence(m, tokenizer, "a b", "c d"),
+        lambda m: embed(m, tokenizer, "a b"),
+        lambda m: showcase(m, tokenizer, DOCUMENTS),
+    ):
+        with pytest.raises(BertforgeError, match="needs a BERT, and this model is a GPT"):
+            call(gpt)
+    config = tiny_config()
+    config.model, config.data.nsp = model.config, False  # pretrained with MLM alone
+    save_model_folder(tmp_path / "mlm" / "final", model, tokenizer, config)
+    mlm_alone, _ = bertforge.load(tmp_path / "mlm")
+    assert mlm_alone.untrained_heads == ["nsp"]
+    with pytest.raises(BertforgeError, match="next-sentence head never trained"):
+        next_sentence(mlm_alone, tokenizer, "a b", "c d")
+    examples = showcase(mlm_alone, tokenizer, DOCUMENTS, count=2, seed=1)  # the fill-mask part alone
+    assert len(examples) == 2 and not any("p_next" in example for example in examples)
+    assert "p_next" in showcase(model, tokenizer, DOCUMENTS, count=2, seed=1)[0]
 
 
 def test_load_accepts_a_run_folder_final_and_checkpoint(tmp_path, random_model):

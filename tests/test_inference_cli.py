@@ -206,6 +206,7 @@ def test_embed_shows_progress_for_large_inputs_and_warns_on_truncation(capsys, t
 def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice, monkeypatch):
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("fill-mask: one word of each of 3 sentences of ")
     assert out.count("[MASK]") == 3 and out.count("true: ") == 3 and "top-5:" in out
     assert "next sentence prediction" in out and out.count("\n  true next ") == 3
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
@@ -225,6 +226,49 @@ def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice, monk
     out = capsys.readouterr().out
     shown = out.count("true: ")
     assert f"has {shown:,} sentences that fit" in out and "not 100,000" in out and 3 < shown < 100_000
+
+
+def test_showcase_says_why_it_leaves_next_sentence_prediction_out(
+    capsys, tmp_path, small_tokenizer_dir, wiki_valid_slice
+):
+    mlm_alone = save_random_model(tmp_path / "mlm", small_tokenizer_dir, nsp=False)
+    argv = ["showcase", "--model", str(mlm_alone), "--corpus", str(wiki_valid_slice), "--sentences", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "one word of each of 1 sentence of" in out and "the true word is in the top 5 for" in out
+    assert out.endswith("\nnext sentence prediction left out: the model's NSP head never trained\n")
+    lines = [line for line in wiki_valid_slice.read_text(encoding="utf-8").splitlines() if line.strip()]
+    one_document = tmp_path / "one.txt"  # plain text without a blank line: one document
+    one_document.write_text("\n".join(line for line in lines if not line.strip().startswith("=")) + "\n")
+    two_heads = save_random_model(tmp_path / "both", small_tokenizer_dir)
+    assert (
+        main(["showcase", "--model", str(two_heads), "--corpus", str(one_document), "--sentences", "2"]) == 0
+    )
+    assert capsys.readouterr().out.endswith(
+        "\nnext sentence prediction left out: the text has one document\n"
+    )
+
+
+def test_output_piped_to_a_reader_that_leaves_ends_quietly(run):
+    import subprocess
+    import sys
+
+    argv = [
+        sys.executable,
+        "-m",
+        "bertforge",
+        "fill-mask",
+        "--model",
+        str(run),
+        "the [MASK] .",
+        "--top-k",
+        "2000",
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"the [MASK] .\n"
+    process.stdout.close()  # as `| head -1` does: the rest (about 100 KB) has nowhere to go
+    assert process.wait(timeout=120) == 141  # 128 + SIGPIPE, as Unix tools end
+    assert process.stderr.read() == b""
 
 
 def test_demo_runs_the_showcase_after_pretraining():

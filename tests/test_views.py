@@ -176,8 +176,15 @@ def test_impossible_texts_are_refused(tokenizer):
         attention_maps(gpt(vocab_size=tokenizer.vocab_size), tokenizer, "a text", pair="another")
     with pytest.raises(BertforgeError, match="empty"):
         attention_maps(bert(vocab_size=tokenizer.vocab_size), tokenizer, "   ")
-    with pytest.raises(BertforgeError, match="maximum of 64"):
+    with pytest.raises(BertforgeError, match="the text is empty"):
+        attention_maps(bert(vocab_size=tokenizer.vocab_size), tokenizer, "\u200b")  # no tokens
+    with pytest.raises(
+        BertforgeError,
+        match="the text with .CLS. and .SEP. is 8. tokens long, more than the model's maximum of 64",
+    ):
         attention_maps(bert(vocab_size=tokenizer.vocab_size), tokenizer, "the game " * 40)
+    with pytest.raises(BertforgeError, match="the pair with .CLS. and two .SEP. is 67 tokens long"):
+        attention_maps(bert(vocab_size=tokenizer.vocab_size), tokenizer, "the game " * 16, "the game " * 16)
 
 
 def test_attention_figure_has_one_panel_per_layer_and_head_with_the_model_values(tokenizer):
@@ -186,7 +193,9 @@ def test_attention_figure_has_one_panel_per_layer_and_head_with_the_model_values
     fig = attention_figure(maps.tokens, weights, layers=[0, 1], heads=[1, 3])
     assert len(fig.axes) == 4
     for ax, (layer, head) in zip(fig.axes, [(0, 1), (0, 3), (1, 1), (1, 3)], strict=True):
-        assert ax.get_title() == f"layer {layer + 1}, head {head + 1}"
+        # each panel's colours run to its own largest weight, which its title gives
+        assert ax.get_title() == f"layer {layer + 1}, head {head + 1} (max {weights[layer, head].max():.2f})"
+        assert ax.images[0].get_clim() == (0.0, float(weights[layer, head].max()))
         assert np.array_equal(ax.images[0].get_array(), weights[layer, head])
         assert [t.get_text() for t in ax.get_xticklabels()] == maps.tokens
         assert [t.get_text() for t in ax.get_yticklabels()] == maps.tokens
@@ -222,6 +231,7 @@ def test_attention_command_draws_every_layer_and_head(tmp_path, capsys, tiny_pre
     maps = attention_maps(model, tokenizer, text)
     assert shown["tokens"] == maps.tokens
     np.testing.assert_allclose(shown["weights"], maps.weights[1:2, 0:1].numpy(), rtol=1e-5, atol=1e-6)
+    assert all(value == round(value, 6) for value in np.ravel(shown["weights"]).tolist())  # no float32 noise
     assert not list(tmp_path.glob(".*tmp-*"))  # written atomically: no leftovers
 
 
@@ -236,6 +246,26 @@ def test_attention_command_on_a_gpt_model_folder(tmp_path, capsys, tokenizer, sm
     weights, T = np.array(shown["weights"]), len(shown["tokens"])
     assert shown["causal"] and weights.shape == (2, 4, T, T) and T >= 4
     assert np.all(np.triu(weights, k=1) == 0)
+
+
+def test_attention_command_draws_a_fine_tuned_classifier_and_tagger(tmp_path, capsys, tiny_pretrained_run):
+    from bertforge.checkpoint import LABELS, label_file
+    from bertforge.classifier import sequence_classifier
+    from bertforge.folders import open_pretrained
+    from bertforge.tagger import TOKEN_TASK, token_classifier
+
+    _, tokenizer, config = open_pretrained(tiny_pretrained_run)
+    text = "The game was released in Japan ."
+    for build, task in ((sequence_classifier, None), (token_classifier, TOKEN_TASK)):
+        torch.manual_seed(0)
+        model = build(config.model, 2).eval()
+        folder = tmp_path / (task or "classifier") / "final"
+        save_model_folder(folder, model, tokenizer, config, notes={LABELS: label_file(["a", "b"], task)})
+        assert main(["attention", "--model", str(folder.parent), text, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        np.testing.assert_allclose(
+            shown["weights"], attention_maps(model, tokenizer, text).weights.numpy(), atol=1e-6
+        )
 
 
 @pytest.mark.parametrize(
@@ -375,6 +405,24 @@ def validated_run(tmp_path_factory, wiki_slice, wiki_valid_slice, small_tokenize
     return run
 
 
+def test_the_mlm_panel_says_how_much_training_and_evaluation_mask():
+    from bertforge.evaluate import EVAL_MASK_RATE
+    from bertforge.plots import pretraining_figure
+
+    def records(*rates):
+        train = [
+            {"step": n, "split": "train", "mlm_loss": 7.0, "mlm_probability": r}
+            for n, r in enumerate(rates, 1)
+        ]
+        return [*train, {"step": len(rates), "split": "valid", "mlm_loss": 5.0, "mlm_accuracy": 0.1}]
+
+    title = pretraining_figure(records(0.3, 0.3), EVAL_MASK_RATE).axes[0].get_title()
+    assert title == "MLM loss (train masks 30%, held-out 15%)"
+    assert (
+        pretraining_figure(records(0.3, 0.2, 0.15)).axes[0].get_title() == "MLM loss (train masks 30% to 15%)"
+    )
+
+
 def test_plot_command_writes_the_figure(tmp_path, capsys, validated_run):
     other = write_run(tmp_path / "other", "mlm_loss", "mlm_accuracy")
     out = tmp_path / "cmp.png"
@@ -400,6 +448,9 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     assert_clean_failure(capsys, a_file, "a.txt is not a folder; give run folders")
     MetricsLog(empty / "metrics.jsonl").append({"step": 1, "split": "train", "loss": 1.0})
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], "--valid")
+    MetricsLog(empty / "metrics.jsonl").append({"step": 0, "split": "valid", "epoch": 0, "accuracy": 0.5})
+    fine_tuned = "is a fine-tuning run, whose curves are in its curves.png; `plot` compares pretraining runs"
+    assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], fine_tuned)
 
 
 def test_plot_labels_runs_by_folder_name_or_path_when_names_repeat(tmp_path):

@@ -46,16 +46,19 @@ def attention_maps(
     causal = is_causal(model)
     if causal and pair is not None:
         raise BertforgeError("a GPT model reads one text, not a pair; give the text alone")
-    if not text.strip() or (pair is not None and not pair.strip()):
-        raise BertforgeError("the text is empty; give some text")
+    for what, part in (("text", text), ("second text", pair)):
+        if part is not None and not tokenizer.encode_batch([part])[0]:
+            raise BertforgeError(f"the {what} is empty (no tokens); give some text")
     if causal:
         ids, token_types = tokenizer.encode_batch([text])[0], None
     else:
         ids, token_types = tokenizer.encode_pair(text, pair)
     limit = reading_length(model)  # positions past the length it was trained at never trained
     if len(ids) > limit:
+        with_specials = "pair with [CLS] and two [SEP]" if pair is not None else "text with [CLS] and [SEP]"
         raise BertforgeError(
-            f"the text is {len(ids)} tokens long, more than the model's maximum of {limit}; shorten it"
+            f"the {'text' if causal else with_specials} is {len(ids)} tokens long, more than the model's "
+            f"maximum of {limit}; shorten it"
         )
     device = next(model.parameters()).device
     inputs = {} if token_types is None else {"token_type_ids": torch.tensor([token_types], device=device)}

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import os
 import re
+import select
 import signal
 import sys
 import warnings
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             flags = COMMON_FLAGS | getattr(args, "setting_flags", {})
             print(f"bertforge: error: {in_flags(str(error), flags)}", file=sys.stderr)
             return 2
+        except BrokenPipeError as error:
+            if not output_reader_left():
+                print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
+                return 2
+            return 128 + PIPE_SIGNAL  # quietly, as Unix tools end when `| head` stops reading
         except OSError as error:
             print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
             return 2
@@ -91,6 +97,23 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 128 + signal_of(stop)
+
+
+PIPE_SIGNAL = getattr(signal, "SIGPIPE", 13)
+
+
+def output_reader_left() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it); if so, what
+    is left to write goes to os.devnull, so that the exit's own flush does not fail again."""
+    try:
+        poller = select.poll()  # (not on Windows)
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return True
+    except (AttributeError, OSError, ValueError):  # no poll, or no real stdout (a test's capture)
+        return False
 
 
 def in_flags(message: str, flags: dict[str, str]) -> str:

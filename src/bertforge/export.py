@@ -47,7 +47,6 @@ from bertforge.checkpoint import (
 )
 from bertforge.classifier import sequence_classifier
 from bertforge.config import RunConfig, save_json
-from bertforge.config_rules import trains_nsp
 from bertforge.errors import BertforgeError
 from bertforge.folders import (
     BERTFORGE_CONFIG,
@@ -55,8 +54,8 @@ from bertforge.folders import (
     ModelFolder,
     find_model_folder,
     open_hf_folder,
+    pretraining_heads_untrained,
     read_config_and_tokenizer,
-    untrained_heads,
 )
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
@@ -109,13 +108,6 @@ def write_export(source: ModelFolder, out: Path) -> dict:
         if untrained:
             write_json(tmp / UNTRAINED_HEADS, {"heads": untrained})  # for whoever reads it, import-hf too
     return {"architecture": architecture, "out": out, "untrained": untrained}
-
-
-def pretraining_heads_untrained(folder: Path, config: RunConfig) -> list[str]:
-    """The heads a pretraining folder holds untrained: an import's, and NSP where the run trained MLM
-    alone."""
-    untrained = untrained_heads(folder)
-    return untrained + ["nsp"] if not trains_nsp(config) and "nsp" not in untrained else untrained
 
 
 def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> torch.nn.Module:

@@ -66,6 +66,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.classifier import ENCODER, Classifier, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
+from bertforge.config_rules import trains_nsp
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
@@ -250,6 +251,7 @@ def open_pretrained(
     if folder.hugging_face:
         model, tokenizer, config, report = open_hf_folder(folder.path)
         refuse_untrained(path, report["untrained"], needs)
+        model.untrained_heads = report["untrained"]  # which `bertforge.infer` refuses to read
         return read_as_trained(model, config), tokenizer, config
     refuse_untrained(path, untrained_heads(folder.path), needs)
     if folder.has_labels:
@@ -263,6 +265,7 @@ def open_pretrained(
     config, tokenizer = read_config_and_tokenizer(folder)
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
+    model.untrained_heads = pretraining_heads_untrained(folder.path, config)
     model = read_as_trained(model, config, folder.path if folder.is_checkpoint else None)
     if model.max_length < config.data.max_seq_length:
         warnings.warn(
@@ -288,6 +291,14 @@ def untrained_heads(folder: Path, initialised: Sequence[str] = ()) -> list[str]:
     )
     drawn = [head for head, (prefix, _) in HEADS.items() if any(n.startswith(prefix) for n in initialised)]
     return [head for head in HEADS if head in named or head in drawn]
+
+
+def pretraining_heads_untrained(folder: Path, config: RunConfig) -> list[str]:
+    """The heads a pretraining folder of ours holds untrained: an import's, and a BERT's NSP head where
+    the run trained MLM alone."""
+    untrained = untrained_heads(folder)
+    mlm_alone = config.model.objective == "mlm" and not trains_nsp(config)
+    return untrained + ["nsp"] if mlm_alone and "nsp" not in untrained else untrained
 
 
 def refuse_untrained(path: str | Path, untrained: list[str], needs: tuple[str, ...]) -> None:
@@ -337,6 +348,18 @@ def open_tagger(path: str | Path) -> tuple[BertForTokenClassification, BertToken
             "or fine-tune a tagger on a tagged file (CoNLL) with `bertforge finetune`"
         )
     return open_labelled_model(folder, token_classifier)
+
+
+def open_any_model(path: str | Path) -> tuple[torch.nn.Module, BertTokenizer]:
+    """Model and tokenizer of any model folder: a pretrained BERT or GPT, a classifier or a tagger."""
+    path = Path(path)
+    labelled = next((p for p in (path / "final", path) if (p / LABELS).is_file()), None)
+    if labelled is None:
+        model, tokenizer, _ = open_pretrained(path)
+        return model, tokenizer
+    opener = open_tagger if is_tagger_folder(labelled) else open_classifier
+    model, tokenizer, _, _ = opener(labelled)
+    return model, tokenizer
 
 
 def open_labelled_model(

@@ -49,10 +49,12 @@ def fill_mask(
     `word` (the whole word the token forms with its neighbours, `##` pieces merged) and
     `sequence` (the text with this token in place). A mask that starts a word (after a space or a
     punctuation mark) is offered no `##` piece, which could only continue a word; a mask right after a
-    letter or digit may be. Every mask is predicted from the same input,
-    independently of the others (as Hugging Face's fill-mask pipeline does). A model with a padded
-    vocabulary (more embedding rows than tokens) predicts only its tokenizer's tokens.
+    letter or digit may be. No mask is offered a special token ([PAD], [UNK], [CLS], [SEP], [MASK]).
+    Every mask is predicted from the same input, independently of the others (as Hugging Face's
+    fill-mask pipeline does). A model with a padded vocabulary (more embedding rows than tokens)
+    predicts only its tokenizer's tokens.
     """
+    _check_reads(model, "fill_mask", "mlm")
     texts, single = _as_list(text)
     if top_k < 1:
         raise BertforgeError(f"top_k must be at least 1, got {top_k}")
@@ -80,8 +82,10 @@ def fill_mask(
             probabilities = mlm_logits.float().softmax(-1)  # (M, V)
             starts = [start for row in rows for start in word_starts[row]]
             starts = torch.tensor(starts, device=device)  # (M,) bool
-            # A `##` piece cannot stand where a word starts: ranked last, and left out below.
+            # A `##` piece cannot stand where a word starts, nor a special token anywhere: ranked last,
+            # and left out below.
             probabilities[starts[:, None] & continuation[None, :]] = -1.0
+            probabilities[:, list(tokenizer.special_ids)] = -1.0
             scores, ids = probabilities.topk(top_k, dim=-1)  # (M, k), (M, k)
             masks_per_row = is_mask.sum(1).tolist()
             scores, ids = scores.cpu().split(masks_per_row), ids.cpu().split(masks_per_row)
@@ -98,6 +102,7 @@ def next_sentence(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> float | list[float]:
     """The probability that `b` follows `a` (the NSP head's "IsNext"); lists give one per pair."""
+    _check_reads(model, "next_sentence", "nsp")
     firsts, single = _as_list(a, "sentence a")
     seconds, _ = _as_list(b, "sentence b")
     if len(firsts) != len(seconds):
@@ -132,6 +137,7 @@ def embed(
     averages the final hidden states of the real tokens, `[CLS]` and `[SEP]` included, padding
     excluded. Texts over the model's maximum length are truncated, with one warning.
     """
+    _check_reads(model, "embed")
     if pooling not in POOLINGS:
         raise BertforgeError(f"pooling must be one of: {', '.join(POOLINGS)}; got {pooling!r}")
     if batch_size < 1:
@@ -179,12 +185,15 @@ def showcase(
 ) -> list[dict]:
     """What the demo prints: for `count` sentences (a seeded choice among those that have a next
     sentence in their document), one content word masked and the `top_k` predictions, and the
-    probability that the true next sentence, and a random one from another document, follow it.
+    probability that the true next sentence, and a random one from another document, follow it
+    (with `nsp`, where the model's NSP head trained and there are two documents or more).
 
     Returns one dict per sentence: `masked` (the sentence with `[MASK]`), `answer`, `predictions`
     (as `fill_mask`), `hit` (the answer is among them), and with `nsp`: `next`, `random`,
     `p_next`, `p_random`.
     """
+    _check_reads(model, "showcase", "mlm")
+    nsp = nsp and "nsp" not in getattr(model, "untrained_heads", ())
     if count < 1:
         raise BertforgeError(f"the showcase needs at least one sentence, got {count}")
     examples = _choose_sentences(tokenizer, documents, count, random.Random(seed), reading_length(model), nsp)
@@ -272,7 +281,7 @@ def _describe_predictions(
     for position, mask_scores, mask_ids in zip(positions, scores, candidates, strict=True):
         options = []
         for score, candidate in zip(mask_scores.tolist(), mask_ids.tolist(), strict=True):
-            if score < 0:  # a `##` piece where a word starts
+            if score < 0:  # a `##` piece where a word starts, or a special token
                 continue
             filled, filled_tokens = list(ids), list(tokens)
             filled[position] = candidate
@@ -307,6 +316,24 @@ def _whole_word(tokenizer: BertTokenizer, ids: list[int], tokens: list[str], pos
     while end < len(tokens) - 1 and tokens[end].startswith("##"):
         end += 1
     return tokenizer.decode(ids[start:end])
+
+
+_HEADS = {"mlm": "masked-language-model", "nsp": "next-sentence"}
+
+
+def _check_reads(model: torch.nn.Module, function: str, head: str | None = None) -> None:
+    """Refuse a GPT, and a BERT whose `head` ("mlm", "nsp") never trained (`model.untrained_heads`, as
+    `bertforge.load` marks it): its answers would be noise."""
+    if getattr(model.config, "objective", "mlm") != "mlm":
+        raise BertforgeError(
+            f"`{function}` needs a BERT, and this model is a GPT (pretrained with --objective clm), which "
+            "predicts the next token: continue a text with bertforge.generate.generate"
+        )
+    if head in getattr(model, "untrained_heads", ()):
+        raise BertforgeError(
+            f"this model's {_HEADS[head]} head never trained (it was pretrained without it, or imported "
+            f"from weights without it), so `{function}` would return noise; use a model pretrained with it"
+        )
 
 
 def _as_list(text: str | Sequence[str], what: str = "text") -> tuple[list[str], bool]:

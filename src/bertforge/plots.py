@@ -56,10 +56,10 @@ def save_png(build: Callable[[], Figure], out_png: Path, dpi: int = 110) -> None
     atomic_write_bytes(Path(out_png), buffer.getvalue())
 
 
-def plot_pretraining(metrics_path: Path, out_png: Path) -> None:
+def plot_pretraining(metrics_path: Path, out_png: Path, held_out_masking: float | None = None) -> None:
     """Write `pretraining_figure` of a run's `metrics.jsonl` as a PNG."""
     records = MetricsLog(Path(metrics_path)).read()
-    save_png(lambda: pretraining_figure(records), out_png)
+    save_png(lambda: pretraining_figure(records, held_out_masking), out_png)
 
 
 @dataclass
@@ -80,13 +80,17 @@ def warmup_end(records: list[dict]) -> WarmupEnd | None:
     return WarmupEnd(ends[-1]["step"], warmup_length(records) or 0, ends[-1]["seq_len"])
 
 
-def pretraining_figure(records: list[dict]) -> Figure:
+def pretraining_figure(records: list[dict], held_out_masking: float | None = None) -> Figure:
     """Three panels: MLM (or, for a GPT run, next-token) loss, NSP loss (train and validation), and
     validation accuracies. With a sequence-length warmup, the held-out curves at the warmup's length
     are drawn too (dashed), and its end is a vertical line: the full-length held-out loss often
-    rises while the run trains on short sequences, and drops once it trains at full length."""
+    rises while the run trains on short sequences, and drops once it trains at full length. The MLM
+    panel's title gives the share of tokens masked in training and, where given, in evaluation
+    (`held_out_masking`): a higher training rate puts the training loss above the held-out one."""
     gpt = any("clm_loss" in record for record in records)
-    lm_key, lm_title = ("clm_loss", "next-token loss") if gpt else ("mlm_loss", "MLM loss")
+    lm_key, lm_title = (
+        ("clm_loss", "next-token loss") if gpt else ("mlm_loss", masked_loss_title(records, held_out_masking))
+    )
     held_out = [("valid", "o-", "")]  # (split, style, what the label adds)
     if short := warmup_length(records):
         held_out.append(("valid_short", "s--", f" at the warmup's {short} tokens"))
@@ -109,6 +113,17 @@ def pretraining_figure(records: list[dict]) -> Figure:
             ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def masked_loss_title(records: list[dict], held_out_masking: float | None) -> str:
+    """ "MLM loss (train masks 30%, held-out 15%)", from the training lines' masking rates (a schedule's
+    first and last)."""
+    rates = [r["mlm_probability"] for r in records if r["split"] == "train" and "mlm_probability" in r]
+    if not rates:
+        return "MLM loss"
+    train = f"{rates[0]:.0%}" if rates[0] == rates[-1] else f"{rates[0]:.0%} to {rates[-1]:.0%}"
+    held_out = "" if held_out_masking is None else f", held-out {held_out_masking:.0%}"
+    return f"MLM loss (train masks {train}{held_out})"
 
 
 def held_out_lines(ax, records: list[dict], key: str, name: str, held_out: list[tuple]) -> None:
@@ -253,6 +268,11 @@ def held_out_keys(valid: list[dict], path: Path) -> tuple[str, str, str]:
     for keys in HELD_OUT:
         if any(record.get(keys[1]) is not None for record in valid):
             return keys
+    if any("epoch" in record for record in valid):  # only fine-tuning logs its evaluations by epoch
+        raise BertforgeError(
+            f"{path.parent} is a fine-tuning run, whose curves are in its curves.png; `plot` compares "
+            "pretraining runs"
+        )
     raise BertforgeError(
         f"{path} holds no held-out MLM or next-token metrics; give pretraining runs that had validation "
         "text (--valid)"
@@ -324,7 +344,8 @@ def plot_runs(runs: list[Path], out_png: Path) -> list[RunCurves]:
 def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], heads: list[int]) -> Figure:
     """A grid of heat maps: one row per layer of `layers`, one column per head of `heads` (0-based
     indices into `weights`, (layers, heads, T, T)); queries down the rows, keys along the columns.
-    Each panel's colours run from 0 to its own largest weight."""
+    Each panel's colours run from 0 to its own largest weight, which its title gives: a near-uniform
+    head (weights about 1/T) would otherwise look as sharp as one that attends to a single token."""
     T = len(tokens)
     side = min(max(1.2 + 0.12 * T, 2.0), 6.0)  # inches per panel
     fontsize = min(8.0, 0.8 * side * 72 / T)  # a tick label fits its row
@@ -336,11 +357,14 @@ def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], 
             ax = axes[row][column]
             panel = weights[layer, head]
             ax.imshow(panel, cmap="viridis", vmin=0.0, vmax=float(panel.max()), interpolation="nearest")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_title(f"layer {layer + 1}, head {head + 1} (max {panel.max():.2f})", fontsize=9)
             ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
             ax.set_yticks(range(T), tokens, fontsize=fontsize)
     fig.suptitle(
-        "attention: each row is a query token, its columns the keys it attends to", fontsize=9, wrap=True
+        "attention: each row is a query token, its columns the keys it attends to; "
+        "colours from 0 to each panel's largest weight",
+        fontsize=9,
+        wrap=True,
     )
     fig.tight_layout()
     return fig

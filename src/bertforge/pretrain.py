@@ -71,6 +71,7 @@ from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_fil
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
+    EVAL_MASK_RATE,
     evaluation_batches,
     next_token_batch_sums,
     pretraining_batch_sums,
@@ -374,7 +375,7 @@ def train_and_save(
     )
     if distributed.launched().is_main:
         save_model_folder(out / "final", model.cpu(), tokenizer, config)
-        plot_pretraining(out / "metrics.jsonl", out / "loss.png")
+        plot_pretraining(out / "metrics.jsonl", out / "loss.png", EVAL_MASK_RATE)
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
 

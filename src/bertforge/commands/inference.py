@@ -72,7 +72,9 @@ def add_fill_mask_command(commands) -> None:
     )
     p.add_argument("text", nargs="?", help='a text with one or more [MASK], e.g. "the [MASK] sat on the mat"')
     p.add_argument("--input", type=Path, help="a file with one text per line, instead of TEXT")
-    p.add_argument("--top-k", type=int, default=5, help="predictions per mask")
+    p.add_argument(
+        "--top-k", type=int, default=5, help="predictions per mask (no ## piece where a word starts)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     add_model_arguments(p)
     p.set_defaults(handler=run_fill_mask)
@@ -312,6 +314,7 @@ def run_embed(args) -> int:
 def run_showcase(args) -> int:
     from bertforge.corpus import read_documents
     from bertforge.infer import showcase
+    from bertforge.progress import plural
 
     documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
     model, tokenizer, config = load_on_device(args)
@@ -324,23 +327,25 @@ def run_showcase(args) -> int:
         nsp=trains_nsp(config),
         batch_size=args.batch_size,
     )
+    sentences = f"{len(examples)} {plural('sentence', len(examples))}"
     if len(examples) < args.sentences:
         fit = "a next sentence, a content word to mask, within the model's length"
         print(
-            f"note: {args.corpus.name} has {len(examples):,} sentences that fit ({fit}) in the documents "
-            f"read (at most {SHOWCASE_DOCUMENTS:,}), not {args.sentences:,}"
+            f"note: {args.corpus.name} has {sentences} that fit ({fit}) in the documents "
+            f"read (at most {SHOWCASE_DOCUMENTS:,}), not {args.sentences:,}\n"
         )
-    print(
-        f"\nfill-mask: one word of {len(examples)} sentences of {args.corpus.name} masked, top-5 predictions"
-    )
+    print(f"fill-mask: one word of each of {sentences} of {args.corpus.name} masked, top-5 predictions")
     hits = 0
     for example in examples:
         hits += example["hit"]
         guesses = ", ".join(f"{p['word']} {p['score']:.2f}" for p in example["predictions"])
         print(f"  {example['masked']}")
         print(f"    true: {example['answer']:<14} {'HIT ' if example['hit'] else 'miss'}  top-5: {guesses}")
-    print(f"  the true word is in the top 5 for {hits} of {len(examples)} sentences")
-    if "p_next" in examples[0]:
+    print(f"  the true word is in the top 5 for {hits} of {sentences}")
+    if "p_next" not in examples[0]:
+        why = "the model's NSP head never trained" if not trains_nsp(config) else "the text has one document"
+        print(f"\nnext sentence prediction left out: {why}")
+    else:
         print("\nnext sentence prediction: P(B follows A), for the true next sentence and a random one")
         for example in examples:
             p_next, p_random, a = example["p_next"], example["p_random"], example["sentence"]

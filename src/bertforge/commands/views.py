@@ -33,7 +33,11 @@ def add_attention_command(commands) -> None:
     p.add_argument("pair", nargs="?", help="a second text, read as sentence B (BERT only)")
     p.add_argument("--pair", dest="pair_option", metavar="TEXT", help="the same as the second text")
     p.add_argument(
-        "--model", type=Path, required=True, help="a run folder, its final/, a checkpoint, or an export"
+        "--model",
+        type=Path,
+        required=True,
+        help="a run folder, its final/, a checkpoint, an import, an export, or a fine-tuned classifier "
+        "or tagger",
     )
     p.add_argument("--out", type=Path, help="FILE.png for the grid of heat maps")
     p.add_argument("--layers", type=number_list, help="which layers, e.g. 1,2 or 3-4 (default: all)")
@@ -91,11 +95,11 @@ def chosen(numbers: list[int] | None, count: int, what: str) -> list[int]:
 
 
 def load_model_for_views(path: Path, device: str):
-    """(model, tokenizer) of a model folder, BERT or GPT, on `device`."""
-    from bertforge.folders import open_pretrained
+    """(model, tokenizer) of a model folder, BERT or GPT, pretrained or fine-tuned, on `device`."""
+    from bertforge.folders import open_any_model
     from bertforge.runtime import resolve_device
 
-    model, tokenizer, _ = open_pretrained(path)
+    model, tokenizer = open_any_model(path)
     return model.to(resolve_device(device)), tokenizer
 
 
@@ -119,7 +123,7 @@ def run_attention(args) -> int:
     heads = chosen(args.heads, head_count, "head")
     weights = maps.weights.numpy()
     if args.json:
-        selected = weights[layers][:, heads].round(6).tolist()
+        selected = weights[layers][:, heads].astype("float64").round(6).tolist()  # float32 prints noise
         numbers = {"layers": [n + 1 for n in layers], "heads": [n + 1 for n in heads]}
         print(json.dumps({"tokens": maps.tokens, **numbers, "causal": maps.causal, "weights": selected}))
     if args.out is not None:
