@@ -81,6 +81,7 @@ from bertforge.io import (
     write_json,
 )
 from bertforge.labeled import LabeledExamples, in_both_orders
+from bertforge.model import reading_length
 from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
 from bertforge.worker_pool import (
@@ -738,7 +739,7 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
                 return saved
     model, tokenizer, labels, _ = open_classifier(run_dir / "final")
     model.to(resolve_device(config.runtime.device))
-    max_length = min(config.data.max_seq_length, model.config.max_position_embeddings)
+    max_length = reading_length(model)  # the recipe's max_length, at which the run fine-tuned
     regression = data.spec.kind == "regression"
     record: dict = {"files": files, "dev": {}, "test": {}}
     for split, stems, sets in (("dev", data.spec.dev, data.dev), ("test", data.spec.test, data.test)):
