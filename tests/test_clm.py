@@ -311,6 +311,80 @@ def test_generate_greedy_equals_transformers_and_a_seed_repeats_a_draw(gpt_run, 
     assert capsys.readouterr().out.strip() == ours["text"]  # the exported folder generates the same
 
 
+def test_generate_shows_the_prompt_as_typed_and_says_what_it_could_not_read(gpt_run, capsys):
+    argv = ["generate", "--model", str(gpt_run), "--greedy", "--max-new-tokens", "4", "--json"]
+    assert main([*argv, "The Album, 1999: it"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["text"].startswith("The Album, 1999: it ") and "warning" not in out.err
+    assert main([*argv, "\u65e5\u672c is"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["text"].startswith("\u65e5\u672c is ")  # not dropped as [UNK]
+    assert "2 of the prompt's 3 tokens are unknown to the tokenizer" in out.err
+    assert main([*argv, "--temperature", "0", "the album"]) == 0  # greedy decoding reads no temperature
+    capsys.readouterr()
+    sampled = ["generate", "--model", str(gpt_run), "the album", "--temperature", "0"]
+    assert_clean_failure(
+        capsys, sampled, "--temperature must be above 0; for the most likely tokens, give --greedy"
+    )
+
+
+def test_a_tokenizer_taken_from_a_gpt_export_frames_and_decodes_as_bertforge_does(gpt_run, gpt_export):
+    from bertforge.tokenizer import load_given_tokenizer
+
+    ours, given = load_tokenizer(gpt_run / "tokenizer"), load_given_tokenizer(gpt_export)
+    ids = ours.encode_batch([PROMPT + " playing"])[0]
+    assert load_tokenizer(gpt_export).decode(ids) == " " + PROMPT + " playing"  # the export's generation form
+    assert given.decode(ids) == ours.decode(ids) == PROMPT + " playing"
+    assert given.encode_pair(PROMPT, "it sold well") == ours.encode_pair(PROMPT, "it sold well")
+    assert given.vocab_size == ours.vocab_size and given.kind == ours.kind
+
+
+def test_import_names_the_tensor_the_weights_hold_and_a_missing_tokenizer(
+    tmp_path, capsys, gpt_run, gpt_export, wiki_slice
+):
+    bert_weights = {"bert.embeddings.LayerNorm.bias": torch.zeros(4)}  # an unprefixed (bare model) file
+    with pytest.raises(BertforgeError, match="the weights hold bert.embeddings.LayerNorm.bias, not a tensor"):
+        from_hf_state_dict(bert_weights)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(gpt_export / name, bare / name)
+    argv = ["import-hf", "--from", str(bare), "--out", str(tmp_path / "imported")]
+    assert_clean_failure(capsys, argv, "has neither tokenizer.json nor vocab.txt: it holds no tokenizer")
+    argv = [
+        "pretrain",
+        "--corpus",
+        str(wiki_slice),
+        "--tokenizer",
+        str(gpt_run),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert_clean_failure(
+        capsys, argv, f"a run's tokenizer is in its tokenizer/ folder, {gpt_run / 'tokenizer'}"
+    )
+
+
+def test_a_gpt_window_too_short_is_named_as_a_window():
+    config = clm_config()
+    config.data.max_seq_length = 2
+    with pytest.raises(
+        BertforgeError, match=r"at least 3 \(a window of text whose tokens predict the next ones\)"
+    ):
+        validate(config)
+
+
+def test_the_export_tells_transformers_the_length_the_gpt_trained_at(gpt_run, tmp_path):
+    model, tokenizer, config = open_pretrained(gpt_run)
+    config.data.max_seq_length = 24  # of its 64 positions
+    save_model_folder(tmp_path / "model", model, tokenizer, config)
+    assert main(["export", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "hf")]) == 0
+    for folder in (tmp_path / "model", tmp_path / "hf"):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 24
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert len(hf_tokenizer("word " * 100, truncation=True)["input_ids"]) == 24
+
+
 def test_generate_reads_no_more_than_the_length_the_model_was_trained_on(gpt_run, tmp_path, capsys):
     from bertforge.generate import generate
 

@@ -131,6 +131,19 @@ def test_pipelines_truncate_long_texts_to_the_models_positions(exported, run):
     assert len(fill("the [MASK] " + "word " * (2 * positions), tokenizer_kwargs={"truncation": True})) == 5
 
 
+def test_the_tokenizer_files_name_the_length_the_model_trained_at(tmp_path, run):
+    model, tokenizer = bertforge.load(run)
+    config = RunConfig.from_dict(json.loads((run / "final" / "config.json").read_text()))
+    config.data.max_seq_length = 32  # of its 64 positions
+    save_model_folder(tmp_path / "short" / "final", model, tokenizer, config)
+    exported = export_model(tmp_path / "short", tmp_path / "hf")["out"]
+    for folder in (tmp_path / "short" / "final", exported):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 32
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        assert len(hf_tokenizer("word " * 100, truncation=True)["input_ids"]) == 32
+    assert json.loads((exported / "config.json").read_text())["max_position_embeddings"] == 64
+
+
 def test_hugging_face_tokenizers_give_our_ids_on_wikitext_validation(exported):
     ours = load_tokenizer(exported)
     fast = transformers.BertTokenizerFast.from_pretrained(exported)

@@ -168,10 +168,19 @@ def test_fill_mask_predicts_only_real_tokens(padded, capsys):
         ids = torch.tensor([[tokenizer.cls_id, *tokenizer.encode_batch([text])[0], tokenizer.sep_id]])
         mlm, _ = model(ids)
         assert (mlm[ids == tokenizer.mask_id].argmax(-1) >= len(TOKENS)).all()
+        real = mlm[ids == tokenizer.mask_id][:, : len(TOKENS)].softmax(-1)  # (2, tokens)
     predictions = fill_mask(model, tokenizer, text, top_k=100)
     ids = [option["token_id"] for mask in predictions for option in mask]
-    assert len(ids) == 2 * len(TOKENS) and max(ids) < len(TOKENS)
-    assert all(abs(sum(option["score"] for option in mask) - 1) < 1e-4 for mask in predictions)
+    special = list(tokenizer.special_ids)  # never offered
+    assert (
+        len(ids) == 2 * (len(TOKENS) - len(special))
+        and max(ids) < len(TOKENS)
+        and not set(ids) & set(special)
+    )
+    # each mask's scores: the softmax over the real tokens, the special tokens' share left out
+    offered = 1 - real[:, special].sum(-1)
+    for mask, share in zip(predictions, offered.tolist(), strict=True):
+        assert abs(sum(option["score"] for option in mask) - share) < 1e-4
 
     capsys.readouterr()
     assert main(["fill-mask", "--model", str(imported), "--top-k", "5", text]) == 0

@@ -442,7 +442,7 @@ def save_model_folder(
     with atomic_directory(folder) as tmp:
         save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
-        tokenizer.save(tmp, config.model.max_position_embeddings)
+        tokenizer.save(tmp, config.trained_length)
         for name, payload in (notes or {}).items():
             write_json(tmp / name, payload)
 

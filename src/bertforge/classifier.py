@@ -65,7 +65,7 @@ def save_classifier(
         save_weights(model, tmp / WEIGHTS, tokenizer)
         save_json(config, tmp / CONFIG)
         write_json(tmp / LABELS, label_file(labels, task, pairs))
-        tokenizer.save(tmp, config.model.max_position_embeddings)
+        tokenizer.save(tmp, config.trained_length)
 
 
 def warn_unlike_training(trained_on_pairs: bool | None, pairs: list[str | None]) -> None:

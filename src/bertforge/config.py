@@ -195,6 +195,11 @@ class RunConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def trained_length(self) -> int:
+        """The longest sequence the model trains at: its positions past it never train."""
+        return min(self.data.max_seq_length, self.model.max_position_embeddings)
+
     @classmethod
     def from_dict(cls, raw: dict) -> RunConfig:
         """A saved config (a run's `config.json`); settings of earlier versions (`RETIRED`) are dropped."""

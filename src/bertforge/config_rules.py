@@ -162,6 +162,13 @@ def trains_nsp(config) -> bool:
     return (config.data.nsp or config.data.warmup_nsp) and config.model.objective == "mlm"
 
 
+def sequence_layout(config) -> str:
+    """The shortest sequence a run trains on, spelled out."""
+    if config.model.objective == "clm":
+        return "a window of text whose tokens predict the next ones"
+    return "[CLS] A [SEP] B [SEP]" if trains_nsp(config) else "[CLS] A [SEP]"
+
+
 def shortest_sequence(config) -> int:
     """[CLS] a [SEP] b [SEP] (with NSP) or [CLS] a [SEP], with room for one token in each part."""
     return 5 if trains_nsp(config) else 3
@@ -333,7 +340,7 @@ DATA_RULES: list[Rule] = [
         lambda c: c.data.max_seq_length >= shortest_sequence(c),
         lambda c: (
             f"data.max_seq_length must be at least {shortest_sequence(c)} "
-            f"({'[CLS] A [SEP] B [SEP]' if trains_nsp(c) else '[CLS] A [SEP]'}), got {c.data.max_seq_length}"
+            f"({sequence_layout(c)}), got {c.data.max_seq_length}"
         ),
     ),
     Rule(

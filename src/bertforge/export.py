@@ -99,7 +99,7 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     with atomic_directory(out) as tmp:
         save_weights(model, tmp / WEIGHTS)  # tied aliases dropped, as `save_pretrained` does
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
-        tokenizer.save(tmp, config.model.max_position_embeddings)
+        tokenizer.save(tmp, config.trained_length)
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
@@ -136,7 +136,7 @@ def export_gpt(
     tokenizer settings and run config beside them for `import-hf`."""
     with atomic_directory(out) as tmp:
         tokenizer.save(tmp)  # vocab.txt and bertforge_tokenizer.json; tokenizer.json is replaced next
-        write_hf_folder(tmp, model, tokenizer, labels=labels)
+        write_hf_folder(tmp, model, tokenizer, labels=labels, max_length=config.trained_length)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, pairs=pairs))

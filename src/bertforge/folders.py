@@ -72,7 +72,14 @@ from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
 from bertforge.model import BertForPreTraining
 from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
-from bertforge.tokenizer import SETTINGS_FILE, TOKENIZER_FILE, VOCAB_FILE, BertTokenizer, load_tokenizer
+from bertforge.tokenizer import (
+    SETTINGS_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    BertTokenizer,
+    bert_form,
+    load_tokenizer,
+)
 
 POOLER = "bert.pooler."  # older transformers versions saved one in token classifiers, unused
 BERTFORGE_CONFIG = "bertforge_config.json"  # our run config, in a folder that `bertforge export` wrote
@@ -257,8 +264,8 @@ def open_pretrained(
     if folder.has_labels:
         kind, command, opener = fine_tuned_kind(folder.path)
         raise BertforgeError(
-            f"{folder.path} holds {kind} (it has {LABELS}), not a pretrained model with MLM and NSP heads; "
-            f"use `bertforge {command}` (or bertforge.folders.{opener}) for it"
+            f"{folder.path} holds {kind} (it has {LABELS}), not a pretrained model with its "
+            f"pretraining heads; use `bertforge {command}` (or bertforge.folders.{opener}) for it"
         )
     if folder.is_checkpoint:  # its files must be those that were written
         verify_checkpoint(folder.path, (WEIGHTS, CONFIG))
@@ -391,8 +398,9 @@ def read_as_trained(
         and config.data.warmup_seq_length
         and read_state(checkpoint).get("warmup_end_epoch") is None
     )
-    length = config.data.warmup_seq_length if warming_up else config.data.max_seq_length
-    model.max_length = min(length, config.model.max_position_embeddings)
+    model.max_length = (
+        min(config.data.warmup_seq_length, config.trained_length) if warming_up else config.trained_length
+    )
     return model
 
 
@@ -435,7 +443,7 @@ def hf_model_config_and_tokenizer(src: Path) -> tuple[ModelConfig, BertTokenizer
     raw = read_hf_config(src)
     if raw["model_type"] == gpt_convert.MODEL_TYPE:
         model_config = gpt_convert.model_config_from_hf(raw, str(src / CONFIG))
-        return model_config, gpt_convert.bert_tokenizer(read_hf_tokenizer(src))
+        return model_config, bert_form(read_hf_tokenizer(src))
     return bert_convert.model_config_from_hf(raw, src), read_hf_tokenizer(src)
 
 
@@ -481,7 +489,8 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
             raise BertforgeError(f"{src / TOKENIZER_FILE} is not a valid tokenizer file ({error})") from None
     elif not (src / VOCAB_FILE).is_file():
         raise BertforgeError(
-            f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}; it holds no BERT tokenizer"
+            f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}: it holds no tokenizer; copy in the "
+            "model's tokenizer files"
         )
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)

@@ -15,7 +15,7 @@ Owns:
   `OpenAIGPTForSequenceClassification` with its labels (one label: a regression, whose config says
   `problem_type = "regression"`, as transformers' own);
 - the tokenizer's two forms: the generation form written for `transformers`
-  (`write_gpt_tokenizer`) and bertforge's own, restored on import (`bert_tokenizer`).
+  (`write_gpt_tokenizer`) and bertforge's own, restored on import (`tokenizer.bert_form`).
 
 OpenAIGPT fixes two things that `ModelConfig` leaves free, so a model that differs is refused, before
 training and on export, rather than exported wrong (`bertforge.config_rules.OPENAI_GPT_RULES`): the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Regex, Tokenizer, decoders, processors
+from tokenizers import Regex, Tokenizer, decoders
 from torch import nn
 
 from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields
@@ -124,18 +124,19 @@ def from_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
     Saved buffers (the causal mask, position ids) are dropped; `lm_head.weight` is kept when present.
     """
-    if not any(name.startswith("transformer.") for name in weights):  # a bare OpenAIGPTModel's
-        weights = {_prefixed(name): tensor for name, tensor in weights.items()}
+    bare = not any(name.startswith("transformer.") for name in weights)  # a bare OpenAIGPTModel's
     ours = {hf: our for our, hf in GLOBAL_KEYS.items()}
     layer_modules = {hf: (our, conv) for our, (hf, conv) in LAYER_MODULES.items()}
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
+    for given, tensor in weights.items():
+        name = _prefixed(given) if bare else given
         if HF_BUFFERS.match(name):
             continue
         if name in ours:
             out[ours[name]] = tensor.contiguous()
             continue
-        layer, module, kind = _parse(HF_LAYER, name, "an OpenAIGPT")
+        match = HF_LAYER.match(name)
+        layer, module, kind = match.groups() if match else (None, None, None)
         prefix = f"gpt.layer.{layer}"
         if module == FUSED:
             out.update(_split(tensor, kind, prefix))
@@ -143,7 +144,10 @@ def from_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
             our_module, conv = layer_modules[module]
             out[f"{prefix}.{our_module}.{kind}"] = _conv(tensor, conv and kind == "weight")
         else:
-            raise BertforgeError(f"{name} is not a tensor of an OpenAIGPT model")
+            raise BertforgeError(
+                f"the weights hold {given}, not a tensor of an OpenAIGPT model, though config.json says "
+                "openai-gpt: give the weights and config.json of one model"
+            )
     return out
 
 
@@ -274,12 +278,14 @@ def write_hf_folder(
     tokenizer: BertTokenizer | None = None,
     eos_token: str = "[SEP]",
     labels: list[str] | None = None,
+    max_length: int | None = None,
 ) -> None:
-    """`save_hf_folder`'s files, written into the existing `folder` (one being assembled)."""
+    """`save_hf_folder`'s files, written into the existing `folder` (one being assembled); `max_length`:
+    the length the model trained at (default: its positions), where `transformers` truncates."""
     eos_token_id = None if tokenizer is None else _token_id(tokenizer, eos_token)
     write_hf_files(model, folder, eos_token_id=eos_token_id, labels=labels)
     if tokenizer is not None:
-        max_length = model.config.max_position_embeddings
+        max_length = max_length or model.config.max_position_embeddings
         write_gpt_tokenizer(tokenizer, folder, max_length, eos_token, for_generation=labels is None)
 
 
@@ -371,19 +377,6 @@ def write_gpt_tokenizer(
         },
     )
     write_json(folder / "special_tokens_map.json", specials)
-
-
-def bert_tokenizer(tokenizer: BertTokenizer) -> BertTokenizer:
-    """bertforge's form of a tokenizer read from an exported GPT folder: BERT's `[CLS] text [SEP]`
-    post-processor and, for WordPiece, its `##` decoder back in place of the generation form's."""
-    backend = Tokenizer.from_str(tokenizer.backend.to_str())
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)],
-    )
-    backend.decoder = decoders.WordPiece(prefix="##") if tokenizer.kind == "wordpiece" else None
-    return BertTokenizer(backend, tokenizer.kind, tokenizer.lowercase, tokenizer.min_frequency)
 
 
 def _token_id(tokenizer: BertTokenizer, token: str) -> int:

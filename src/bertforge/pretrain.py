@@ -100,7 +100,7 @@ from bertforge.shards import (
     token_counts,
 )
 from bertforge.signals import StoppedEarly, signal_of
-from bertforge.tokenizer import BertTokenizer, load_tokenizer
+from bertforge.tokenizer import BertTokenizer, load_given_tokenizer, load_tokenizer
 from bertforge.train import Objective, train
 from bertforge.window_init import init_window_model
 
@@ -608,7 +608,7 @@ def run_tokenizer(
     if resume:
         return run_own_tokenizer(out, config)
     if tokenizer_dir:
-        return load_tokenizer(Path(tokenizer_dir))
+        return load_given_tokenizer(Path(tokenizer_dir))
     if not corpus_files:
         raise BertforgeError(
             "training on prepared shards (data.shards) needs the tokenizer that prepared them: "

@@ -131,7 +131,8 @@ class BertTokenizer:
 
     def save(self, out_dir: str | Path, max_length: int | None = None) -> Path:
         """Write `tokenizer.json`, `vocab.txt`, `tokenizer_config.json` and `bertforge_tokenizer.json`
-        into `out_dir`. `max_length`, a model's positions, tells `transformers` where to truncate.
+        into `out_dir`. `max_length`, the length the model trained at, tells `transformers` where to
+        truncate.
 
         A new folder appears complete or not at all; in an existing folder (a model folder being
         assembled, say) each file is replaced atomically and other files are left alone.
@@ -327,14 +328,36 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
         kind, lowercase = "wordpiece", settings.get("lowercase", True)
         backend = _new_backend(kind, lowercase, _read_vocab(source))
     else:
+        run = f"; a run's tokenizer is in its tokenizer/ folder, {path / 'tokenizer'}"
         raise BertforgeError(
             f"tokenizer folder {path} holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}; "
             "train a tokenizer into it or point to another folder"
+            + (run if (path / "tokenizer").is_dir() else "")
         )
     tokenizer = BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
     if source.name == TOKENIZER_FILE:  # what the settings file recorded when saved with this tokenizer.json
         tokenizer.saved_fingerprint = settings.get("fingerprint")
     return tokenizer
+
+
+def load_given_tokenizer(path: str | Path) -> BertTokenizer:
+    """A tokenizer folder a user names (`--tokenizer`): `load_tokenizer`'s, in bertforge's form where it
+    is a GPT export's (`bert_form`)."""
+    tokenizer = load_tokenizer(path)
+    return tokenizer if tokenizer.backend.post_processor is not None else bert_form(tokenizer)
+
+
+def bert_form(tokenizer: BertTokenizer) -> BertTokenizer:
+    """bertforge's form of a tokenizer from an exported GPT folder, which frames nothing and decodes for
+    text generation: BERT's `[CLS] text [SEP]` post-processor and, for WordPiece, its `##` decoder back."""
+    backend = Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)],
+    )
+    backend.decoder = decoders.WordPiece(prefix="##") if tokenizer.kind == "wordpiece" else None
+    return BertTokenizer(backend, tokenizer.kind, tokenizer.lowercase, tokenizer.min_frequency)
 
 
 def _read_settings(path: Path) -> dict:

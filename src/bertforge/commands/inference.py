@@ -184,8 +184,8 @@ def add_import_command(commands) -> None:
         "import-hf",
         help="turn a local Hugging Face BERT or OpenAIGPT folder into a bertforge model",
         description="Read a local Hugging Face BERT folder (config.json; model.safetensors or "
-        "pytorch_model.bin; tokenizer.json or vocab.txt), or an OpenAIGPT one with model.safetensors and a "
-        "WordPiece tokenizer.json (as `bertforge export` writes), and write a bertforge model folder, to "
+        "pytorch_model.bin; tokenizer.json or vocab.txt), or an OpenAIGPT one with either weights file and "
+        "a WordPiece tokenizer.json (as `bertforge export` writes), and write a bertforge model folder, to "
         "continue pretraining from it with `bertforge pretrain --init`.",
     )
     p.add_argument("--from", dest="source", type=Path, required=True, help="the Hugging Face folder")
@@ -360,10 +360,20 @@ def run_generate(args) -> int:
     from bertforge.generate import generate
     from bertforge.model import reading_length
 
+    if args.temperature == 0:  # a common way to ask for the most likely tokens
+        if not args.greedy:
+            raise BertforgeError("--temperature must be above 0; for the most likely tokens, give --greedy")
+        args.temperature = 1.0  # greedy decoding reads no temperature
     model, tokenizer, config = load_on_device(args, objective="clm")
     prompt = tokenizer.encode_batch([args.prompt])[0]
     if not prompt:
         raise BertforgeError("the prompt is empty (it has no tokens); give some text to continue")
+    if unknown := prompt.count(tokenizer.unk_id):
+        print(
+            f"bertforge: warning: {unknown} of the prompt's {len(prompt)} tokens are unknown to the "
+            "tokenizer: the model reads [UNK] in their place",
+            file=sys.stderr,
+        )
     ids = generate(
         model,
         torch.tensor(prompt, device=next(model.parameters()).device),
@@ -377,7 +387,9 @@ def run_generate(args) -> int:
         window=reading_length(model),  # positions past it were never trained
         vocab_size=tokenizer.vocab_size,
     ).tolist()
-    text = tokenizer.decode(ids, skip_special_tokens=True)
+    # The prompt as typed, then what the model added (as Hugging Face's text-generation pipeline shows it).
+    shown_prompt = tokenizer.decode(prompt, skip_special_tokens=True)
+    text = args.prompt + tokenizer.decode(ids, skip_special_tokens=True)[len(shown_prompt) :]
     if args.json:
         print(
             json.dumps(

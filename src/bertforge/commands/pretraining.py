@@ -255,7 +255,7 @@ def run_tokenizer_train(args) -> int:
 
 def run_prepare(args) -> int:
     from bertforge.shards import prepare_shards
-    from bertforge.tokenizer import load_tokenizer
+    from bertforge.tokenizer import load_given_tokenizer
 
     if len(args.corpus) > 1:
         raise BertforgeError(
@@ -266,7 +266,7 @@ def run_prepare(args) -> int:
     with nothing_kept_on_ctrl_c(args.out):
         meta = prepare_shards(
             args.corpus[0],
-            load_tokenizer(args.tokenizer),
+            load_given_tokenizer(args.tokenizer),
             args.out,
             format=args.format,
             text_column=args.text_column,
