@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -320,6 +321,10 @@ def test_generate_shows_the_prompt_as_typed_and_says_what_it_could_not_read(gpt_
     out = capsys.readouterr()
     assert json.loads(out.out)["text"].startswith("\u65e5\u672c is ")  # not dropped as [UNK]
     assert "2 of the prompt's 3 tokens are unknown to the tokenizer" in out.err
+    assert main([*argv, "\u65e5\u672c"]) == 0  # nothing of it decodes: the first new word after a space
+    assert re.match(r"\u65e5\u672c [a-z]", json.loads(capsys.readouterr().out)["text"])
+    assert main([*argv, "the album "]) == 0  # a space at its end: not doubled
+    assert re.match(r"the album [a-z]", json.loads(capsys.readouterr().out)["text"])
     assert main([*argv, "--temperature", "0", "the album"]) == 0  # greedy decoding reads no temperature
     capsys.readouterr()
     sampled = ["generate", "--model", str(gpt_run), "the album", "--temperature", "0"]

@@ -4,8 +4,10 @@ and one clear message for every bad input."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from bertforge.checkpoint import save_model_folder
 from bertforge.cli import main
 from bertforge.config import validate
 from bertforge.errors import BertforgeError
+from bertforge.export import export_model
 from bertforge.infer import embed, fill_mask, next_sentence
 from bertforge.model import BertForPreTraining
 from bertforge.tokenizer import load_tokenizer
@@ -170,6 +173,15 @@ def test_a_checkpoint_from_the_sequence_length_warmup_reads_at_the_warmup_length
         fill_mask(during, tokenizer, "[MASK] " + " ".join(["word"] * 20))
     assert bertforge.load(checkpoints / "step_000004")[0].max_length == 64
     assert bertforge.load(tmp_path / "run")[0].max_length == 64  # final/
+    export_model(checkpoints / "step_000002", tmp_path / "hf")  # transformers cuts where training stood
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["model_max_length"] == 16
+    # A state.json from before the warmup's end was recorded: read as trained at full length.
+    state = json.loads((checkpoints / "step_000002" / "state.json").read_text())
+    del state["warmup_end_epoch"]
+    (checkpoints / "step_000002" / "state.json").write_text(json.dumps(state))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning about a warmup
+        assert bertforge.load(checkpoints / "step_000002")[0].max_length == 64
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -268,6 +280,14 @@ def test_output_piped_to_a_reader_that_leaves_ends_quietly(run):
     assert process.stdout.readline() == b"the [MASK] .\n"
     process.stdout.close()  # as `| head -1` does: the rest (about 100 KB) has nowhere to go
     assert process.wait(timeout=120) == 141  # 128 + SIGPIPE, as Unix tools end
+    assert process.stderr.read() == b""
+    # A short output, buffered until the command ends, to a reader gone before it is written.
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen(
+        [*argv[:-1], "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=buffered
+    )
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""
 
 

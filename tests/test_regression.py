@@ -276,6 +276,8 @@ def test_export_is_a_hugging_face_regression_model(regressor, tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["num_labels"] == 1 and config["problem_type"] == "regression"
     assert config["id2label"] == {"0": "score"}
+    for folder in (regressor / "final", out):  # transformers cuts where fine-tuning did: --max-length 48
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 48
     hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     model, tokenizer, labels, _ = open_classifier(regressor)

@@ -231,6 +231,8 @@ def test_a_sequence_length_warmup_is_also_evaluated_at_its_length_and_its_end_is
         return real_metrics(model, batches, *args, **kwargs)
 
     monkeypatch.setattr(bertforge.pretrain, "pretraining_metrics", recording_metrics)
+    figures = []  # loss.png's, drawn and kept instead of written
+    monkeypatch.setattr("bertforge.plots.save_png", lambda draw, path, **_: figures.append(draw()))
     config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=8, eval_every=2)
     config.data.warmup_seq_length, config.data.warmup_seq_fraction = 16, 0.5
     run = tmp_path / "run"
@@ -247,6 +249,7 @@ def test_a_sequence_length_warmup_is_also_evaluated_at_its_length_and_its_end_is
     end = warmup_end(records)
     assert (end.step, end.short, end.full) == (5, 16, 64)
     figure = pretraining_figure(records)
+    assert figures[0].axes[0].get_title() == "MLM loss (train masks 15%, held-out 15%)"  # loss.png's
     lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
     assert list(lines["valid at the warmup's 16 tokens"].get_xdata()) == [0, 2, 4]
     assert list(lines["sequence length 16 to 64 from step 5"].get_xdata()) == [5, 5]  # a vertical line

@@ -409,18 +409,15 @@ def test_the_mlm_panel_says_how_much_training_and_evaluation_mask():
     from bertforge.evaluate import EVAL_MASK_RATE
     from bertforge.plots import pretraining_figure
 
-    def records(*rates):
-        train = [
-            {"step": n, "split": "train", "mlm_loss": 7.0, "mlm_probability": r}
-            for n, r in enumerate(rates, 1)
-        ]
-        return [*train, {"step": len(rates), "split": "valid", "mlm_loss": 5.0, "mlm_accuracy": 0.1}]
+    def title(rates, masking=None):
+        logged = [{"mlm_probability": r} for r in rates] or [{}, {}]  # a fixed rate is not logged
+        train = [{"step": n, "split": "train", "mlm_loss": 7.0, **r} for n, r in enumerate(logged, 1)]
+        valid = {"step": len(train), "split": "valid", "mlm_loss": 5.0, "mlm_accuracy": 0.1}
+        return pretraining_figure([*train, valid], masking).axes[0].get_title()
 
-    title = pretraining_figure(records(0.3, 0.3), EVAL_MASK_RATE).axes[0].get_title()
-    assert title == "MLM loss (train masks 30%, held-out 15%)"
-    assert (
-        pretraining_figure(records(0.3, 0.2, 0.15)).axes[0].get_title() == "MLM loss (train masks 30% to 15%)"
-    )
+    assert title([], (0.3, EVAL_MASK_RATE)) == "MLM loss (train masks 30%, held-out 15%)"
+    assert title([0.3, 0.2, 0.15], (0.3, EVAL_MASK_RATE)) == "MLM loss (train masks 30% to 15%, held-out 15%)"
+    assert title([]) == "MLM loss"
 
 
 def test_plot_command_writes_the_figure(tmp_path, capsys, validated_run):
@@ -451,6 +448,12 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     MetricsLog(empty / "metrics.jsonl").append({"step": 0, "split": "valid", "epoch": 0, "accuracy": 0.5})
     fine_tuned = "is a fine-tuning run, whose curves are in its curves.png; `plot` compares pretraining runs"
     assert_clean_failure(capsys, ["plot", str(empty), "--out", str(tmp_path / "c.png")], fine_tuned)
+    (tmp_path / "finetuned").mkdir()
+    (tmp_path / "finetuned" / "finetune.json").write_text("{}")  # the root of a fine-tuning run
+    argv = ["plot", str(tmp_path / "finetuned"), "--out", str(tmp_path / "c.png")]
+    assert_clean_failure(
+        capsys, argv, "is a fine-tuning run (it has finetune.json), whose seeds draw their curves"
+    )
 
 
 def test_plot_labels_runs_by_folder_name_or_path_when_names_repeat(tmp_path):

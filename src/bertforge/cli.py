@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, usage_line(f"unrecognized arguments: {given}{shell}", f"bertforge {command}"))
     with one_line_warnings(), left_process_group(), sigterm_unwinds():
         try:
-            return args.handler(args)
+            status = args.handler(args)
+            sys.stdout.flush()  # here, where a reader that left is handled, not at the interpreter's exit
+            return status
         except BertforgeError as error:
             flags = COMMON_FLAGS | getattr(args, "setting_flags", {})
             print(f"bertforge: error: {in_flags(str(error), flags)}", file=sys.stderr)
@@ -103,12 +105,13 @@ PIPE_SIGNAL = getattr(signal, "SIGPIPE", 13)
 
 
 def output_reader_left() -> bool:
-    """Whether standard output is a pipe whose reader has gone (poll reports an error on it); if so, what
-    is left to write goes to os.devnull, so that the exit's own flush does not fail again."""
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it, or on macOS
+    a hang-up); if so, what is left to write goes to os.devnull, so that the exit's own flush does not
+    fail again. Without poll (Windows) a broken pipe is an error line."""
     try:
-        poller = select.poll()  # (not on Windows)
+        poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
-        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
             return False
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return True

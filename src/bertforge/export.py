@@ -56,6 +56,7 @@ from bertforge.folders import (
     open_hf_folder,
     pretraining_heads_untrained,
     read_config_and_tokenizer,
+    trained_length,
 )
 from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
@@ -89,8 +90,9 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     config, tokenizer = read_config_and_tokenizer(source)
     labels = read_labels(source.path) if source.has_labels else None
     model, pairs = checked_model(source.path, config, labels), read_pairs(source.path)
+    length = trained_length(config, source.path if source.is_checkpoint else None)  # where transformers cuts
     if config.model.objective == "clm":
-        return export_gpt(model, config, tokenizer, labels, pairs, out)
+        return export_gpt(model, config, tokenizer, labels, pairs, out, length)
     if labels is None:
         model.silence_padded_rows(tokenizer.vocab_size)  # whatever a run or an import left there
     tagger = isinstance(model, BertForTokenClassification)
@@ -99,7 +101,7 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     with atomic_directory(out) as tmp:
         save_weights(model, tmp / WEIGHTS)  # tied aliases dropped, as `save_pretrained` does
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
-        tokenizer.save(tmp, config.trained_length)
+        tokenizer.save(tmp, length)
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
@@ -130,13 +132,15 @@ def export_gpt(
     labels: list[str] | None,
     pairs: bool | None,
     out: Path,
+    length: int,
 ) -> dict:
     """A GPT as an `OpenAIGPTLMHeadModel` folder for `pipeline("text-generation")`, or a GPT classifier as
     an `OpenAIGPTForSequenceClassification` (see `gpt_convert.save_hf_folder`), with our vocab.txt,
-    tokenizer settings and run config beside them for `import-hf`."""
+    tokenizer settings and run config beside them for `import-hf`; `length`: where `transformers`
+    truncates (the length it trained at)."""
     with atomic_directory(out) as tmp:
         tokenizer.save(tmp)  # vocab.txt and bertforge_tokenizer.json; tokenizer.json is replaced next
-        write_hf_folder(tmp, model, tokenizer, labels=labels, max_length=config.trained_length)
+        write_hf_folder(tmp, model, tokenizer, labels=labels, max_length=length)
         save_json(config, tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, pairs=pairs))

@@ -274,10 +274,10 @@ def open_pretrained(
     load_weights(model, folder.path / WEIGHTS)
     model.untrained_heads = pretraining_heads_untrained(folder.path, config)
     model = read_as_trained(model, config, folder.path if folder.is_checkpoint else None)
-    if model.max_length < config.data.max_seq_length:
+    if model.max_length < config.trained_length:
         warnings.warn(
-            f"{folder.path} was written during the {model.max_length}-token sequence-length warmup: "
-            f"it reads texts of up to {model.max_length} tokens",
+            f"{folder.path} was written during the {model.max_length}-token sequence-length warmup: its "
+            f"positions past {model.max_length} had not trained yet",
             stacklevel=2,
         )
     return model.eval(), tokenizer, config
@@ -359,13 +359,12 @@ def open_tagger(path: str | Path) -> tuple[BertForTokenClassification, BertToken
 
 def open_any_model(path: str | Path) -> tuple[torch.nn.Module, BertTokenizer]:
     """Model and tokenizer of any model folder: a pretrained BERT or GPT, a classifier or a tagger."""
-    path = Path(path)
-    labelled = next((p for p in (path / "final", path) if (p / LABELS).is_file()), None)
-    if labelled is None:
-        model, tokenizer, _ = open_pretrained(path)
+    folder = find_model_folder(path)
+    if not folder.has_labels:
+        model, tokenizer, _ = open_pretrained(folder.path)
         return model, tokenizer
-    opener = open_tagger if is_tagger_folder(labelled) else open_classifier
-    model, tokenizer, _, _ = opener(labelled)
+    opener = open_tagger if is_tagger_folder(folder.path) else open_classifier
+    model, tokenizer, _, _ = opener(folder.path)
     return model, tokenizer
 
 
@@ -391,17 +390,20 @@ def read_as_trained(
     model: torch.nn.Module, config: RunConfig, checkpoint: Path | None = None
 ) -> torch.nn.Module:
     """`model`, marked with the length it was trained at (`model.max_length`, which inference reads
-    up to: positions past it never trained). A `checkpoint` written during the sequence-length warmup
-    has trained at the warmup's length only."""
-    warming_up = (
-        checkpoint is not None
-        and config.data.warmup_seq_length
-        and read_state(checkpoint).get("warmup_end_epoch") is None
-    )
-    model.max_length = (
-        min(config.data.warmup_seq_length, config.trained_length) if warming_up else config.trained_length
-    )
+    up to: positions past it never trained)."""
+    model.max_length = trained_length(config, checkpoint)
     return model
+
+
+def trained_length(config: RunConfig, checkpoint: Path | None = None) -> int:
+    """The longest sequence a model has trained at: its run's (`RunConfig.trained_length`), or for a
+    `checkpoint` written during the sequence-length warmup, the warmup's (its state says the warmup
+    has not ended; a state from before it said so counts as ended)."""
+    if checkpoint is not None and config.data.warmup_seq_length:
+        state = read_state(checkpoint)
+        if "warmup_end_epoch" in state and state["warmup_end_epoch"] is None:
+            return min(config.data.warmup_seq_length, config.trained_length)
+    return config.trained_length
 
 
 def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, RunConfig, dict]:

@@ -9,6 +9,10 @@ Inputs longer than the model's maximum (special tokens included; `bertforge.mode
 length it was trained at, where its folder says, else its positions): `fill_mask`
 and `next_sentence` refuse them (cutting a text could drop the mask or change the question),
 `embed` truncates them with a warning (a long document still gets a vector from its beginning).
+
+Each refuses a GPT (`bertforge.generate` continues its texts), and `fill_mask`, `next_sentence` and
+`showcase` a head that never trained (`model.untrained_heads`, as `bertforge.load` marks it): the
+showcase leaves an untrained NSP head out.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from bertforge.batches import pad_batch
 from bertforge.errors import BertforgeError
+from bertforge.folders import HEADS
 from bertforge.model import reading_length
 from bertforge.progress import progress_bar
 from bertforge.runtime import eval_mode, to_device
@@ -318,20 +323,17 @@ def _whole_word(tokenizer: BertTokenizer, ids: list[int], tokens: list[str], pos
     return tokenizer.decode(ids[start:end])
 
 
-_HEADS = {"mlm": "masked-language-model", "nsp": "next-sentence"}
-
-
 def _check_reads(model: torch.nn.Module, function: str, head: str | None = None) -> None:
     """Refuse a GPT, and a BERT whose `head` ("mlm", "nsp") never trained (`model.untrained_heads`, as
     `bertforge.load` marks it): its answers would be noise."""
-    if getattr(model.config, "objective", "mlm") != "mlm":
+    if getattr(getattr(model, "config", None), "objective", "mlm") != "mlm":
         raise BertforgeError(
             f"`{function}` needs a BERT, and this model is a GPT (pretrained with --objective clm), which "
             "predicts the next token: continue a text with bertforge.generate.generate"
         )
     if head in getattr(model, "untrained_heads", ()):
         raise BertforgeError(
-            f"this model's {_HEADS[head]} head never trained (it was pretrained without it, or imported "
+            f"this model's {HEADS[head][1]} head never trained (it was pretrained without it, or imported "
             f"from weights without it), so `{function}` would return noise; use a model pretrained with it"
         )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bertforge.errors import BertforgeError
+from bertforge.folders import folder_kind
 from bertforge.io import atomic_write_bytes, read_json
 from bertforge.metrics_log import MetricsLog
 from bertforge.signals import stop_signals_held
@@ -56,10 +57,11 @@ def save_png(build: Callable[[], Figure], out_png: Path, dpi: int = 110) -> None
     atomic_write_bytes(Path(out_png), buffer.getvalue())
 
 
-def plot_pretraining(metrics_path: Path, out_png: Path, held_out_masking: float | None = None) -> None:
-    """Write `pretraining_figure` of a run's `metrics.jsonl` as a PNG."""
+def plot_pretraining(metrics_path: Path, out_png: Path, masking: tuple[float, float] | None = None) -> None:
+    """Write `pretraining_figure` of a run's `metrics.jsonl` as a PNG; `masking`: a BERT run's (fixed)
+    training and held-out masking rates."""
     records = MetricsLog(Path(metrics_path)).read()
-    save_png(lambda: pretraining_figure(records, held_out_masking), out_png)
+    save_png(lambda: pretraining_figure(records, masking), out_png)
 
 
 @dataclass
@@ -80,16 +82,17 @@ def warmup_end(records: list[dict]) -> WarmupEnd | None:
     return WarmupEnd(ends[-1]["step"], warmup_length(records) or 0, ends[-1]["seq_len"])
 
 
-def pretraining_figure(records: list[dict], held_out_masking: float | None = None) -> Figure:
+def pretraining_figure(records: list[dict], masking: tuple[float, float] | None = None) -> Figure:
     """Three panels: MLM (or, for a GPT run, next-token) loss, NSP loss (train and validation), and
     validation accuracies. With a sequence-length warmup, the held-out curves at the warmup's length
     are drawn too (dashed), and its end is a vertical line: the full-length held-out loss often
     rises while the run trains on short sequences, and drops once it trains at full length. The MLM
-    panel's title gives the share of tokens masked in training and, where given, in evaluation
-    (`held_out_masking`): a higher training rate puts the training loss above the held-out one."""
+    panel's title gives the share of tokens masked in training (a schedule's, as logged; else `masking`'s
+    first) and in evaluation (`masking`'s second): a higher training rate puts the training loss above
+    the held-out one."""
     gpt = any("clm_loss" in record for record in records)
     lm_key, lm_title = (
-        ("clm_loss", "next-token loss") if gpt else ("mlm_loss", masked_loss_title(records, held_out_masking))
+        ("clm_loss", "next-token loss") if gpt else ("mlm_loss", masked_loss_title(records, masking))
     )
     held_out = [("valid", "o-", "")]  # (split, style, what the label adds)
     if short := warmup_length(records):
@@ -115,14 +118,15 @@ def pretraining_figure(records: list[dict], held_out_masking: float | None = Non
     return fig
 
 
-def masked_loss_title(records: list[dict], held_out_masking: float | None) -> str:
-    """ "MLM loss (train masks 30%, held-out 15%)", from the training lines' masking rates (a schedule's
-    first and last)."""
+def masked_loss_title(records: list[dict], masking: tuple[float, float] | None) -> str:
+    """The title "MLM loss (train masks 30%, held-out 15%)": a schedule's first and last rates, from the
+    training lines (which log them), else `masking`'s (training, held-out) rates."""
     rates = [r["mlm_probability"] for r in records if r["split"] == "train" and "mlm_probability" in r]
+    rates = rates or ([masking[0]] if masking else [])
     if not rates:
         return "MLM loss"
     train = f"{rates[0]:.0%}" if rates[0] == rates[-1] else f"{rates[0]:.0%} to {rates[-1]:.0%}"
-    held_out = "" if held_out_masking is None else f", held-out {held_out_masking:.0%}"
+    held_out = "" if masking is None else f", held-out {masking[1]:.0%}"
     return f"MLM loss (train masks {train}{held_out})"
 
 
@@ -242,6 +246,12 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
     if not Path(run_dir).is_dir():
         state = "is not a folder" if Path(run_dir).exists() else "does not exist"
         raise BertforgeError(f"{run_dir} {state}; give run folders written by bertforge pretrain")
+    kind = folder_kind(run_dir)
+    if kind is not None and kind.name in ("fine-tuning run", "GLUE benchmark"):
+        raise BertforgeError(
+            f"{run_dir} is {kind.what}, whose seeds draw their curves in their curves.png; `plot` compares "
+            "pretraining runs"
+        )
     if not path.is_file():
         raise BertforgeError(
             f"{run_dir} has no metrics.jsonl; give run folders written by bertforge pretrain"

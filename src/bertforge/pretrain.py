@@ -375,7 +375,8 @@ def train_and_save(
     )
     if distributed.launched().is_main:
         save_model_folder(out / "final", model.cpu(), tokenizer, config)
-        plot_pretraining(out / "metrics.jsonl", out / "loss.png", EVAL_MASK_RATE)
+        masking = (config.data.mlm_probability, EVAL_MASK_RATE) if mlm else None
+        plot_pretraining(out / "metrics.jsonl", out / "loss.png", masking)
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
 

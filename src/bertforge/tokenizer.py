@@ -357,7 +357,9 @@ def bert_form(tokenizer: BertTokenizer) -> BertTokenizer:
         special_tokens=[("[CLS]", tokenizer.cls_id), ("[SEP]", tokenizer.sep_id)],
     )
     backend.decoder = decoders.WordPiece(prefix="##") if tokenizer.kind == "wordpiece" else None
-    return BertTokenizer(backend, tokenizer.kind, tokenizer.lowercase, tokenizer.min_frequency)
+    return BertTokenizer(
+        backend, tokenizer.kind, tokenizer.lowercase, tokenizer.min_frequency, tokenizer.source
+    )
 
 
 def _read_settings(path: Path) -> dict:

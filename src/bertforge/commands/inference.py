@@ -73,7 +73,10 @@ def add_fill_mask_command(commands) -> None:
     p.add_argument("text", nargs="?", help='a text with one or more [MASK], e.g. "the [MASK] sat on the mat"')
     p.add_argument("--input", type=Path, help="a file with one text per line, instead of TEXT")
     p.add_argument(
-        "--top-k", type=int, default=5, help="predictions per mask (no ## piece where a word starts)"
+        "--top-k",
+        type=int,
+        default=5,
+        help="predictions per mask (no special token, nor a ## piece where a word starts)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per text")
     add_model_arguments(p)
@@ -327,7 +330,7 @@ def run_showcase(args) -> int:
         nsp=trains_nsp(config),
         batch_size=args.batch_size,
     )
-    sentences = f"{len(examples)} {plural('sentence', len(examples))}"
+    sentences = f"{len(examples):,} {plural('sentence', len(examples))}"
     if len(examples) < args.sentences:
         fit = "a next sentence, a content word to mask, within the model's length"
         print(
@@ -387,9 +390,11 @@ def run_generate(args) -> int:
         window=reading_length(model),  # positions past it were never trained
         vocab_size=tokenizer.vocab_size,
     ).tolist()
-    # The prompt as typed, then what the model added (as Hugging Face's text-generation pipeline shows it).
+    # The prompt as typed, then what the model added (as Hugging Face's text-generation pipeline shows it);
+    # a prompt that decodes to nothing (all [UNK]) gets a space before the first new word.
     shown_prompt = tokenizer.decode(prompt, skip_special_tokens=True)
-    text = args.prompt + tokenizer.decode(ids, skip_special_tokens=True)[len(shown_prompt) :]
+    added = tokenizer.decode(ids, skip_special_tokens=True)[len(shown_prompt) :]
+    text = args.prompt.rstrip() + (" " if added and not shown_prompt else "") + added
     if args.json:
         print(
             json.dumps(
