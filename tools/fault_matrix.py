@@ -1524,8 +1524,8 @@ READERS: dict[str, tuple[Callable[[Trace, Path], list], set[str], set[str]]] = {
     ),
     "attention": (
         lambda t, m: ["attention", "--model", m, "the game sold well .", "--out", t.path("out.png")],
-        BERTS | GPTS,
-        CLASSIFIERS,
+        MODELS,  # fine-tuned classifiers and taggers too
+        set(),
     ),
     "generate": (
         lambda t, m: ["generate", "--model", m, "the album", "--max-new-tokens", "3", "--greedy"],
