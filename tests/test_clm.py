@@ -200,10 +200,12 @@ def test_pretrain_objective_clm_on_the_command_line(
             "--set",
             "data.eval_max_pairs=16",
         ),
+        *("--no-nsp", "--set", "data.mlm_probability=0.3"),  # BERT's, which a GPT reads none of
     ]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed, warned = capsys.readouterr()
     assert "held-out: clm_loss" in printed and "clm_accuracy" in printed and "next-token loss" in printed
+    assert "bertforge: warning: data.mlm_probability, --no-nsp: a GPT (--objective clm) trains on" in warned
     config = read_config(out)
     model = config.model
     assert (model.objective, model.hidden_act, model.layer_norm_eps, model.hidden_size) == (

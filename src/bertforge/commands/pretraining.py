@@ -331,7 +331,35 @@ def pretrain_config(args) -> RunConfig:
     if args.resume:
         refuse_reshaping(saved, config, args.out)
     validate(config)
+    warn_unread_by_a_gpt(config, args)
     return config
+
+
+# BERT's sentence pairs and masking, which a GPT's next-token objective reads none of
+BERT_ONLY = (
+    "data.nsp",
+    "data.warmup_nsp",
+    "data.short_seq_prob",
+    "data.mlm_probability",
+    "data.final_mlm_probability",
+    "data.max_predictions_per_seq",
+    "data.whole_word_masking",
+)
+
+
+def warn_unread_by_a_gpt(config: RunConfig, args) -> None:
+    """Name the BERT-only settings given on the command line of a GPT run (a config file's are left
+    alone: one file may serve both objectives)."""
+    if config.model.objective != "clm":
+        return
+    given = {item.partition("=")[0].strip() for item in args.set or []}
+    named = [key for key in BERT_ONLY if key in given] + (["--no-nsp"] if args.no_nsp else [])
+    if named:
+        print(
+            f"bertforge: warning: {', '.join(named)}: a GPT (--objective clm) trains on contiguous text "
+            "without masks or sentence pairs, and reads none of this",
+            file=sys.stderr,
+        )
 
 
 def refuse_resume_flags(args) -> None:
