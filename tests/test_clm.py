@@ -335,6 +335,18 @@ def test_generate_shows_the_prompt_as_typed_and_says_what_it_could_not_read(gpt_
     )
 
 
+def test_a_long_generation_shows_its_progress_unless_quiet(gpt_run, capsys):
+    argv = ["generate", "--model", str(gpt_run), PROMPT, "--greedy", "--max-new-tokens", "200"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "generate" in err and "tokens" in err and "about" in err  # plain lines here, a bar on a terminal
+    assert out.startswith(PROMPT)
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr() == (out, "")
+    assert main([*argv[:-1], "10"]) == 0  # a short one: no bar
+    assert capsys.readouterr().err == ""
+
+
 def test_a_tokenizer_taken_from_a_gpt_export_frames_and_decodes_as_bertforge_does(gpt_run, gpt_export):
     from bertforge.tokenizer import load_given_tokenizer
 

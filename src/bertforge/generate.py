@@ -19,6 +19,7 @@ from torch import Tensor
 
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel, KVCache
+from bertforge.progress import Progress, progress_bar
 from bertforge.runtime import eval_mode
 
 
@@ -38,6 +39,7 @@ def generate(
     use_cache: bool = True,
     window: int | None = None,
     vocab_size: int | None = None,
+    show_progress: bool = False,
 ) -> Tensor:
     """The prompts `input_ids` (B, T) or (T,) followed by up to `max_new_tokens` new tokens each.
 
@@ -47,14 +49,16 @@ def generate(
     model runs in eval mode (no dropout) and is put back in its former mode afterwards. `window`: the
     most tokens a prediction reads (default and at most the model's positions). `vocab_size`: the
     tokenizer's tokens, the only ids chosen (default: every output row; an import may have padded rows).
+    `show_progress`: a bar over the new tokens on standard error.
     """
     check_settings(input_ids, max_new_tokens, temperature, top_k, top_p)
     positions = model.config.max_position_embeddings
     window = positions if window is None else min(window, positions)
     ids = input_ids if input_ids.dim() == 2 else input_ids[None]  # (B, T)
     pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device, vocab_size)
-    with eval_mode(model):
-        ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache, window)
+    bar = progress_bar(total=max_new_tokens, unit="token", desc="generate", disable=not show_progress)
+    with eval_mode(model), bar:
+        ids = _decode(model, ids, max_new_tokens, pick, eos_token_id, pad_token_id, use_cache, window, bar)
     return ids if input_ids.dim() == 2 else ids[0]
 
 
@@ -85,6 +89,7 @@ def _decode(
     pad_token_id: int | None,
     use_cache: bool,
     window: int,
+    bar: Progress,
 ) -> Tensor:
     """The decoding loop: ids (B, T) -> (B, T + n), n <= max_new_tokens."""
     pad = eos_token_id if pad_token_id is None else pad_token_id
@@ -97,6 +102,7 @@ def _decode(
             token = token.masked_fill(finished, pad)
             finished |= token == eos_token_id
         ids = torch.cat([ids, token[:, None]], dim=1)  # (B, T + 1)
+        bar.update(1)
         if finished.all():
             break
     return ids

@@ -24,6 +24,7 @@ from bertforge.labeled import read_lines
 
 MODEL_HELP = "a run folder, its final/, a checkpoint, an imported or an exported (Hugging Face) folder"
 PROGRESS_FROM = 1000  # texts: below this, embed shows no progress bar
+GENERATE_PROGRESS_FROM = 200  # new tokens: below this, generate shows no progress bar
 WRONG_MODEL = {  # the objective a command needs -> why a model of the other kind is refused
     "mlm": "{model} holds a GPT (pretrained with --objective clm), which predicts the next token; "
     "`{command}` needs a BERT: continue a text with `bertforge generate --model {model} TEXT`",
@@ -155,6 +156,9 @@ def add_generate_command(commands) -> None:
     )
     p.add_argument("--seed", type=int, help="repeat a draw exactly (on the same device)")
     p.add_argument("--json", action="store_true", help="one JSON object: the text and the token ids")
+    p.add_argument(
+        "--quiet", action="store_true", help=f"no progress bar (shown from {GENERATE_PROGRESS_FROM} tokens)"
+    )
     add_device_argument(p)
     p.set_defaults(handler=run_generate)
 
@@ -389,6 +393,7 @@ def run_generate(args) -> int:
         eos_token_id=tokenizer.sep_id,
         window=reading_length(model),  # positions past it were never trained
         vocab_size=tokenizer.vocab_size,
+        show_progress=not args.quiet and args.max_new_tokens >= GENERATE_PROGRESS_FROM,
     ).tolist()
     # The prompt as typed, then what the model added (as Hugging Face's text-generation pipeline shows it);
     # a prompt that decodes to nothing (all [UNK]) gets a space before the first new word.
