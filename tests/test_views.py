@@ -454,6 +454,9 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     assert_clean_failure(
         capsys, argv, "is a fine-tuning run (it has finetune.json), whose seeds draw their curves"
     )
+    (tmp_path / "finetuned" / "pretrained").mkdir()  # one arm of it, its seeds below
+    argv = ["plot", str(tmp_path / "finetuned" / "pretrained"), "--out", str(tmp_path / "c.png")]
+    assert_clean_failure(capsys, argv, "is one arm of a fine-tuning run (it has finetune.json), whose seeds")
 
 
 def test_plot_labels_runs_by_folder_name_or_path_when_names_repeat(tmp_path):
