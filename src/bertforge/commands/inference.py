@@ -324,15 +324,9 @@ def run_showcase(args) -> int:
     from bertforge.progress import plural
 
     documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
-    model, tokenizer, config = load_on_device(args)
+    model, tokenizer, _ = load_on_device(args)
     examples = showcase(
-        model,
-        tokenizer,
-        documents,
-        count=args.sentences,
-        seed=args.seed,
-        nsp=trains_nsp(config),
-        batch_size=args.batch_size,
+        model, tokenizer, documents, count=args.sentences, seed=args.seed, batch_size=args.batch_size
     )
     sentences = f"{len(examples):,} {plural('sentence', len(examples))}"
     if len(examples) < args.sentences:
@@ -350,7 +344,8 @@ def run_showcase(args) -> int:
         print(f"    true: {example['answer']:<14} {'HIT ' if example['hit'] else 'miss'}  top-5: {guesses}")
     print(f"  the true word is in the top 5 for {hits} of {sentences}")
     if "p_next" not in examples[0]:
-        why = "the model's NSP head never trained" if not trains_nsp(config) else "the text has one document"
+        never_trained = "nsp" in model.untrained_heads
+        why = "the model's NSP head never trained" if never_trained else "the text has one document"
         print(f"\nnext sentence prediction left out: {why}")
     else:
         print("\nnext sentence prediction: P(B follows A), for the true next sentence and a random one")
