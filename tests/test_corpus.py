@@ -94,6 +94,17 @@ def test_text_reader_ends_sentences_at_line_breaks_and_documents_at_blank_lines(
     assert list(read_documents(path, format="text")) == list(read_documents(path))
 
 
+def test_text_with_carriage_returns_alone_ends_lines_there(tmp_path):
+    """Classic Mac OS files end lines with CR alone: read as one line, the whole file was one document."""
+    text = "First doc.\n\nSecond doc, line one\nline two.\n"
+    unix = write(tmp_path / "unix.txt", text)
+    mac = tmp_path / "mac.txt"
+    mac.write_bytes(text.replace("\n", "\r").encode())
+    expected = [["First doc."], ["Second doc, line one", "line two."]]
+    assert list(read_documents(unix)) == expected
+    assert list(read_documents(mac)) == expected
+
+
 def test_text_without_capitals_or_full_stops_keeps_a_sentence_a_line(tmp_path):
     """Google's input format (a sentence a line, a blank line between documents) in lower case and
     without punctuation, as many corpora come: each line stays a sentence, as in a JSON line."""

@@ -169,7 +169,9 @@ class _Lines:
         compressed = is_gzip(self.path)
         with self.path.open("rb") as handle:
             lines = self._gunzip(handle) if compressed else handle
-            for number, raw in enumerate(lines, 1):
+            number = 0
+            for raw in lines:
+                number += 1
                 if number == 1 and (kind := _binary_kind(raw)):
                     raise BertforgeError(f"{self.path} is {kind}")
                 try:
@@ -188,7 +190,11 @@ class _Lines:
                 self.consumed = handle.tell() if compressed else self.bytes_read
                 if number == 1:
                     line = line.removeprefix("\ufeff")
-                yield number, line.rstrip("\r\n")
+                *ended_by_cr, line = line.rstrip("\r\n").split("\r")  # classic Mac OS line ends
+                for part in ended_by_cr:
+                    yield number, part
+                    number += 1
+                yield number, line
 
     def _gunzip(self, handle) -> Iterator[bytes]:
         try:
