@@ -229,6 +229,22 @@ def test_precision_probe_times_a_gpts_vocabulary_projection():
     assert machine_key(bert) == machine_key(ModelConfig(vocab_size=8))  # BERT's probe ignores the vocabulary
 
 
+def test_a_gpt_run_on_a_bert_config_file_records_no_sentence_pairs(tmp_path):
+    """A config file that trains BERT with NSP serves a GPT too, which trains none: its config says so."""
+    from bertforge.cli import build_parser
+    from bertforge.commands.pretraining import pretrain_config
+
+    (tmp_path / "bert.toml").write_text('preset = "mini"\n[data]\nnsp = true\n')
+
+    def config(*flags):
+        argv = ["pretrain", *flags, "--config", str(tmp_path / "bert.toml"), "--corpus", "x", "--out", "y"]
+        return pretrain_config(build_parser().parse_args(argv))
+
+    assert config().data.nsp
+    gpt = config("--objective", "clm")
+    assert (gpt.model.objective, gpt.data.nsp) == ("clm", False)
+
+
 # ------------------------------------------------------------------------------ using the model
 
 

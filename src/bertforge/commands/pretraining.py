@@ -330,6 +330,8 @@ def pretrain_config(args) -> RunConfig:
     apply_overrides(config, args.set)
     if args.resume:
         refuse_reshaping(saved, config, args.out)
+    elif config.model.objective == "clm":
+        config.data.nsp = False  # a config file's, for BERT: the run's config.json says what a GPT trains
     validate(config)
     warn_unread_by_a_gpt(config, args)
     return config
