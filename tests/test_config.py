@@ -143,7 +143,7 @@ def test_what_openai_gpt_cannot_hold_is_refused_for_a_gpt_only():
         ("train.max_steps=many", "must be int"),
         ("data.nsp=1", "must be bool"),
         ("no_dot=1", "section.key=value"),
-        ("data.warmup_seq_epochs=3", "data.warmup_seq_epochs was replaced by data.warmup_seq_fraction"),
+        ("data.warmup_seq_epochs=3", "data.warmup_seq_epochs is not a setting; use data.warmup_seq_fraction"),
     ],
 )
 def test_bad_overrides(override, message):

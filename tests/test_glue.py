@@ -46,7 +46,6 @@ from bertforge.glue_scores import (
     split_figures,
     task_score,
 )
-from bertforge.io import file_sha256
 from bertforge.progress import RunsProgress
 from bertforge.tokenizer import load_tokenizer
 from bertforge.train import train
@@ -700,29 +699,11 @@ def test_a_rerun_adds_tasks_seeds_and_the_scratch_arm_without_running_finished_r
     (out / "glue_task.json").write_text(json.dumps(settings), encoding="utf-8")
     run_glue(larger, out, show_progress=False)  # the same command continues it
     assert trained == []
-    rewrite_as_both_orders_in_file(out, "STS-B")
-    lines = (out / "data" / "STS-B" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    run_glue(larger, out, show_progress=False)  # it continues on that file
-    assert trained == [] and (out / "data" / "STS-B" / "train.jsonl").read_text().splitlines() == lines
     with pytest.raises(BertforgeError, match=r"other settings \(compare_scratch\); a rerun may add"):
         run_glue(replace(larger, compare_scratch=False), out, show_progress=False)
     faster = {**larger.recipes["RTE"], "learning_rate": 1e-2}
     with pytest.raises(BertforgeError, match=r"other settings \(recipes\); a rerun may add"):
         run_glue(replace(larger, recipes={**larger.recipes, "RTE": faster}), out, show_progress=False)
-
-
-def rewrite_as_both_orders_in_file(out: Path, name: str) -> None:
-    """The task's training file and finetune.json as glue wrote them when it put both orders in the
-    file: the pairs, then the same pairs swapped, and no `both_orders` in the task."""
-    data_file, saved = out / "data" / name / "train.jsonl", out / name / "finetune.json"
-    rows = [json.loads(line) for line in data_file.read_text(encoding="utf-8").splitlines()]
-    swapped = [{"text": row["pair"], "label": row["label"], "pair": row["text"]} for row in rows]
-    lines = [json.dumps(row, ensure_ascii=False) for row in rows + swapped]
-    data_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    payload = json.loads(saved.read_text(encoding="utf-8"))
-    del payload["task"]["both_orders"]
-    payload["data_sha256"]["train"] = file_sha256(data_file)
-    saved.write_text(json.dumps(payload), encoding="utf-8")
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")

@@ -68,7 +68,7 @@ def cache_key(*parts) -> str:
 
 
 def _column_part(formats: list[str], text_column: str) -> list[str]:
-    """The text column as a key part when it matters; empty for the default, so older keys still hit."""
+    """The text column as a key part when it matters; empty for the default, which keys leave out."""
     uses_column = any(fmt in COLUMN_FORMATS for fmt in formats)
     return [text_column] if uses_column and text_column != DEFAULT_TEXT_COLUMN else []
 
@@ -89,7 +89,7 @@ def cached_tokenizer(
         asdict(config),
         formats,
         *_column_part(formats, text_column),
-        f"trainer-v{TRAINING_VERSION}",  # a vocabulary from an older trainer is not reused
+        f"trainer-v{TRAINING_VERSION}",  # a vocabulary of another trainer version is not reused
     )
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():

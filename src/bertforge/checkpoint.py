@@ -19,8 +19,8 @@ flipped bit in a model folder is an error, not wrong predictions.
 Every folder is written beside its final name and renamed into place, so a crash never leaves a
 half-written checkpoint that `--resume` would pick up; a checkpoint damaged later (a flipped bit,
 a truncated file, a removed file) fails its hash check and is reported as `DamagedCheckpoint`.
-A checkpoint without checksums.json, whose state.json does not say it has one, is of the older
-layout: the hashes in its state.json are checked (if it has any); its state.json cannot be.
+A checkpoint without checksums.json, whose state.json does not say it has one, is checked against the
+hashes its state.json holds (if any); its state.json itself cannot be.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path) -> Non
 
 def weights_tokenizer(path: Path) -> str | None:
     """The fingerprint of the tokenizer named in a weights file's metadata; None where there is none
-    (older files, Hugging Face's) or the file cannot be read (reading the weights then says why)."""
+    (files written without it, Hugging Face's) or the file cannot be read (reading the weights says why)."""
     try:
         with safe_open(str(path), "pt") as weights:
             return (weights.metadata() or {}).get(TOKENIZER_METADATA)
@@ -123,7 +123,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     fix = "use another checkpoint" if in_checkpoint else "replace it with an intact copy of the model"
     try:
         with safe_open(str(path), "pt") as weights:
-            expected = (weights.metadata() or {}).get(TENSORS_METADATA)  # none in older or others' files
+            expected = (weights.metadata() or {}).get(TENSORS_METADATA)  # none in files written without it
             tensors = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as error:
         raise DamagedCheckpoint(f"{path} is damaged and cannot be read ({error}); {fix}") from None
@@ -273,7 +273,7 @@ def write_checksums(folder: Path, known: dict[str, str]) -> None:
 
 def verify_checkpoint(path: Path, names: tuple[str, ...] | None = None) -> None:
     """Check the files of checkpoint folder `path` (all of them, or `names`) against its
-    checksums.json; a checkpoint of the older layout, without one, against its state.json's hashes."""
+    checksums.json; a checkpoint without one (see the module's docstring) against its state.json's hashes."""
     manifest = path / CHECKSUMS
     if not manifest.is_file():
         state = read_state(path)

@@ -202,7 +202,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> RunConfig:
-        """A saved config (a run's `config.json`); settings of earlier versions (`RETIRED`) are dropped."""
+        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped."""
         config = cls()
         current = {
             section: {key: value for key, value in values.items() if f"{section}.{key}" not in RETIRED}
@@ -214,8 +214,8 @@ class RunConfig:
         return config
 
 
-# Settings that earlier versions had, with what replaced them: a saved run's config drops them, and a
-# user's config or `--set` that names one is told the replacement.
+# Retired settings, with what takes their place: a saved run's config drops them, and a user's config or
+# `--set` that names one is told the replacement.
 RETIRED: dict[str, str] = {
     "data.warmup_seq_epochs": "data.warmup_seq_fraction (the share of the run's steps or time budget)",
 }
@@ -327,7 +327,7 @@ def _set_field(section, section_name: str, key: str, value, origin: str) -> None
     known = {f.name: f for f in fields(section)}
     replacement = RETIRED.get(f"{section_name}.{key}")
     if replacement:
-        raise BertforgeError(f"{origin}: {section_name}.{key} was replaced by {replacement}")
+        raise BertforgeError(f"{origin}: {section_name}.{key} is not a setting; use {replacement}")
     if key not in known:
         raise BertforgeError(
             f"{origin}: unknown setting {section_name}.{key}; {section_name} settings are {', '.join(known)}"
@@ -341,7 +341,7 @@ def _coerce(value, expected, name: str, origin: str):
         expected = next(t for t in get_args(expected) if t is not type(None))
     if typing.get_origin(expected) is Literal:  # a string here; `validate` checks it is one of the choices
         expected = str
-    if expected == list[str]:  # one string is a list of one (config.json files of older versions)
+    if expected == list[str]:  # one string is a list of one (a config.json may hold either)
         items = ([value] if value else []) if isinstance(value, str) else value
         if isinstance(items, list) and all(isinstance(item, str) for item in items):
             return list(items)

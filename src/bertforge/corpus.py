@@ -24,7 +24,7 @@ from bertforge.errors import BertforgeError, to_utf8
 
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 2  # 2: a line break ends a sentence in plain text; cached text shards key on it
+READER_VERSION = 3  # 2: a line break ends a sentence, 3: a CR alone is a line break; text shards key on it
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 

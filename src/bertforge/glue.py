@@ -31,7 +31,6 @@ Each run's best epoch is chosen on the first dev file, which also scores it (as 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -80,7 +79,7 @@ from bertforge.io import (
     remove_folder,
     write_json,
 )
-from bertforge.labeled import LabeledExamples, in_both_orders
+from bertforge.labeled import LabeledExamples
 from bertforge.model import reading_length
 from bertforge.progress import RunsProgress
 from bertforge.runtime import resolve_device
@@ -186,9 +185,7 @@ def run_glue(
         if saved != whole:
             write_json(out / SETTINGS, asdict(whole))  # new, or grown
         files = {
-            name: write_task_files(
-                out / "data" / name, data, recipe_of(bench, name), saved_train_hashes(out, name)
-            )
+            name: write_task_files(out / "data" / name, data, recipe_of(bench, name))
             for name, data in datas.items()
         }
         tasks, runs_at_once = run_tasks(bench, datas, files, out, say, jobs, bool(only_tasks), show_progress)
@@ -454,42 +451,25 @@ class TaskFiles:
     dev: Path
     train_examples: int
     train_examples_in_file: int
-    both_orders_in_file: bool = False  # the training file holds each pair, then each pair swapped
     majority: str | None = None  # the most frequent label of the examples trained on; None: regression
 
 
-def write_task_files(
-    folder: Path, data: TaskData, recipe: Recipe, saved_hashes: frozenset[str] = frozenset()
-) -> TaskFiles:
+def write_task_files(folder: Path, data: TaskData, recipe: Recipe) -> TaskFiles:
     """The training examples (a fixed random subset of `max_train_examples`) and the first dev file as
-    JSON lines; a file whose content is unchanged is left as it is. With `both_orders` fine-tuning
-    swaps the pairs itself, but where `saved_hashes` (`saved_train_hashes`) hold the file with both
-    orders written in, as glue once wrote it, the runs begun on it continue on it."""
+    JSON lines; a file whose content is unchanged is left as it is (fine-tuning swaps the pairs of a
+    `both_orders` recipe itself)."""
     total = len(data.train)
     keep = np.arange(total)
     if 0 < recipe.max_train_examples < total:
         rng = np.random.default_rng(SUBSET_SEED)
         keep = np.sort(rng.choice(total, recipe.max_train_examples, replace=False))
     train, dev = folder / "train.jsonl", folder / "dev.jsonl"
-    text, in_file = jsonl(data.train, keep), False
-    if recipe.both_orders and saved_hashes:  # only runs saved earlier can have begun on such a file
-        doubled = jsonl(in_both_orders(data.train), np.concatenate([keep, keep + total]))
-        in_file = hashlib.sha256(doubled.encode("utf-8")).hexdigest() in saved_hashes
-        text = doubled if in_file else text
-    write_if_changed(train, text)
+    write_if_changed(train, jsonl(data.train, keep))
     first_dev = data.dev[data.spec.dev[0]]
     write_if_changed(dev, jsonl(first_dev, np.arange(len(first_dev))))
     kept_labels = [data.train.labels[i] for i in keep]
     majority = None if data.spec.kind == "regression" else majority_label(kept_labels)
-    return TaskFiles(train, dev, len(keep), total, in_file, majority)
-
-
-def saved_train_hashes(out: Path, name: str) -> frozenset[str]:
-    """The training file's hash that each of the task's fine-tuning folders (its runs, its sweep's
-    grid points) began on."""
-    folders = [out / name, *(out / "sweep" / name).glob("*")]
-    saved = [read_json(folder / TASK) for folder in folders if (folder / TASK).is_file()]
-    return frozenset(payload.get("data_sha256", {}).get("train", "") for payload in saved)
+    return TaskFiles(train, dev, len(keep), total, majority)
 
 
 def jsonl(examples: LabeledExamples, keep: np.ndarray) -> str:
@@ -526,7 +506,7 @@ def finetune_task(
         dropout=recipe.dropout,
         task_type=data.spec.kind,
         best_by=BEST_EPOCH_BY.get(data.spec.name),
-        both_orders=recipe.both_orders and not files.both_orders_in_file,
+        both_orders=recipe.both_orders,
     )
 
 

@@ -14,7 +14,7 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.de
     """AdamW; biases and LayerNorm weights get no weight decay (as in Google's BERT optimizer). Each
     group's `lr_scale` multiplies the schedule's rate (`train.layer_decay`, by depth)."""
     groups: dict[tuple[bool, int], list] = {}
-    by_depth = train.layer_decay != 1.0  # else the two groups of one rate that older checkpoints hold
+    by_depth = train.layer_decay != 1.0  # else two groups of one rate, as a checkpoint may hold them
     layers = model.config.num_hidden_layers if by_depth else 0
     for name, param in model.named_parameters():
         if param.requires_grad:

@@ -231,7 +231,7 @@ class RunCurves:
     minutes: np.ndarray
     loss: np.ndarray
     accuracy: np.ndarray
-    estimated: bool  # an older run without token counts: tokens from batch size x sequence length
+    estimated: bool  # a metrics.jsonl without token counts: tokens from batch size x sequence length
 
 
 def run_curves(run_dir: Path, label: str) -> RunCurves:

@@ -570,8 +570,9 @@ def reads_plain_text(corpus_files: list[Path], data: DataConfig) -> bool:
 
 
 def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
-    """Refuse to resume on text other than the run started on, or on plain text this reader splits into other
-    sentences (data.json without `text_reader`: version 1); runs from before data.json: unchecked."""
+    """Refuse to resume on text other than the run started on, or on plain text read by another version of
+    the reader (`corpus.READER_VERSION`; data.json without `text_reader`: version 1), whose sentences may
+    differ; a run folder without data.json is not checked."""
     if not (out / DATA).is_file():
         return
     saved = read_json(out / DATA)
@@ -584,8 +585,9 @@ def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None
     )
     if plain_text and saved.get("text_reader", 1) != READER_VERSION:
         raise BertforgeError(
-            f"the run in {out} started under a bertforge that split plain text into other sentences "
-            "(this one ends a sentence at every line break), so its sentence pairs would change; pass "
+            f"the run in {out} read its plain text with version {saved.get('text_reader', 1)} of the text "
+            f"reader, and this is version {READER_VERSION} (a sentence ends at every line break, CR alone "
+            "included), so its sentence pairs may change; pass "
             "`allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
 

@@ -51,7 +51,7 @@ class TensorBoardReporter:
     def report(self, run_dir: Path, record: dict) -> None:
         run_dir = Path(run_dir).resolve()
         if run_dir != self.root and self.root not in run_dir.parents:
-            return  # another folder's metrics (none is written during a command today)
+            return  # another folder's metrics (no command writes them inside the block)
         if run_dir not in self.writers:
             log_dir = self.root / FOLDER / run_dir.relative_to(self.root)
             self.writers[run_dir] = open_tensorboard_writer(log_dir, purge_step=record["step"])

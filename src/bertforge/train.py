@@ -125,7 +125,7 @@ class TrainState:
         return asdict(self)
 
     def load_state_dict(self, saved: dict) -> None:
-        """Take the fields a checkpoint's state holds (older ones lack some: those stay as they are)."""
+        """Take the fields a checkpoint's state holds (a field one lacks stays as it is)."""
         for name in (f.name for f in fields(self)):
             if name in saved:
                 setattr(self, name, saved[name])
@@ -194,7 +194,7 @@ class Trainer:
                 f"{self.run_dir} has no checkpoint to resume from; start again without `resume=True`"
             )
         path, saved_state = self.load_newest_intact(checkpoints)
-        self.state.load_state_dict(saved_state)  # older checkpoints lack micro_batch: this run's stands
+        self.state.load_state_dict(saved_state)  # a state without micro_batch keeps this run's
         saved = self.state.micro_batch
         if saved != self.plan.micro_batch:
             raise self.other_micro_batch(path, saved)

@@ -143,7 +143,9 @@ def run_plot(args) -> int:
     check_png(args.out)
     curves = plot_runs(args.runs, args.out)
     for run in curves:
-        note = "  (tokens and minutes estimated: an older run)" if run.estimated else ""
+        note = (
+            "  (tokens and minutes estimated: no token counts in its metrics.jsonl)" if run.estimated else ""
+        )
         print(
             f"{run.label}: {run.objective} loss {run.loss[-1]:.4f}, accuracy {run.accuracy[-1]:.4f} "
             f"after {run.tokens[-1]:,.0f} tokens, {run.minutes[-1]:.1f} min of training{note}"
