@@ -29,6 +29,10 @@ HISTORY = [
         r"\blast time\b",
         r"\bsince then\b",
         r"made for issue",
+        r"\b(?:older|earlier) (?:versions?|layout|trainer|probe)\b",
+        r"\bolder (?:runs?|checkpoints?|files)\b",
+        r"\bonce wrote\b",
+        r"\bpredates?\b",
     )
 ]
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")

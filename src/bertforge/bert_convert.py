@@ -140,7 +140,7 @@ def _layer_norm_name(name: str) -> str:
 
 
 def tie_hf_aliases(weights: dict[str, torch.Tensor], src: Path) -> None:
-    """Drop the tied decoder aliases (older checkpoints save them), refusing an untied decoder."""
+    """Drop the tied decoder aliases (some checkpoints save them), refusing an untied decoder."""
     bias = weights.pop("cls.predictions.decoder.bias", None)
     if bias is not None:
         weights.setdefault("cls.predictions.bias", bias)

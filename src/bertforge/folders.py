@@ -398,7 +398,7 @@ def read_as_trained(
 def trained_length(config: RunConfig, checkpoint: Path | None = None) -> int:
     """The longest sequence a model has trained at: its run's (`RunConfig.trained_length`), or for a
     `checkpoint` written during the sequence-length warmup, the warmup's (its state says the warmup
-    has not ended; a state from before it said so counts as ended)."""
+    has not ended; a state without that key counts as ended)."""
     if checkpoint is not None and config.data.warmup_seq_length:
         state = read_state(checkpoint)
         if "warmup_end_epoch" in state and state["warmup_end_epoch"] is None:

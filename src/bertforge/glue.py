@@ -435,7 +435,7 @@ def same_setting(key: str, given, saved) -> bool:
 
 
 def same_recipe(given: dict, saved: dict) -> bool:
-    """Equal recipes, a setting that a saved benchmark predates taking its default."""
+    """Equal recipes, a setting that a saved benchmark lacks taking its default."""
     return full_recipe(given) == full_recipe(saved)
 
 
@@ -714,7 +714,7 @@ def score_run(run_dir: Path, data: TaskData, config: RunConfig) -> dict:
     if path.is_file():
         with contextlib.suppress(DamagedScores):  # a damaged file is scored again from final/
             saved = read_json(path, error=DamagedScores)
-            # a file from before "files" was kept counts as scored on the files there are
+            # a file without "files" counts as scored on the files there are
             if {"dev", "test", "score", "predicted"} <= saved.keys() and saved.get("files", files) == files:
                 return saved
     model, tokenizer, labels, _ = open_classifier(run_dir / "final")

@@ -107,7 +107,7 @@ def task_recipe(name: str, own: dict, base: dict, origin: str) -> Recipe:
 
 
 def full_recipe(saved: dict) -> dict:
-    """A recipe from a glue.json, with the settings that it predates at their defaults."""
+    """A recipe from a glue.json, with the settings that it lacks at their defaults."""
     defaults = {f.name: f.default for f in fields(Recipe) if f.default is not MISSING}
     return defaults | saved
 

@@ -32,7 +32,7 @@ CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
 PROBE_ROUNDS = 15  # alternating fp32 and bf16 passes; the fastest of each is taken
-PROBE_VERSION = 2  # in the cache key: measurements of an earlier probe are taken again
+PROBE_VERSION = 2  # in the cache key: measurements of another probe version are taken again
 
 
 @dataclass

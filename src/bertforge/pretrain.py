@@ -625,7 +625,7 @@ def run_tokenizer(
 
 def run_own_tokenizer(out: Path, config: RunConfig) -> BertTokenizer:
     """The tokenizer of the run in `out`, refused where it is not the one the run started with (its
-    fingerprint in data.json; runs from before it: its size against the model's rows)."""
+    fingerprint in data.json; a data.json without it: its size against the model's rows)."""
     folder = out / "tokenizer"
     tokenizer = load_tokenizer(folder)
     started_with = read_json(out / DATA).get("tokenizer") if (out / DATA).is_file() else None
