@@ -265,3 +265,18 @@ def test_raw_text_words_and_their_character_offsets(tokenizer):
     words = [text[s:e] for s, e in text_words(tokenizer, text)[1]]
     assert words == ["Mr.", "Smith", "'s", "firm", "in", "東", "京", "(", "U.S.", ")", "sold", "3.5", "."]
     assert text_words(tokenizer, "  ") == ([], [])
+
+
+@pytest.mark.parametrize(
+    "word", ["Capt.", "Fig.", "Jan.", "Corp.", "e.g.", "J.", "U.S.", "no.", "a.", "say."]
+)
+def test_the_word_splitter_keeps_a_period_where_the_sentence_splitter_does(tokenizer, word):
+    """One list of abbreviations: a period that does not end a sentence stays on its word when
+    `bertforge tag` splits words, and one that does is a word of its own."""
+    from bertforge.corpus import split_sentences
+
+    text = f"They met {word} Smith came."
+    one_sentence = split_sentences(text) == [text]
+    words = [text[s:e] for s, e in text_words(tokenizer, text)[1]]
+    assert (word in words) == one_sentence
+    assert one_sentence == (word not in ("no.", "a.", "say."))

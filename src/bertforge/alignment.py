@@ -21,6 +21,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
+from bertforge.corpus import takes_its_period
 from bertforge.losses import NO_LABEL
 from bertforge.tokenizer import BertTokenizer
 
@@ -32,9 +33,6 @@ _IDEOGRAPHS = (
 )
 _CHUNKS = re.compile(f"[{_IDEOGRAPHS}]|[^\\s{_IDEOGRAPHS}]+")
 _POSSESSIVES = ("'s", "\u2019s")
-_INITIALS = re.compile(r"(?:[^\W\d_]\.)+")
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "gov", "sen", "rep"}
-_ABBREVIATIONS |= {"inc", "corp", "co", "ltd", "no", "vs", "jan", "feb", "aug", "sept", "oct", "nov", "dec"}
 
 
 def sentence_pieces(tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]]) -> list[WordPieces]:
@@ -86,9 +84,9 @@ def _is_punctuation(char: str) -> bool:
 
 
 def _ends_abbreviation(word: str) -> bool:
-    """A period that belongs to its word: letters each followed by one ("J.", "U.S.", "e.g.") or a
-    title or company word ("Mr.", "Corp.")."""
-    return word.endswith(".") and bool(_INITIALS.fullmatch(word) or word[:-1].lower() in _ABBREVIATIONS)
+    """A period that belongs to its word ("J.", "U.S.", "e.g.", "Mr.", "Corp."), as the sentence
+    splitter decides."""
+    return word.endswith(".") and takes_its_period(word[:-1])
 
 
 def _grouped(ids: list[int], word_ids: list[int | None], count: int, unk_id: int) -> WordPieces:

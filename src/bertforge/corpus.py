@@ -24,7 +24,8 @@ from bertforge.errors import BertforgeError, to_utf8
 
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 3  # 2: a line break ends a sentence, 3: a CR alone is a line break; text shards key on it
+READER_VERSION = 3  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
+# text shards key on it
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 
@@ -40,11 +41,12 @@ _BOUNDARY = re.compile(
     re.VERBOSE,
 )
 _LAST_WORD = re.compile(r"[^\s\"'“‘«(\[]+\Z")
-_INITIALS = re.compile(r"(?:[A-Za-z]\.)*[A-Z]")  # "J", "U.S", "e.g"
+# Words whose period is theirs, as written (lower-case "no." ends a sentence, "No. 5" does not)
 _ABBREVIATIONS = frozenset(
     {
-        *("Mr", "Mrs", "Ms", "Dr", "St", "Prof", "Sr", "Jr", "Mt", "Gen", "Col", "Lt", "Capt", "Sgt"),
-        *("Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co"),
+        *("Mr", "Mrs", "Ms", "Dr", "St", "Prof", "Sr", "Jr", "Mt", "Ft", "Gen", "Col", "Lt", "Capt", "Sgt"),
+        *("Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co", "Corp"),
+        *("Jan", "Feb", "Aug", "Sept", "Oct", "Nov", "Dec"),
         *("e.g", "i.e", "etc", "vs", "cf", "approx", "ca", "E.g", "I.e", "Etc", "Vs", "Cf"),
     }
 )
@@ -151,7 +153,16 @@ def _is_abbreviation(text: str, position: int) -> bool:
     if text[position] != "." or position == 0 or text[position - 1].isspace():
         return False
     word = _LAST_WORD.search(text, max(0, position - 32), position)
-    return word is not None and (word[0] in _ABBREVIATIONS or _INITIALS.fullmatch(word[0]) is not None)
+    return word is not None and takes_its_period(word[0])
+
+
+def takes_its_period(word: str) -> bool:
+    """Whether a period after `word` is part of it, not a sentence's end: initials ("J", "U.S") or a
+    listed abbreviation ("Mr", "e.g", "Corp"). The sentence splitter and `bertforge tag`'s word
+    splitter (`bertforge.alignment`) both ask this."""
+    parts = word.split(".")
+    initials = all(len(part) == 1 and part.isalpha() for part in parts) and parts[-1].isupper()
+    return initials or word in _ABBREVIATIONS
 
 
 class _Lines:
