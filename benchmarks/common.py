@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertforge.config import PRESETS, ModelConfig, RunConfig, apply_preset
+from bertforge.config import ModelConfig, RunConfig, apply_preset
 
 SEQ_LEN = 128
 MASK_RATE = 0.15
@@ -240,7 +240,3 @@ class HFAdapter(nn.Module):
         if masked_positions is not None:
             logits = logits.flatten(0, 1).index_select(0, masked_positions)  # (M, V)
         return logits, output.seq_relationship_logits
-
-
-def preset_names() -> list[str]:
-    return list(PRESETS)

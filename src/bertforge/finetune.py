@@ -89,6 +89,7 @@ from bertforge.labeled import (
 )
 from bertforge.losses import NO_LABEL, Summary
 from bertforge.metrics import confusion_accuracy, confusion_macro_f1, confusion_matthews, pearson, spearman
+from bertforge.metrics_log import MetricsLog
 from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.progress import RunsProgress
@@ -103,7 +104,7 @@ from bertforge.tagging import (
     tagging_loss,
 )
 from bertforge.tokenizer import BertTokenizer
-from bertforge.train import MetricsLog, Objective, train
+from bertforge.train import Objective, train
 from bertforge.worker_pool import WorkerPool, auto_jobs, share_threads, worker_runtime
 
 TASK = "finetune.json"

@@ -312,7 +312,7 @@ def validation_data(
     if not data.valid:
         return HeldOut()
     valid_shards = cached_shards(
-        corpus_path(data.valid, "valid"), tokenizer, data.format, cache_dir, show_progress, data.text_column
+        Path(data.valid), tokenizer, data.format, cache_dir, show_progress, data.text_column
     )
     objective, text = config.model.objective, f"the validation file {data.valid}"
     warmup = replace(data, max_seq_length=data.warmup_seq_length, nsp=data.nsp or data.warmup_nsp)
@@ -450,7 +450,7 @@ def choose_run_precision(config: RunConfig, world, cache_dir: Path, show_progres
         return
     device = distributed.local_device(resolve_device(config.runtime.device), world)
     choice = resolve_precision(config, device, cache_dir)
-    if choice is not None and show_progress and world.is_main:
+    if choice is not None and show_progress:
         print(choice.describe(), flush=True)
 
 
@@ -590,12 +590,6 @@ def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None
             "included), so its sentence pairs may change; pass "
             "`allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
-
-
-def corpus_path(path: str, name: str) -> Path:
-    if not path:
-        raise BertforgeError(f"no {name} file given; pass --{name} FILE")
-    return Path(path)
 
 
 def run_tokenizer(
