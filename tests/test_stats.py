@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from bertforge.stats import paired_bootstrap, resampled_means, sign_test, summary
+from bertforge.stats import bootstrap_gains, paired_bootstrap, sign_test, summary
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_bootstrap_standard_error_is_the_analytic_one():
     assert differences.mean() == pytest.approx(KNOWN_GAIN)
     assert differences.std() / math.sqrt(differences.size) == pytest.approx(KNOWN_SE)
     for seed in (0, 1):
-        gains = resampled_means(differences, 20_000, seed)
+        gains = bootstrap_gains(lambda index: differences[index].mean(axis=1), differences.size, 20_000, seed)
         assert gains.std(ddof=1) == pytest.approx(KNOWN_SE, rel=0.03)
         assert gains.mean() == pytest.approx(KNOWN_GAIN, abs=4 * KNOWN_SE / math.sqrt(20_000))
 

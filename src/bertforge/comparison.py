@@ -49,7 +49,7 @@ from bertforge.finetune import (
 )
 from bertforge.io import read_json, write_json
 from bertforge.metrics import pearson_rows
-from bertforge.stats import bootstrap_verdict, paired_bootstrap, sign_test, summary
+from bertforge.stats import bootstrap_gains, bootstrap_verdict, paired_bootstrap, sign_test, summary
 from bertforge.tagged import TAGGING
 
 ARMS = ("pretrained", "scratch")
@@ -57,7 +57,6 @@ COMPARISON = "comparison.json"
 SEEDS_FOR_A_CLAIM = 5
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
-CHUNK = 200  # resamples at once in `bootstrap_gains` (bounds its arrays' memory)
 
 
 def compare_with_scratch(
@@ -168,16 +167,6 @@ def tagged_counts(record: dict) -> np.ndarray:
     names = record["labels"]
     true, predicted = ([[names[i] for i in tags] for tags in record[key]] for key in ("true", "predicted"))
     return sentence_counts(true, predicted)
-
-
-def bootstrap_gains(gain, size: int, resamples: int, seed: int) -> np.ndarray:
-    """`gain(index)` -> (R,) over `resamples` resamples of `size` examples drawn with replacement,
-    `index` (R, size) holding R of them at a time."""
-    rng = np.random.default_rng(seed)
-    gains = []
-    for first in range(0, resamples, CHUNK):
-        gains.append(gain(rng.integers(0, size, size=(min(CHUNK, resamples - first), size))))
-    return np.concatenate(gains)
 
 
 def paired_bootstrap_pearson(

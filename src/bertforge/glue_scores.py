@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertforge import metrics
-from bertforge.stats import bootstrap_verdict
+from bertforge.stats import bootstrap_gains, bootstrap_verdict
 
 # task -> (figure, which of the task's dev or test files: 0 the first, 1 MNLI's mismatched, metric)
 FIGURES: dict[str, tuple[tuple[str, int, str], ...]] = {
@@ -172,9 +172,10 @@ def paired_bootstrap_score(
         )
         return a - b
 
-    rng = np.random.default_rng(seed)
     observed = gain(np.arange(truth.size))
-    gains = np.array([gain(rng.integers(0, truth.size, size=truth.size)) for _ in range(resamples)])
+    gains = bootstrap_gains(
+        lambda block: np.array([gain(index) for index in block]), truth.size, resamples, seed
+    )
     return bootstrap_verdict(observed, gains, int(truth.size), seed, confidence)
 
 
