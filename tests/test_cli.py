@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("tokenizer", "prepare", "pretrain", "evaluate"):
         assert command in out
+    from bertforge.cli import build_parser
+
+    examples = out[out.index("examples:") :].replace("\\\n", " ").splitlines()[1:]
+    assert len(examples) >= 8
+    for example in examples:  # each example line is a command that parses as written
+        build_parser().parse_args(shlex.split(example)[1:])
 
 
 @pytest.mark.parametrize(

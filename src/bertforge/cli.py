@@ -50,6 +50,11 @@ EXAMPLES = """examples:
   bertforge pretrain --corpus wiki.train.tokens --valid wiki.valid.tokens --preset mini --out runs/mini
   bertforge pretrain --out runs/mini --resume
   bertforge evaluate --model runs/mini --corpus wiki.valid.tokens --json
+  bertforge fill-mask --model runs/mini "The [MASK] sat on the mat."
+  bertforge finetune --model runs/mini --train train.tsv --valid dev.tsv --text-column sentence \\
+                     --label-column label --out runs/sst2
+  bertforge glue --model runs/mini --data glue/ --out runs/glue --compare-scratch
+  bertforge export --model runs/mini --out hf/mini
 """
 
 
@@ -172,7 +177,11 @@ def usage_line(message: str, prog: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="bertforge",
-        description="Pretrain BERT (masked language modelling + next sentence prediction) on your own text.",
+        description=(
+            "Pretrain BERT (masked language modelling + next sentence prediction) or GPT-1 on your own "
+            "text, then use it: fill-mask, fine-tuned classifiers, regressors and taggers, GLUE, and "
+            "Hugging Face folders."
+        ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -8,8 +8,9 @@ Owns:
   in that order;
 - the `OpenAIGPTConfig` dict (`hf_config`) and its inverse (`model_config_from_hf`);
 - writing a folder that `transformers.OpenAIGPTLMHeadModel.from_pretrained` loads as it is
-  (`save_hf_folder`: config.json + model.safetensors, and with a tokenizer the files that
-  `pipeline("text-generation")` needs), and our language model from such a folder's weights
+  (`write_hf_folder`, which `bertforge export` calls; `save_hf_folder` writes such a folder whole:
+  config.json + model.safetensors, and with a tokenizer the files that `pipeline("text-generation")`
+  needs), and our language model from such a folder's weights
   (`language_model_from_hf`; `bertforge.folders` reads the folder); a classifier
   (`bertforge.gpt.GPTForSequenceClassification`, whose `score` keeps its name) is written as an
   `OpenAIGPTForSequenceClassification` with its labels (one label: a regression, whose config says

@@ -1,4 +1,5 @@
-"""The BERT architecture: encoder, pooler, and the pretraining heads (masked LM + next sentence).
+"""The BERT architecture: encoder, pooler, the pretraining heads (masked LM + next sentence) and the
+sequence classifier.
 
 Owns the modules, the forward passes and the weight initialisation; nothing here reads files,
 builds optimizers or prints. Parameter names, shapes and initialisation equal Hugging Face's

@@ -1,6 +1,7 @@
 """Metrics for other viewers than `metrics.jsonl`: `--report-to tensorboard`.
 
-`pretrain` and `finetune` run inside `reporting_to(out, target)`. Within it, every record a run
+The `pretrain` and `finetune` commands open `reporting_to(out, target)` (and a fine-tuning worker
+process enters it again for its run). Within it, every record a run
 appends to its `metrics.jsonl` (`metrics_log.MetricsLog.append` calls `report`; only rank 0 appends) is
 also written as TensorBoard scalars, tagged `split/key` (`valid/mlm_loss`) at the record's step,
 under OUT/tensorboard/. A run in a subfolder of OUT (a fine-tuning seed's OUT/seed_1) writes to the

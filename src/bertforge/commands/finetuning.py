@@ -1,9 +1,10 @@
 """Commands for classification, regression and tagging: `finetune` (train a classifier or a tagger),
 `classify` and `tag` (use one).
 
-Each handler builds its inputs from the arguments and calls one library function
-(`bertforge.finetune.finetune`, with `--compare-scratch` `bertforge.comparison.compare_with_scratch`,
-`bertforge.classifier.classify`, `bertforge.tagger.tag`); printing happens here.
+Each handler builds its inputs from the arguments (reading the training file's header or first rows
+where a default depends on the task) and calls one library function (`bertforge.finetune.finetune`,
+with `--compare-scratch` `bertforge.comparison.compare_with_scratch`, `bertforge.classifier.classify`,
+`bertforge.tagger.tag`); printing happens here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Commands for using a model: `fill-mask`, `nsp`, `embed`, `showcase`, `generate`, `export` and
 `import-hf`.
 
-Each handler reads its inputs, loads the model with `bertforge.folders.open_pretrained` and calls one
-function of `bertforge.infer`, `bertforge.generate` or `bertforge.export`; printing is the only thing
-done here. `generate` takes a GPT (pretrained with `--objective clm`), the others a BERT: the wrong
-kind of model is refused with one line.
+Each handler reads and checks its inputs, calls one function of `bertforge.infer`, `bertforge.generate`
+or `bertforge.export` (those that read a model open it with `bertforge.folders`), and prints.
+`generate` takes a GPT (pretrained with `--objective clm`), the others a BERT: the wrong kind of model
+is refused with one line.
 """
 
 from __future__ import annotations
