@@ -26,7 +26,8 @@ from bertforge.export import export_model
 from bertforge.finetune import FinetuneTask, build_classifier, finetune, finetuning_config
 from bertforge.folders import open_encoder, open_tagger
 from bertforge.gpt import GPTLMHeadModel
-from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, tag, token_classifier
+from bertforge.model import BertForTokenClassification
+from bertforge.tagger import TOKEN_TASK, tag, token_classifier
 from bertforge.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -62,8 +62,9 @@ from bertforge.gpt_convert import ARCHITECTURE as GPT_ARCHITECTURE
 from bertforge.gpt_convert import CLASSIFIER_ARCHITECTURE as GPT_CLASSIFIER_ARCHITECTURE
 from bertforge.gpt_convert import write_hf_folder
 from bertforge.io import atomic_directory, building_new_folder, write_json
+from bertforge.model import BertForTokenClassification
 from bertforge.tagger import ARCHITECTURE as TAGGER_ARCHITECTURE
-from bertforge.tagger import TOKEN_TASK, BertForTokenClassification, is_tagger_folder, token_classifier
+from bertforge.tagger import TOKEN_TASK, is_tagger_folder, token_classifier
 from bertforge.tokenizer import SPECIAL_TOKENS_MAP, BertTokenizer
 
 # ---------------------------------------------------------------------------------------------- export

@@ -70,8 +70,8 @@ from bertforge.config_rules import trains_nsp
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
-from bertforge.model import BertForPreTraining
-from bertforge.tagger import BertForTokenClassification, is_tagger_folder, token_classifier
+from bertforge.model import BertForPreTraining, BertForTokenClassification
+from bertforge.tagger import is_tagger_folder, token_classifier
 from bertforge.tokenizer import (
     SETTINGS_FILE,
     TOKENIZER_FILE,

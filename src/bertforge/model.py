@@ -1,5 +1,5 @@
 """The BERT architecture: encoder, pooler, the pretraining heads (masked LM + next sentence) and the
-sequence classifier.
+sequence and token classifiers.
 
 Owns the modules, the forward passes and the weight initialisation; nothing here reads files,
 builds optimizers or prints. Parameter names, shapes and initialisation equal Hugging Face's
@@ -500,3 +500,31 @@ class BertForSequenceClassification(nn.Module):
             input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, cls_only=True
         )
         return self.classifier(self.dropout(pooled))  # (B, num_labels)
+
+
+class NoPooler(nn.Module):
+    """In place of BERT's pooler, which a token classifier does not have (Hugging Face's
+    `add_pooling_layer=False`): no weights, no output."""
+
+    def forward(self, h: Tensor) -> None:
+        return None
+
+
+class BertForTokenClassification(BertForSequenceClassification):
+    """BERT with a classification head on every token's state; state dict identical to Hugging Face's.
+
+    `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns logits (B, T, num_labels):
+    dropout then `classifier` (Linear(hidden, num_labels)), as Hugging Face's with
+    `classifier_dropout = None` (it then uses `hidden_dropout_prob`). The sequence classifier's
+    modules and initialisation, without the pooler.
+    """
+
+    def __init__(self, config: ModelConfig, num_labels: int):
+        super().__init__(config, num_labels)
+        self.bert.pooler = NoPooler()
+
+    def forward(
+        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
+        h, _ = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)  # (B, T, H)
+        return self.classifier(self.dropout(h))  # (B, T, num_labels)

@@ -1,4 +1,4 @@
-"""The fine-tuned token classifier (a named-entity tagger): its model, its folder, its predictions.
+"""The fine-tuned token classifier (a named-entity tagger): building it, its folder, its predictions.
 
 A tagger folder (what `bertforge finetune` writes as `final/` for a tagged task) is a classifier
 folder (see `bertforge.classifier`) whose `labels.json` names the task:
@@ -10,7 +10,8 @@ Face's `BertForTokenClassification`'s: `bert.embeddings.*`, `bert.encoder.*` (no
 A GPT is refused: Hugging Face's OpenAIGPT has no token-classification head to export it to, and a
 left-to-right model would tag each word without the words after it.
 
-Owns the model (`BertForTokenClassification`, `token_classifier`), telling a tagger folder from a
+Owns building the model (`token_classifier`; the network is `bertforge.model`'s
+`BertForTokenClassification`), telling a tagger folder from a
 sequence classifier's (`is_tagger_folder`) and tagging raw texts (`tag`): the entities of each text
 with their type, character offsets and score (the mean probability of their words' tags), read
 from the first piece of every word as the tagger was trained (`bertforge.alignment`).
@@ -21,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
 
 from bertforge.alignment import encode_words, regroup, text_words
 from bertforge.batches import pad_batch
@@ -30,39 +30,11 @@ from bertforge.config import ModelConfig
 from bertforge.entities import entity_spans
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json
-from bertforge.model import BertForSequenceClassification, reading_length
+from bertforge.model import BertForTokenClassification, reading_length
 from bertforge.tokenizer import BertTokenizer
 
 TOKEN_TASK = "token-classification"  # labels.json's "task" in a tagger folder
 ARCHITECTURE = "BertForTokenClassification"
-
-
-class NoPooler(nn.Module):
-    """In place of BERT's pooler, which a token classifier does not have (Hugging Face's
-    `add_pooling_layer=False`): no weights, no output."""
-
-    def forward(self, h: Tensor) -> None:
-        return None
-
-
-class BertForTokenClassification(BertForSequenceClassification):
-    """BERT with a classification head on every token's state; state dict identical to Hugging Face's.
-
-    `forward(input_ids, *, token_type_ids=None, attention_mask=None)` returns logits (B, T, num_labels):
-    dropout then `classifier` (Linear(hidden, num_labels)), as Hugging Face's with
-    `classifier_dropout = None` (it then uses `hidden_dropout_prob`). The sequence classifier's
-    modules and initialisation, without the pooler.
-    """
-
-    def __init__(self, config: ModelConfig, num_labels: int):
-        super().__init__(config, num_labels)
-        self.bert.pooler = NoPooler()
-
-    def forward(
-        self, input_ids: Tensor, *, token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None
-    ) -> Tensor:
-        h, _ = self.bert(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)  # (B, T, H)
-        return self.classifier(self.dropout(h))  # (B, T, num_labels)
 
 
 def token_classifier(model: ModelConfig, num_labels: int) -> BertForTokenClassification:
