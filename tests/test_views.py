@@ -249,8 +249,8 @@ def test_attention_command_on_a_gpt_model_folder(tmp_path, capsys, tokenizer, sm
 
 
 def test_attention_command_draws_a_fine_tuned_classifier_and_tagger(tmp_path, capsys, tiny_pretrained_run):
-    from bertforge.checkpoint import LABELS, label_file
-    from bertforge.classifier import sequence_classifier
+    from bertforge.checkpoint import LABELS
+    from bertforge.classifier import label_file, sequence_classifier
     from bertforge.folders import open_pretrained
     from bertforge.tagger import TOKEN_TASK, token_classifier
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from bertforge.checkpoint import CONFIG, check_keys_and_shapes, hf_label_fields
+from bertforge.checkpoint import CONFIG, check_keys_and_shapes
+from bertforge.classifier import hf_label_fields
 from bertforge.config import ModelConfig, RunConfig, preset_model, validate_model
 from bertforge.errors import BertforgeError
 from bertforge.gpt_convert import MODEL_TYPE as GPT_MODEL_TYPE

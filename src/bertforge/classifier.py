@@ -1,4 +1,4 @@
-"""The fine-tuned classifier: its model, its folder, and predictions.
+"""The fine-tuned classifier: building it, its folder (labels.json included), and predictions.
 
 A classifier folder (what `bertforge finetune` writes as `final/`, and `bertforge export` reads)
 holds exactly:
@@ -17,7 +17,9 @@ A classifier fine-tuned from a GPT (`model.objective = "clm"`) is a
 real token, as GPT-1 and Hugging Face's `OpenAIGPTForSequenceClassification` do.
 
 Owns building the classifier for a pretrained architecture (`sequence_classifier`), writing its
-folder (`save_classifier`) and labelling texts with it (`classify`); `bertforge.folders.open_classifier`
+folder (`save_classifier`), labels.json and the label fields of an exported config.json
+(`label_file`, `read_labels`, `read_pairs`, `hf_label_fields`, a tagger's too) and labelling texts with
+it (`classify`); `bertforge.folders.open_classifier`
 opens a classifier folder, ours or the Hugging Face form that `bertforge export` writes.
 """
 
@@ -29,10 +31,11 @@ from pathlib import Path
 import torch
 
 from bertforge.batches import pad_batch
-from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, label_file, save_weights
+from bertforge.checkpoint import CONFIG, LABELS, WEIGHTS, save_weights
 from bertforge.config import ModelConfig, RunConfig, save_json
+from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTForSequenceClassification
-from bertforge.io import atomic_directory, write_json
+from bertforge.io import atomic_directory, read_json, write_json
 from bertforge.model import BertForSequenceClassification, reading_length
 from bertforge.tokenizer import BertTokenizer
 
@@ -139,3 +142,48 @@ def classify(
             stacklevel=2,
         )
     return results
+
+
+def hf_label_fields(labels: list[str]) -> dict:
+    """The label fields of a Hugging Face classifier's config.json (one label: a regression, whose
+    label names the score)."""
+    return {
+        "num_labels": len(labels),
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "problem_type": "regression" if len(labels) == 1 else "single_label_classification",
+    }
+
+
+def label_file(labels: list[str], task: str | None = None, pairs: bool | None = None) -> dict:
+    """labels.json's contents: the label names in id order, a `task` other than sequence classification
+    (a tagger's) and whether the classifier was fine-tuned on text pairs."""
+    fields = {"labels": list(labels)} | ({"task": task} if task else {})
+    return fields | ({} if pairs is None else {"pairs": pairs})
+
+
+def read_pairs(folder: Path) -> bool | None:
+    """Whether a classifier was fine-tuned on text pairs, as its labels.json says (None where it does not)."""
+    pairs = read_json(folder / LABELS).get("pairs") if (folder / LABELS).is_file() else None
+    return pairs if isinstance(pairs, bool) else None
+
+
+def read_labels(folder: Path) -> list[str]:
+    """A classifier's label names in id order, from `labels.json` or an exported config's `id2label`;
+    a regression model's one name (of its score)."""
+    if (folder / LABELS).is_file():
+        labels = read_json(folder / LABELS).get("labels")
+    else:
+        id2label = read_json(folder / CONFIG).get("id2label") or {}
+        labels = [id2label.get(str(i)) for i in range(len(id2label))]
+    if (
+        not isinstance(labels, list)
+        or not labels
+        or not all(isinstance(x, str) and x for x in labels)
+        or len(set(labels)) != len(labels)
+    ):
+        raise BertforgeError(
+            f"{folder} must name one label (a regression's score) or two or more distinct labels in {LABELS} "
+            '({"labels": [...]}) or in id2label, in id order'
+        )
+    return labels

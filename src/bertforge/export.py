@@ -37,15 +37,12 @@ from bertforge.checkpoint import (
     CONFIG,
     LABELS,
     WEIGHTS,
-    label_file,
     load_weights,
     pretraining_model,
-    read_labels,
-    read_pairs,
     save_model_folder,
     save_weights,
 )
-from bertforge.classifier import sequence_classifier
+from bertforge.classifier import label_file, read_labels, read_pairs, sequence_classifier
 from bertforge.config import RunConfig, save_json
 from bertforge.errors import BertforgeError
 from bertforge.folders import (

@@ -59,12 +59,11 @@ from bertforge.checkpoint import (
     load_weights,
     pretraining_model,
     read_config,
-    read_labels,
     read_state,
     read_weights,
     verify_checkpoint,
 )
-from bertforge.classifier import ENCODER, Classifier, sequence_classifier
+from bertforge.classifier import ENCODER, Classifier, read_labels, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
 from bertforge.config_rules import trains_nsp
 from bertforge.errors import BertforgeError

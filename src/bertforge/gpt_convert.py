@@ -34,7 +34,8 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders
 from torch import nn
 
-from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state, hf_label_fields
+from bertforge.checkpoint import CONFIG, WEIGHTS, check_and_load_state
+from bertforge.classifier import hf_label_fields
 from bertforge.config import ModelConfig, check_openai_gpt, validate_model
 from bertforge.config_rules import GPT_HIDDEN_ACT, OPENAI_GPT_ACTS
 from bertforge.errors import BertforgeError

@@ -489,8 +489,7 @@ def opened_on_device(args, opener):
 
 
 def run_classify(args) -> int:
-    from bertforge.checkpoint import read_pairs
-    from bertforge.classifier import classify, warn_unlike_training
+    from bertforge.classifier import classify, read_pairs, warn_unlike_training
     from bertforge.folders import find_model_folder, open_classifier
 
     texts, model, tokenizer, labels = opened_on_device(args, open_classifier)
