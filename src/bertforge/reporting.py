@@ -25,15 +25,6 @@ INSTALL = "pip install 'bertforge[tensorboard]'"
 BOOKKEEPING = frozenset({"step", "split", "epoch", "tokens", "elapsed_s", "seq_len"})
 
 
-def add_report_to_argument(parser) -> None:
-    parser.add_argument(
-        "--report-to",
-        choices=TARGETS,
-        default="none",
-        help=f"also write the metrics as TensorBoard event files in OUT/{FOLDER}/ (needs {INSTALL})",
-    )
-
-
 def open_tensorboard_writer(log_dir: Path, purge_step: int):
     """A `torch.utils.tensorboard.SummaryWriter`; events at or after `purge_step` from an earlier
     process in `log_dir` are hidden (a resumed run writes them again)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from bertforge.config import PRECISIONS
+from bertforge.config_rules import SEED, number_problem
+from bertforge.reporting import FOLDER, INSTALL, TARGETS
 
 
 def add_device_argument(p, default: str | None = "auto") -> None:
@@ -36,3 +38,25 @@ def job_count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs, 1 or more")
     return int(text)
+
+
+def add_report_to_argument(p) -> None:
+    """`--report-to` of a training command (`bertforge.reporting`)."""
+    p.add_argument(
+        "--report-to",
+        choices=TARGETS,
+        default="none",
+        help=f"also write the metrics as TensorBoard event files in OUT/{FOLDER}/ (needs {INSTALL})",
+    )
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,3") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct non-negative integers, e.g. 1,2,3")
+    if problem := number_problem("a seed", max(seeds), SEED):
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+    return seeds

@@ -9,16 +9,21 @@ with `--compare-scratch` `bertforge.comparison.compare_with_scratch`, `bertforge
 
 from __future__ import annotations
 
-import argparse
 import json
 import warnings
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument
-from bertforge.config_rules import SEED, check_flags, count, number_problem
+from bertforge.commands import (
+    add_device_argument,
+    add_jobs_argument,
+    add_precision_argument,
+    add_report_to_argument,
+    seed_list,
+)
+from bertforge.config_rules import check_flags, count
 from bertforge.errors import BertforgeError
 from bertforge.labeled import FORMATS, TASK_TYPES
-from bertforge.reporting import add_report_to_argument, reporting_to
+from bertforge.reporting import reporting_to
 from bertforge.tagged import TAGGING
 
 TASK_FLAGS = ("model", "train", "valid", "text_column", "label_column")
@@ -54,18 +59,6 @@ def register(commands) -> None:
     add_finetune_command(commands)
     add_classify_command(commands)
     add_tag_command(commands)
-
-
-def seed_list(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,3") from None
-    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give distinct non-negative integers, e.g. 1,2,3")
-    if problem := number_problem("a seed", max(seeds), SEED):
-        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
-    return seeds
 
 
 def add_finetune_command(commands) -> None:

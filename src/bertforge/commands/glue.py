@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument
-from bertforge.commands.finetuning import seed_list
+from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument, seed_list
 from bertforge.errors import BertforgeError
 
 # How library errors name what the flags and the recipes set (`bertforge.cli.in_flags`).

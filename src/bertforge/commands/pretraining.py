@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_precision_argument
+from bertforge.commands import add_device_argument, add_precision_argument, add_report_to_argument
 from bertforge.config import (
     EXPLICIT_PRECISIONS,
     OBJECTIVES,
@@ -29,7 +29,7 @@ from bertforge.config import (
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
 from bertforge.errors import BertforgeError
 from bertforge.io import building_new_folder, check_new_folder
-from bertforge.reporting import add_report_to_argument, reporting_to
+from bertforge.reporting import reporting_to
 from bertforge.signals import StoppedEarly, signal_of
 
 FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
