@@ -33,7 +33,7 @@ from bertforge.finetune import (
     finetune,
     finetuning_config,
     length_grouped,
-    read_task,
+    read_saved_task,
     scores,
 )
 from bertforge.folders import open_classifier, open_encoder
@@ -383,7 +383,7 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_run(
     assert (tmp_path / "cut" / "checkpoints").is_dir() and not (tmp_path / "cut" / "final").exists()
     monkeypatch.setattr(EpochEvaluator, "__call__", original)
 
-    finetune(*read_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
+    finetune(*read_saved_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert metrics_lines(full, "valid") == metrics_lines(cut, "valid")
     assert metrics_lines(full, "confusion") == metrics_lines(cut, "confusion")
@@ -486,7 +486,7 @@ def test_an_interrupted_comparison_resumes_without_running_finished_seeds_again(
         return train(objective, config, run_dir, **kwargs)
 
     monkeypatch.setattr("bertforge.finetune.train", counted)
-    comparison = compare_with_scratch(*read_task(out), out, resume=True, show_progress=False)
+    comparison = compare_with_scratch(*read_saved_task(out), out, resume=True, show_progress=False)
     assert trained == [out / "scratch" / "seed_2"]
     assert {path: path.stat().st_mtime_ns for path in finished} == finished
     assert [pair["seed"] for pair in comparison["pairs"]] == [1, 2]
@@ -519,9 +519,11 @@ def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison
         assert 1 <= finished < 4
         monkeypatch.setattr(RunsProgress, "advance", advance)
         with reporting.reporting_to(parallel, "tensorboard"):
-            resumed = compare_with_scratch(*read_task(parallel), parallel, resume=True, jobs=2)
+            resumed = compare_with_scratch(*read_saved_task(parallel), parallel, resume=True, jobs=2)
         shutil.rmtree(parallel / "scratch" / "seed_2")  # one run left: it trains with a worker's share
-        again = compare_with_scratch(*read_task(parallel), parallel, resume=True, jobs=2, show_progress=False)
+        again = compare_with_scratch(
+            *read_saved_task(parallel), parallel, resume=True, jobs=2, show_progress=False
+        )
     finally:
         torch.set_num_threads(threads)
     assert again["pairs"] == serial["pairs"]

@@ -33,10 +33,10 @@ from bertforge.model import BertForPreTraining, BertSelfAttention
 from bertforge.plots import (
     FINETUNING_CURVES,
     attention_figure,
-    comparison_figure,
     finetuning_figure,
     plot_runs,
     run_curves,
+    runs_figure,
 )
 from bertforge.tokenizer import load_tokenizer
 
@@ -343,7 +343,7 @@ def test_comparison_figure_has_one_line_per_run_in_each_panel(tmp_path):
         write_run(tmp_path / "gpt", "clm_loss", "clm_accuracy"),
     ]
     curves = [run_curves(run, run.name) for run in runs]
-    fig = comparison_figure(curves)
+    fig = runs_figure(curves)
     assert len(fig.axes) == 4
     loss_tokens, loss_minutes, accuracy_tokens, accuracy_minutes = fig.axes
     assert [line.get_label() for line in loss_tokens.lines] == ["bert (MLM)", "gpt (next-token)"]

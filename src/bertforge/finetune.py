@@ -302,7 +302,7 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     }
     saved = read_json(out / TASK) if resume else None  # what the run was started (or grown) with
     if saved is not None:
-        check_same_data(out, saved, hashes)
+        refuse_changed_task_data(out, saved, hashes)
     set_epochs(config, task.epochs, len(data.train_set))
     apply_threads(config.runtime)
     choice = resolve_precision(config, resolve_device(config.runtime.device), default_cache_dir())
@@ -336,7 +336,7 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
             lock.release()
 
 
-def read_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
+def read_saved_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
     """The task and base config saved by the run in `out` (for `--resume`)."""
     check_finetuning_folder(Path(out), resume=True)
     raw = read_json(Path(out) / TASK)
@@ -417,7 +417,7 @@ def check_max_length(config: RunConfig, task: FinetuneTask) -> None:
         )
 
 
-def check_same_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
+def refuse_changed_task_data(out: Path, saved: dict, hashes: dict[str, str]) -> None:
     """Refuse to resume the run in `out` (its finetune.json is `saved`) on other data, or another
     pretrained encoder, than it started on (runs saved without the encoder's hash: the data alone)."""
     saved_hashes = saved.get("data_sha256", {})
@@ -446,7 +446,7 @@ def check_tagging_task(task: FinetuneTask, config: RunConfig) -> None:
 
 
 @dataclass
-class TaskData:
+class EncodedTask:
     """A task's labels and both files encoded for the model: what the runs of every seed share."""
 
     kind: str  # "classification", "regression" or "ner"
@@ -457,21 +457,21 @@ class TaskData:
     valid_truth: list
 
 
-def task_data(task: FinetuneTask, tokenizer: BertTokenizer, length: int) -> TaskData:
+def task_data(task: FinetuneTask, tokenizer: BertTokenizer, length: int) -> EncodedTask:
     """Both files read, checked and encoded in sequences of at most `length` tokens."""
     if is_tagging(task):
         columns = (task.text_column, task.label_column)
         train_data, valid_data, tags = read_tagged_task(task.train, task.valid, *columns)
         train_set = encode_tagged(tokenizer, train_data, tags, length)
         valid_set = encode_tagged(tokenizer, valid_data, tags, length)
-        return TaskData(TAGGING, tags, train_set.examples, valid_set.examples, valid_set.tags)
+        return EncodedTask(TAGGING, tags, train_set.examples, valid_set.examples, valid_set.tags)
     train_data, valid_data, labels, regression = read_task_data(task)
     if task.both_orders:
         train_data = in_both_orders(train_data)
     train_set = encode(tokenizer, train_data, targets(train_data, labels, regression), length)
     valid_set = encode(tokenizer, valid_data, targets(valid_data, labels, regression), length)
     kind = "regression" if regression else "classification"
-    return TaskData(kind, labels, train_set, valid_set, [example["label"] for example in valid_set])
+    return EncodedTask(kind, labels, train_set, valid_set, [example["label"] for example in valid_set])
 
 
 def read_task_data(task: FinetuneTask) -> tuple[LabeledExamples, LabeledExamples, list[str], bool]:
@@ -564,7 +564,7 @@ class ClassificationCollator:
         return shaped
 
 
-class EpochBatches:
+class ShuffledEpochs:
     """epoch -> micro-batches of the training examples in an order drawn from (seed, epoch), with
     `train.group_by_length` grouped into batches of similar length (`length_grouped`)."""
 
@@ -840,7 +840,7 @@ class Job:
         task: FinetuneTask,
         config: RunConfig,
         tokenizer: BertTokenizer,
-        data: TaskData,
+        data: EncodedTask,
         encoder: dict[str, torch.Tensor],
         show_progress: bool,
     ) -> None:
@@ -878,7 +878,7 @@ class Job:
         loss, summarize = OBJECTIVES[self.kind]
         objective = Objective(
             model=model,
-            batches=EpochBatches(self.train_set, config, self.tokenizer.pad_id),
+            batches=ShuffledEpochs(self.train_set, config, self.tokenizer.pad_id),
             loss=loss,
             evaluate=EpochEvaluator(self, config, run_dir),
             summarize=summarize,

@@ -551,7 +551,7 @@ def run_task(
         for arm in arms
     ]
     group = FolderRuns(task, finetune_config(bench, recipe), folder, runs)
-    scored = run_seeds([group], data, progress, pool)[0]
+    scored = run_task_seeds([group], data, progress, pool)[0]
     return {
         "folder": str(data.folder),
         "kind": data.spec.kind,
@@ -597,7 +597,7 @@ class FolderRuns:
     runs: list[tuple[int, str, Path]]
 
 
-def run_seeds(
+def run_task_seeds(
     groups: list[FolderRuns], data: TaskData, progress: RunsProgress, pool: WorkerPool | None
 ) -> list[list[dict]]:
     """Fine-tune and score every run of one task's fine-tuning folders (the benchmark's, or the sweep's
@@ -661,7 +661,7 @@ def run_orders(
     if elsewhere:
         arguments = [(orders[index],) for index in elsewhere]
         values = pool.map(
-            run_in_worker,
+            run_and_score_in_worker,
             arguments,
             lambda k, record: done(elsewhere[k], record),
             lambda k: started(elsewhere[k]),
@@ -688,7 +688,7 @@ def fine_tune_and_score(order: RunOrder, job: Job, data: TaskData) -> dict:
 _worker_data: dict[Path, TaskData] = {}  # a worker's tasks, read once
 
 
-def run_in_worker(order: RunOrder) -> dict:
+def run_and_score_in_worker(order: RunOrder) -> dict:
     """`fine_tune_and_score` in a worker process."""
     if order.task_folder not in _worker_data:
         _worker_data[order.task_folder] = read_task(TASKS[order.task_name], order.task_folder)
@@ -786,7 +786,7 @@ def sweep_task(
             "score": run["score"],
             "dev": run["dev"],
         }
-        for group, [run] in zip(grid, run_seeds(grid, data, progress, pool), strict=True)
+        for group, [run] in zip(grid, run_task_seeds(grid, data, progress, pool), strict=True)
     ]
     best = max(range(len(points)), key=lambda i: (points[i]["score"], -i))
     chosen = replace(

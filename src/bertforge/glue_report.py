@@ -114,11 +114,11 @@ def arm_summary(runs: list[dict]) -> dict:
 
 def compare_arms(name: str, task: dict) -> dict:
     """The task score's paired statistics of the pretrained arm against the scratch arm."""
-    by_arm = [seed_runs(task, arm) for arm in ARMS]
+    by_arm = [arm_runs_by_seed(task, arm) for arm in ARMS]
     return paired_comparison(name, task["kind"], task["true"], *by_arm, names=ARMS)
 
 
-def seed_runs(task: dict, arm: str) -> list[dict]:
+def arm_runs_by_seed(task: dict, arm: str) -> list[dict]:
     """The task's runs of `arm`, in seed order."""
     return sorted((r for r in task["runs"] if r["arm"] == arm), key=lambda r: r["seed"])
 
@@ -131,7 +131,7 @@ def majority_class(name: str, task: dict, arms: list[str]) -> dict:
     dev = split_figures(name, 0, true, constant, labels)
     above = {}
     for arm in arms:
-        predicted = [r["predicted"] for r in seed_runs(task, arm)]
+        predicted = [r["predicted"] for r in arm_runs_by_seed(task, arm)]
         above[arm] = paired_bootstrap_score(name, true, predicted, [constant], labels, BOOTSTRAP_RESAMPLES)
     return {"label": label, "dev": dev, "score": task_score(name, dev), "above": above}
 

@@ -69,7 +69,7 @@ def read_labeled(
     """Read every example of a CSV, TSV or JSON lines file, refusing bad input with a clear message."""
     path = Path(path)
     text = read_text(path)
-    format = detect_format(path, text) if format == "auto" else format
+    format = detect_labeled_format(path, text) if format == "auto" else format
     if format not in FORMATS:
         raise BertforgeError(f"unknown format {format!r}; choose one of: {', '.join(FORMATS)}")
     columns = [text_column, label_column] + ([text_pair_column] if text_pair_column else [])
@@ -135,7 +135,7 @@ def read_lines(path: Path, what: str) -> list[str]:
     return lines
 
 
-def detect_format(path: Path, text: str) -> str:
+def detect_labeled_format(path: Path, text: str) -> str:
     """From the file name's suffix, else from the content: `{` starts JSON lines, a tab means TSV."""
     if path.suffix.lower() in _SUFFIXES:
         return _SUFFIXES[path.suffix.lower()]

@@ -322,7 +322,7 @@ def run_labels(runs: list[Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(run) for run in runs]
 
 
-def comparison_figure(curves: list[RunCurves]) -> Figure:
+def runs_figure(curves: list[RunCurves]) -> Figure:
     """Held-out loss (top) and accuracy (bottom) against tokens (left) and minutes (right), one line
     per run."""
     fig, axes = pyplot().subplots(2, 2, figsize=(12, 8.5), squeeze=False)
@@ -344,9 +344,9 @@ def comparison_figure(curves: list[RunCurves]) -> Figure:
 
 
 def plot_runs(runs: list[Path], out_png: Path) -> list[RunCurves]:
-    """Draw several runs' held-out curves on one figure (`comparison_figure`) and write it as a PNG."""
+    """Draw several runs' held-out curves on one figure (`runs_figure`) and write it as a PNG."""
     curves = [run_curves(run, label) for run, label in zip(runs, run_labels(runs), strict=True)]
-    save_png(lambda: comparison_figure(curves), out_png)
+    save_png(lambda: runs_figure(curves), out_png)
     return curves
 
 

@@ -205,7 +205,7 @@ def run_pretraining(
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
         warn_valid_in_training(corpus_files, config.data.valid, hashes, resume)
         if resume and not allow_changed_data:
-            check_same_data(out, hashes, reads_plain_text(corpus_files, config.data))
+            refuse_changed_corpus(out, hashes, reads_plain_text(corpus_files, config.data))
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
@@ -569,7 +569,7 @@ def reads_plain_text(corpus_files: list[Path], data: DataConfig) -> bool:
     return any(resolve_format(file, data.format) == "text" for file in files)
 
 
-def check_same_data(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
+def refuse_changed_corpus(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
     """Refuse to resume on text other than the run started on, or on plain text read by another version of
     the reader (`corpus.READER_VERSION`; data.json without `text_reader`: version 1), whose sentences may
     differ; a run folder without data.json is not checked."""

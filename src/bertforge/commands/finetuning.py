@@ -200,7 +200,7 @@ def add_tag_command(commands) -> None:
 def finetune_inputs(args):
     """(task, config) from the arguments, or the saved ones with --resume."""
     from bertforge.config import apply_mapping, apply_overrides
-    from bertforge.finetune import FinetuneTask, finetuning_config, read_task, with_more_seeds
+    from bertforge.finetune import FinetuneTask, finetuning_config, read_saved_task, with_more_seeds
     from bertforge.folders import model_width
     from bertforge.labeled import check_data_file
 
@@ -209,7 +209,7 @@ def finetune_inputs(args):
         if given:
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
             raise BertforgeError(f"--resume continues with the run's saved settings; drop {flags}")
-        task, config = read_task(args.out)
+        task, config = read_saved_task(args.out)
         return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
     check_settable(args.set)
     check_flags(args, {"--epochs": count()})
