@@ -217,7 +217,15 @@ def test_seeds_report_median_and_spread_and_resume_finishes(tmp_path, capsys, ti
     assert not (tmp_path / "j").exists()
     assert (out / "seed_1" / "final").is_dir() and (out / "seed_2" / "final").is_dir()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["seeds"] == [1, 2] and set(summary["accuracy"]) == {"median", "min", "max", "spread"}
+    assert summary["seeds"] == [1, 2] and set(summary["accuracy"]) == {
+        "n",
+        "median",
+        "min",
+        "max",
+        "mean",
+        "std",
+        "spread",
+    }
     assert main(["finetune", "--out", str(out), "--resume", "--quiet"]) == 0  # nothing left to do
     assert "accuracy: median" in capsys.readouterr().out
     assert_clean_failure(capsys, ["classify", "--model", str(out), "x"], "one fine-tuning run per seed")

@@ -347,7 +347,10 @@ def fake_result(seed: int, pearson_r: float, spearman_r: float) -> dict:
 
 def test_seeds_summary_is_on_pearson():
     summary = summarize_seeds([fake_result(1, 0.5, 0.4), fake_result(2, 0.7, 0.6), fake_result(3, 0.6, 0.3)])
-    assert summary["pearson"] == {"median": 0.6, "min": 0.5, "max": 0.7, "spread": pytest.approx(0.2)}
+    assert summary["pearson"] == {
+        **{"n": 3, "median": 0.6, "min": 0.5, "max": 0.7, "spread": pytest.approx(0.2)},
+        **{"mean": pytest.approx(0.6), "std": pytest.approx(0.1)},  # sample standard deviation
+    }
     assert summary["spearman"]["median"] == 0.4 and summary["last_epoch_pearson"]["max"] == 0.7
     assert "accuracy" not in summary
 

@@ -44,7 +44,6 @@ import contextlib
 import io
 import math
 import shlex
-import statistics
 import time
 import warnings
 from collections.abc import Iterator
@@ -94,6 +93,7 @@ from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.progress import RunsProgress
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
+from bertforge.stats import spread
 from bertforge.tagged import TAGGING, is_tagged_file
 from bertforge.tagger import TOKEN_TASK, check_taggable, token_classifier
 from bertforge.tagging import (
@@ -1057,15 +1057,6 @@ def summarize_seeds(results: list[dict]) -> dict:
     """Median, range and spread (max - min) over seeds of the best epoch's accuracy and macro F1 (a
     regression: Pearson's and Spearman's correlation; a tagger: entity F1 and precision), and of the
     last epoch's accuracy (Pearson's r, entity F1)."""
-
-    def spread(values: list[float]) -> dict[str, float]:
-        return {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-            "spread": max(values) - min(values),
-        }
-
     primary, secondary = METRICS[result_kind(results[0])][:2]
     return {
         "seeds": [r["seed"] for r in results],

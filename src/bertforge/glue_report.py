@@ -43,7 +43,7 @@ from bertforge.glue_scores import (
 from bertforge.plots import pyplot, save_png
 from bertforge.precision import cpu_name
 from bertforge.runtime import resolve_device
-from bertforge.stats import sign_test, summary
+from bertforge.stats import sign_test, spread, summary
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -95,10 +95,6 @@ def build_report(
         "average": {arm: average(report_tasks, arm) for arm in arms},
         "published": published(list(tasks)),
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {**summary(values), "spread": max(values) - min(values)}
 
 
 def arm_summary(runs: list[dict]) -> dict:

@@ -10,7 +10,7 @@
   example's outcomes under both arms together, and asks whether the accuracy gain of these trained
   models is larger than the sampling noise of a finite evaluation set. It does not cover the
   variation between seeds; the sign test does.
-- `summary`: median, range, mean and standard deviation of a list of numbers.
+- `summary`: median, range, mean and standard deviation of a list of numbers; `spread` adds max - min.
 
 No scipy: the binomial tail is summed exactly with `math.comb`.
 """
@@ -39,6 +39,12 @@ def summary(values: Sequence[float]) -> dict[str, float]:
         "mean": statistics.fmean(values),
         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
     }
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """`summary` and the spread (max - min) over seeds, as the fine-tuning and GLUE reports give them."""
+    described = summary(values)
+    return described | {"spread": described["max"] - described["min"]}
 
 
 def sign_test(differences: Sequence[float]) -> dict[str, float]:

@@ -4,9 +4,11 @@ several groups take are added here, written once."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from bertforge.config import PRECISIONS
 from bertforge.config_rules import SEED, number_problem
+from bertforge.errors import BertforgeError
 from bertforge.reporting import FOLDER, INSTALL, TARGETS
 
 
@@ -60,3 +62,11 @@ def seed_list(text: str) -> list[int]:
     if problem := number_problem("a seed", max(seeds), SEED):
         raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return seeds
+
+
+def refuse_with_resume(args, names: Sequence[str], what: str) -> None:
+    """Refuse the flags among `names` that were given with `--resume`, which continues with `what`."""
+    given = [name for name in names if getattr(args, name) not in (None, False, [])]
+    if given:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise BertforgeError(f"--resume continues with {what}; drop {flags}")

@@ -18,6 +18,7 @@ from bertforge.commands import (
     add_jobs_argument,
     add_precision_argument,
     add_report_to_argument,
+    refuse_with_resume,
     seed_list,
 )
 from bertforge.config_rules import check_flags, count
@@ -205,10 +206,7 @@ def finetune_inputs(args):
     from bertforge.labeled import check_data_file
 
     if args.resume:
-        given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False, [])]
-        if given:
-            flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
-            raise BertforgeError(f"--resume continues with the run's saved settings; drop {flags}")
+        refuse_with_resume(args, RESUME_IGNORES, "the run's saved settings")
         task, config = read_saved_task(args.out)
         return (task if args.seeds is None else with_more_seeds(task, args.seeds)), config
     check_settable(args.set)

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_jobs_argument, add_precision_argument, seed_list
+from bertforge.commands import (
+    add_device_argument,
+    add_jobs_argument,
+    add_precision_argument,
+    refuse_with_resume,
+    seed_list,
+)
 from bertforge.errors import BertforgeError
 
 # How library errors name what the flags and the recipes set (`bertforge.cli.in_flags`).
@@ -121,10 +127,7 @@ def glue_settings(args):
     from bertforge.glue import benchmark
 
     if args.resume:
-        given = [name for name in RESUME_IGNORES if getattr(args, name) not in (None, False)]
-        if given:
-            flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
-            raise BertforgeError(f"--resume continues with the benchmark's saved settings; drop {flags}")
+        refuse_with_resume(args, RESUME_IGNORES, "the benchmark's saved settings")
         return None
     missing = [flag for flag, value in (("--model", args.model), ("--data", args.data)) if value is None]
     if missing:
