@@ -77,71 +77,96 @@ def add_finetune_command(commands) -> None:
         "line between sentences; or JSON lines of tokens and tags) trains a head on every word's first "
         "piece (named entities: entity precision, recall and F1 per type each epoch, the best epoch by F1).",
     )
-    p.add_argument(
+    add_task_arguments(p.add_argument_group("task and data"))
+    add_recipe_arguments(p.add_argument_group("recipe"))
+    add_seed_arguments(p.add_argument_group("seeds and the from-scratch comparison"))
+    add_run_arguments(p.add_argument_group("run"))
+    p.set_defaults(handler=run_finetune, setting_flags=SETTING_FLAGS)
+
+
+def add_task_arguments(group) -> None:
+    """The model, the data files, their columns and format, the task and --out."""
+    group.add_argument(
         "--model", type=Path, help="a pretrained model: run folder, its final/, a checkpoint, or export"
     )
-    p.add_argument("--train", type=Path, help="labelled training examples (.csv, .tsv, .jsonl, CoNLL)")
-    p.add_argument("--valid", type=Path, help="labelled validation examples, evaluated after every epoch")
-    p.add_argument("--text-column", help="the column (or JSON field) holding the text (tagged: the tokens)")
-    p.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
-    p.add_argument(
+    group.add_argument("--train", type=Path, help="labelled training examples (.csv, .tsv, .jsonl, CoNLL)")
+    group.add_argument("--valid", type=Path, help="labelled validation examples, evaluated after every epoch")
+    group.add_argument(
+        "--text-column", help="the column (or JSON field) holding the text (tagged: the tokens)"
+    )
+    group.add_argument("--text-pair-column", help="the column holding the second text of a pair (segment 1)")
+    group.add_argument(
         "--label-column", help="the column holding the label (tagged: the tags; CoNLL default the last)"
     )
-    p.add_argument("--format", choices=FORMATS, help="default: from the file name")
-    p.add_argument(
+    group.add_argument("--format", choices=FORMATS, help="default: from the file name")
+    group.add_argument(
         "--task",
         choices=(*TASK_TYPES, TAGGING),
         help="regression: real-valued labels, one output and the squared error; ner: a tag per word "
         "(default auto: ner for a tagged file, a regression when every label is a number and some are "
         "not whole numbers, such as 3.8)",
     )
-    p.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
-    p.add_argument(
+    group.add_argument("--out", type=Path, required=True, help="run folder (must be new unless --resume)")
+
+
+def add_recipe_arguments(group) -> None:
+    """The fine-tuning recipe: epochs, learning rate, batch size, length, pooler, pair orders, dropout."""
+    group.add_argument(
         "--epochs", type=int, help="passes over the training data (default 3; pairs 4, in both orders 2)"
     )
-    p.add_argument(
+    group.add_argument(
         "--lr",
         type=float,
         help="peak learning rate (default by the model's hidden size: 3e-4 up to 256, "
         "1e-4 up to 512, else 5e-5; with --text-pair-column at most 1e-4, scored pairs 2e-4)",
     )
-    p.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32; pairs 16)")
-    p.add_argument(
+    group.add_argument("--batch-size", type=int, help="examples per optimizer step (default 32; pairs 16)")
+    group.add_argument(
         "--max-length",
         type=int,
         help="tokens per example, longer ones truncated (tagged: split into windows; default 128)",
     )
-    p.add_argument(
-        "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
-    )
-    p.add_argument("--from-scratch", action="store_true", help="same architecture and tokenizer, random init")
-    p.add_argument(
+    group.add_argument(
         "--reinit-pooler",
         action="store_true",
         help="leave out the pretrained pooler ([CLS] dense + tanh, which NSP trains): it starts fresh",
     )
-    p.add_argument(
+    group.add_argument(
         "--both-orders",
         action="store_true",
         help="also train on each pair with its two texts swapped, for pairs that mean the same either "
         "way (paraphrase, similarity: glue's STS-B recipe); the default epochs halve, the steps stay",
     )
-    p.add_argument(
+    group.add_argument(
         "--dropout",
         type=float,
         help="hidden and attention dropout while fine-tuning (default: the pretrained model's; for one "
         "pretrained without dropout 0.1, sentence pairs 0)",
     )
-    p.add_argument(
+
+
+def add_seed_arguments(group) -> None:
+    """Seeds, a from-scratch run and the paired comparison with one."""
+    group.add_argument(
+        "--seeds", type=seed_list, help="run once per seed (OUT/seed_N/) and report median and spread"
+    )
+    group.add_argument(
+        "--from-scratch", action="store_true", help="same architecture and tokenizer, random init"
+    )
+    group.add_argument(
         "--compare-scratch",
         action="store_true",
         help="with --seeds: per seed, fine-tune --model and the same model from scratch (OUT/pretrained/, "
         "OUT/scratch/) and compare them with paired tests (OUT/comparison.json)",
     )
-    add_precision_argument(p)
-    add_device_argument(p, default=None)
-    add_jobs_argument(p, "the seeds' runs (--seeds, --compare-scratch)")
-    p.add_argument(
+
+
+def add_run_arguments(group) -> None:
+    """Arithmetic, device, runs at once, other settings, resume, progress and reporting."""
+    add_precision_argument(group)
+    add_device_argument(group, default=None)
+    add_jobs_argument(group, "the seeds' runs (--seeds, --compare-scratch)")
+    group.add_argument(
         "--set",
         action="append",
         default=[],
@@ -149,14 +174,13 @@ def add_finetune_command(commands) -> None:
         help="override a train or runtime setting, or data.max_seq_length (not the steps, minutes and "
         "evaluation intervals: --epochs sets those)",
     )
-    p.add_argument(
+    group.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out with its saved settings (with --seeds: add seeds to it)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_report_to_argument(p)
-    p.set_defaults(handler=run_finetune, setting_flags=SETTING_FLAGS)
+    group.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_to_argument(group)
 
 
 def add_classify_command(commands) -> None:
