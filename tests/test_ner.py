@@ -400,6 +400,14 @@ def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     assert_clean_failure(capsys, finetune_argv(conll[0], empty, "--task", "ner"), "empty.txt is empty")
+    assert_clean_failure(capsys, finetune_argv(empty, conll[1]), "empty.txt is empty")  # not: give columns
+    lines = conll[0].read_text(encoding="utf-8").splitlines()
+    typo = tmp_path / "typo.txt"  # a typo among the lines that tell a tagged file: its line is named
+    typo.write_text("\n".join([*lines[:5], "Smith NNP B-NP PER", *lines[5:]]) + "\n", encoding="utf-8")
+    assert_clean_failure(capsys, finetune_argv(typo, conll[1]), "typo.txt line 6: the tag 'PER' is not O")
+    assert_clean_failure(
+        capsys, finetune_argv(*conll, "--task", "regression"), "looks like a tagged file (a token and its tag"
+    )
     assert_clean_failure(capsys, finetune_argv(*conll, "--reinit-pooler"), "drop --reinit-pooler")
     assert not any(path.name.startswith("run") for path in tmp_path.iterdir())
 

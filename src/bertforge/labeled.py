@@ -85,17 +85,22 @@ def read_labeled(
 
 
 GZIP_MAGIC = b"\x1f\x8b"
+EMPTY_CHECK_BYTES = 4096  # a file no longer than this that holds only white space is empty
 
 
 def check_data_file(path: Path, what: str = "one labelled example per line") -> None:
-    """Refuse a missing file, a folder (naming `what` a file should hold) and a gzip file."""
+    """Refuse a missing file, a folder or an empty file (naming `what` a file should hold) and a
+    gzip file."""
     path = Path(path)
     if not path.exists():
         raise BertforgeError(f"data file {path} does not exist; check the path")
     if not path.is_file():
         raise BertforgeError(f"{path} is a folder; give a file with {what}")
     with path.open("rb") as file:
-        compressed = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        head = file.read(EMPTY_CHECK_BYTES)
+    if not head.strip() and path.stat().st_size <= len(head):
+        raise BertforgeError(f"data file {path} is empty; give a file with {what}")
+    compressed = head.startswith(GZIP_MAGIC)
     if compressed:
         plain = (
             path.with_suffix("") if path.suffix.lower() == ".gz" else path.with_name(f"unpacked{path.suffix}")

@@ -33,6 +33,7 @@ CONLL_SUFFIXES = (".conll", ".conll03", ".iob", ".iob1", ".iob2", ".bio", ".ner"
 JSON_FIELDS = ("tokens", "tags")  # the default token and tag fields of a JSON lines file
 SNIFF_BYTES = 65536  # how much of a file `is_tagged_file` reads
 SNIFF_LINES = 20
+MOSTLY_TAGS = 0.8  # the share of sniffed rows ending in a tag that makes a file tagged
 
 
 @dataclass
@@ -199,7 +200,8 @@ def is_tagged_file(path: str | Path) -> bool:
         return True
     rows = [line.split() for line in lines if line.split()[0] != DOCSTART]
     tagged = [row for row in rows if len(row) >= 2]  # a shorter row (a lost tag): the reader names it
-    return 2 * len(tagged) > len(rows) and all(is_tag(row[-1]) for row in tagged)
+    tags = sum(is_tag(row[-1]) for row in tagged)  # a typo among them: the reader names its line
+    return 2 * len(tagged) > len(rows) and tags >= MOSTLY_TAGS * len(tagged)
 
 
 def tag_names(data: TaggedExamples) -> list[str]:

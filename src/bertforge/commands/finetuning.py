@@ -228,6 +228,7 @@ def finetune_inputs(args):
     from bertforge.finetune import FinetuneTask, finetuning_config, read_saved_task, with_more_seeds
     from bertforge.folders import model_width
     from bertforge.labeled import check_data_file
+    from bertforge.tagged import is_tagged_file
 
     if args.resume:
         refuse_with_resume(args, RESUME_IGNORES, "the run's saved settings")
@@ -244,6 +245,11 @@ def finetune_inputs(args):
         for name in TASK_FLAGS
         if getattr(args, name) is None and name not in optional
     ]
+    if missing and args.task != TAGGING and args.train is not None and is_tagged_file(args.train):
+        raise BertforgeError(
+            f"{args.train} looks like a tagged file (a token and its tag a line), which --task "
+            f"{args.task} does not read; drop --task, or give a table with {', '.join(missing)}"
+        )
     if missing:
         raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
     task = FinetuneTask(
