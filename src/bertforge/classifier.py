@@ -89,7 +89,6 @@ def warn_unlike_training(trained_on_pairs: bool | None, pairs: list[str | None])
         )
 
 
-@torch.inference_mode()
 def classify(
     model: Classifier,
     tokenizer: BertTokenizer,
@@ -107,10 +106,23 @@ def classify(
     (default: the length it was fine-tuned at, `model.max_length` where `folders.open_classifier` opened
     it, else the model's positions) are truncated, with a warning unless `warn_truncated` is False.
     """
-    model.eval()
-    device = next(model.parameters()).device
     max_length = max_length or reading_length(model)
     pairs = pairs or [None] * len(texts)
+    results, truncated = _classified(model, tokenizer, labels, texts, pairs, max_length, batch_size)
+    if truncated and warn_truncated:  # here, not under inference_mode's wrapper: the warning names our caller
+        warnings.warn(
+            f"{truncated:,} of {len(texts):,} texts are longer than the {max_length} tokens the model reads; "
+            "only their first tokens were used",
+            stacklevel=2,
+        )
+    return results
+
+
+@torch.inference_mode()
+def _classified(model, tokenizer, labels, texts, pairs, max_length, batch_size) -> tuple[list[dict], int]:
+    """`classify`'s results, and how many texts were cut to `max_length`."""
+    model.eval()
+    device = next(model.parameters()).device
     results, truncated = [], 0
     for start in range(0, len(texts), batch_size):
         chunk = texts[start : start + batch_size], pairs[start : start + batch_size]
@@ -123,25 +135,21 @@ def classify(
             token_type_ids=batch["token_type_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device),
         )  # (B, K)
-        if len(labels) == 1:
-            results += [{"score": score} for score in logits.float()[:, 0].cpu().tolist()]
-            continue
-        for row in torch.softmax(logits.float(), dim=-1).cpu().tolist():
-            best = max(range(len(row)), key=row.__getitem__)
-            results.append(
-                {
-                    "label": labels[best],
-                    "score": row[best],
-                    "probabilities": dict(zip(labels, row, strict=True)),
-                }
-            )
-    if truncated and warn_truncated:
-        warnings.warn(
-            f"{truncated:,} of {len(texts):,} texts are longer than the {max_length} tokens the model reads; "
-            "only their first tokens were used",
-            stacklevel=2,
+        results += _label_rows(logits.float(), labels)
+    return results, truncated
+
+
+def _label_rows(logits: torch.Tensor, labels: list[str]) -> list[dict]:
+    """Each row of (B, K) logits as `classify` returns it."""
+    if len(labels) == 1:
+        return [{"score": score} for score in logits[:, 0].cpu().tolist()]
+    rows = []
+    for row in torch.softmax(logits, dim=-1).cpu().tolist():
+        best = max(range(len(row)), key=row.__getitem__)
+        rows.append(
+            {"label": labels[best], "score": row[best], "probabilities": dict(zip(labels, row, strict=True))}
         )
-    return results
+    return rows
 
 
 def hf_label_fields(labels: list[str]) -> dict:
