@@ -297,6 +297,16 @@ def test_export_is_a_token_classification_pipeline_with_equal_logits(tagger_run,
     expected = [w for w in tagged["words"] if w["tag"] != "O"]
     assert [(p["start"], p["entity"]) for p in found] == [(w["start"], w["tag"]) for w in expected]
     assert all(abs(p["score"] - first_pieces[p["start"]]["score"]) <= 1e-5 for p in found)
+    grouped = transformers.pipeline(  # each word read at its first piece, as the README tells
+        "token-classification", model=hf, tokenizer=hf_tokenizer, aggregation_strategy="first"
+    )
+    for text in texts:  # words without inner punctuation, which transformers splits and `tag` does not
+        (ours,) = tag(model, tokenizer, labels, [text])
+        theirs = grouped(text)
+        assert [(e["entity"], e["start"], e["end"]) for e in ours["entities"]] == [
+            (e["entity_group"], e["start"], e["end"]) for e in theirs
+        ]
+        assert [e["score"] for e in theirs] == pytest.approx([e["score"] for e in ours["entities"]], abs=1e-5)
 
     again, *_ = open_tagger(tmp_path / "hf")  # the export tags as the run did
     torch.testing.assert_close(again.state_dict(), model.state_dict(), rtol=0, atol=0)
