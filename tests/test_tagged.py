@@ -5,6 +5,7 @@ and the alignment of words to pieces with windows."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,22 @@ def test_conll_2003_is_read_as_distributed():
     assert tag_names(train) == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert is_tagged_file(CONLL / "train.txt") and is_tagged_file(CONLL / "dev.txt")
     assert not is_tagged_file(SHARED_DATA / "sst-2" / "train.tsv")
+
+
+def test_a_rare_entity_type_is_named_as_a_possible_typo(tmp_path):
+    """A typo'd tag becomes an entity type of its own: one warning names it and where it first is; the
+    types of CoNLL-2003 itself draw none."""
+    lines = (CONLL / "train.txt").read_text(encoding="utf-8").splitlines()[:3000]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = tag_names(read_tagged(write(tmp_path / "clean.txt", "\n".join(lines) + "\n")))
+    typo = write(
+        tmp_path / "typo.txt", "\n".join([*lines[:200], "Smith NNP B-NP B-PRS", *lines[200:]]) + "\n"
+    )
+    with pytest.warns(
+        UserWarning, match=r"the entity type 'PRS' is under 1% of the .* \(first at .*typo.txt line 201\)"
+    ):
+        assert set(tag_names(read_tagged(typo))) == {*names, "B-PRS", "I-PRS"}
 
 
 def test_docstart_lines_are_skipped_and_columns_can_be_named(tmp_path):

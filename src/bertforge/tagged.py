@@ -19,12 +19,14 @@ IOB1 and IOB2 are both read as they are; `bertforge.entities` reads entities fro
 from __future__ import annotations
 
 import json
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertforge.entities import OUTSIDE, PREFIXES, is_tag, split_tag
+from bertforge.entities import OUTSIDE, PREFIXES, entity_spans, is_tag, split_tag
 from bertforge.errors import BertforgeError
-from bertforge.labeled import json_line, read_text
+from bertforge.labeled import RARE_SHARE, json_line, read_text
 
 TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
 DOCSTART = "-DOCSTART-"
@@ -215,9 +217,34 @@ def tag_names(data: TaggedExamples) -> list[str]:
             "least two tags"
         )
     kinds = {split_tag(tag)[1] for tag in found - {OUTSIDE}}
+    warn_rare_types(data, sorted(kinds))
     both = {f"{prefix}-{kind}" for kind in kinds for prefix in PREFIXES}
     ordered = sorted(both, key=lambda tag: split_tag(tag)[::-1])
     return ([OUTSIDE] if OUTSIDE in found else []) + ordered
+
+
+def warn_rare_types(data: TaggedExamples, kinds: list[str]) -> None:
+    """Warn about entity types with under 1% of the entities (and a tenth of an even share), as
+    `labeled.warn_rare_labels` does for classes: a typo'd tag ("B-PRS") becomes a type of its own."""
+    counts = Counter(kind for tags in data.tags for kind, _, _ in entity_spans(tags))
+    limit = sum(counts.values()) * min(RARE_SHARE, 0.1 / len(kinds))
+    rare = [kind for kind in kinds if counts[kind] < limit]
+    if not rare:
+        return
+    first = next(
+        data.where(i, start)
+        for i, tags in enumerate(data.tags)
+        for kind, start, _ in entity_spans(tags)
+        if kind == rare[0]
+    )
+    found = ", ".join(f"{kind!r} ({counts[kind]:,})" for kind in kinds[:20])
+    named = ", ".join(map(repr, rare[:5]))
+    warnings.warn(
+        f"the entity type{'s' * (len(rare) > 1)} {named} {'is' if len(rare) == 1 else 'are'} under 1% of the "
+        f"{sum(counts.values()):,} entities (first at {first}); every distinct type is learnt, and the types "
+        f"found are (entities): {found}; fix or remove the tags of a type that is a typo",
+        stacklevel=2,
+    )
 
 
 def tag_ids(data: TaggedExamples, names: list[str]) -> list[list[int]]:
