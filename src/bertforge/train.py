@@ -528,10 +528,10 @@ class Trainer:
             raise self.diverged("the validation metrics")
         if valid:  # empty without validation text
             self.log.append({"step": step, "split": "valid", "tokens": self.state.tokens, **valid})
-            bar.write(f"step {step}: {metrics_text(valid)}")
+            bar.write(f"step {step}, held-out: {metrics_text(valid)}")
         if short := self.evaluate_at_warmup_length(step):
             length = self.objective.warmup_seq_len
-            bar.write(f"step {step}, at the warmup's {length} tokens: {metrics_text(short)}")
+            bar.write(f"step {step}, held-out at the warmup's {length} tokens: {metrics_text(short)}")
 
     def check_finite(self) -> None:
         """Raise when a gradient norm since the last check, or a weight now, is non-finite."""

@@ -360,7 +360,8 @@ def run_finetune(args) -> int:
         epochs = f"{run['epochs']} {plural('epoch', run['epochs'])}"
         trained = f"{epochs} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
         print(
-            f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}: " + format_scores(run["best"])
+            f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}, held-out: "
+            + format_scores(run["best"])
         )
     kind = result_kind(summary["runs"][0])
     if task.seeds:
