@@ -548,7 +548,7 @@ def test_output_folder_and_settings(tmp_path, capsys, tiny_pretrained_run, data,
     for ignored, fix in (("train.max_steps=5", "set --epochs instead"), ("data.nsp=true", "--max-length")):
         assert_clean_failure(capsys, finetune_argv(tiny_pretrained_run, *data, out, "--set", ignored), fix)
     assert_clean_failure(
-        capsys, finetune_argv(tiny_pretrained_run, *data, out, "--lr", "-1"), "learning_rate"
+        capsys, finetune_argv(tiny_pretrained_run, *data, out, "--lr", "-1"), "--lr must be in (0, 1], got -1"
     )
     assert_clean_failure(
         capsys,

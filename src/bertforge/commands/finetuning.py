@@ -43,6 +43,7 @@ SETTING_FLAGS = {
     "task.dropout": "--dropout",
     "data.max_seq_length": "--max-length",
     "train.batch_size": "--batch-size",
+    "train.learning_rate": "--lr",
 }
 RESUME_IGNORES = (
     *TASK_FLAGS,
