@@ -4,6 +4,7 @@ imports give equal logits, a run starts from an import, round trips are exact, b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -523,6 +524,9 @@ def test_export_refusals(tmp_path, capsys, run, exported):
     assert_clean_failure(
         capsys, ["export", "--model", str(run), "--out", str(exported)], "not an empty folder"
     )
+    if os.path.isdir("/proc/self"):  # a folder where no file can be made, even by root
+        argv = ["export", "--model", str(run), "--out", "/proc/bertforge-export"]
+        assert_clean_failure(capsys, argv, "cannot write /proc/bertforge-export: its lock file")
     damaged = broken_copy(tmp_path, run)
     weights = damaged / "final" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:500])

@@ -493,7 +493,10 @@ def sole_writer(path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         taken = lock.acquire(wait=False)
     except OSError as error:
-        raise write_error(path, error) or error from None
+        raise write_error(path, error) or BertforgeError(
+            f"cannot write {path}: its lock file {lock.path.name} cannot be made in {path.parent} "
+            f"({error.strerror}); choose an `out` in a folder you can write to"
+        ) from None
     if not taken:
         raise BertforgeError(
             f"{path} is being written by another bertforge process (process {lock.owner()}); wait for "
