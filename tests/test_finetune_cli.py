@@ -575,3 +575,25 @@ def test_the_readmes_python_example_runs(tiny_pretrained_run, finetuned):
     exec(compile(block, "README.md", "exec"), names)  # noqa: S102 (the README's own example)
     [result] = names["classified"]
     assert result["label"] in names["labels"] and abs(sum(result["probabilities"].values()) - 1) < 1e-5
+
+
+def test_fine_tuning_past_the_pretrained_length_says_so(tmp_path, tiny_pretrained_run, data):
+    """A model pretrained on 16-token sequences (positions for 64): fine-tuning at 32 warns that
+    positions 16-31 start untrained; at 16 it does not."""
+    short = tmp_path / "short"
+    shutil.copytree(tiny_pretrained_run, short)
+    for path in (short / "config.json", short / "final" / "config.json"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config["data"]["max_seq_length"] = 16
+        path.write_text(json.dumps(config), encoding="utf-8")
+    argv = finetune_argv(short, *data, tmp_path / "at32", "--epochs", "1")
+    with pytest.warns(
+        UserWarning, match="pretrained on sequences of up to 16 tokens: fine-tuning at 32 starts"
+    ):
+        assert main(argv) == 0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*pretrained on sequences")
+        assert (
+            main([*finetune_argv(short, *data, tmp_path / "at16", "--epochs", "1"), "--max-length", "16"])
+            == 0
+        )

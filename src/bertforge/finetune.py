@@ -292,6 +292,8 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if is_tagging(task):
         check_tagging_task(task, config)
     check_max_length(config, task)
+    if not resume:
+        warn_untrained_positions(task.model, pretrained.trained_length, config.data.max_seq_length)
     validate(config)  # before set_epochs divides by the batch size
     data = task_data(task, tokenizer, config.data.max_seq_length)
     check_best_by(task, data.kind)
@@ -334,6 +336,17 @@ def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> I
         lock = _owned.pop(Path(out).resolve(), None)
         if lock is not None:
             lock.release()
+
+
+def warn_untrained_positions(model: str, trained: int, length: int) -> None:
+    """Say so when fine-tuning reads positions that pretraining never reached (their weights are as drawn)."""
+    if length > trained:
+        warnings.warn(
+            f"{model} was pretrained on sequences of up to {trained} tokens: fine-tuning at {length} "
+            f"starts positions {trained}-{length - 1} from untrained weights (a max length of {trained} "
+            "keeps to the trained ones)",
+            stacklevel=2,
+        )
 
 
 def read_saved_task(out: Path) -> tuple[FinetuneTask, RunConfig]:
