@@ -520,14 +520,14 @@ def test_runs_at_once_in_workers_end_as_the_serial_runs_and_a_stopped_comparison
         monkeypatch.setattr(RunsProgress, "advance", advance)
         with reporting.reporting_to(parallel, "tensorboard"):
             resumed = compare_with_scratch(*read_saved_task(parallel), parallel, resume=True, jobs=2)
-        shutil.rmtree(parallel / "scratch" / "seed_2")  # one run left: it trains with a worker's share
+        shutil.rmtree(parallel / "scratch" / "seed_2")  # one run left: alone, with a worker's share
         again = compare_with_scratch(
             *read_saved_task(parallel), parallel, resume=True, jobs=2, show_progress=False
         )
     finally:
         torch.set_num_threads(threads)
     assert again["pairs"] == serial["pairs"]
-    assert (again["this_invocation"]["jobs"], again["this_invocation"]["threads_per_run"]) == (2, 1)
+    assert (again["this_invocation"]["jobs"], again["this_invocation"]["threads_per_run"]) == (1, 1)
     assert serial["this_invocation"]["jobs"] == 1
     assert (resumed["this_invocation"]["jobs"], resumed["this_invocation"]["threads_per_run"]) == (2, 1)
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: ")]

@@ -806,7 +806,7 @@ def run_seeds(
         if index not in results:
             results[index] = job.run(run.seed, run.run_dir, run.from_scratch)  # finished before: read
     ordered = [results[index] for index in range(len(runs))]
-    return ordered, {"jobs": share.jobs, "threads_per_run": share.threads}
+    return ordered, {"jobs": share.workers, "threads_per_run": share.threads}  # this invocation's
 
 
 _worker_jobs: dict[Path, Job] = {}  # a worker's opened fine-tuning folders
