@@ -410,7 +410,17 @@ def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     assert_clean_failure(capsys, finetune_argv(conll[0], empty, "--task", "ner"), "empty.txt is empty")
+    err = assert_clean_failure(capsys, finetune_argv(empty, conll[1], "--task", "ner"), "empty.txt is empty")
+    assert "a token and its tag a line" in err  # what a tagged file holds, not a table's rows
     assert_clean_failure(capsys, finetune_argv(empty, conll[1]), "empty.txt is empty")  # not: give columns
+    without_valid = [a for a in finetune_argv(*conll) if a not in ("--valid", str(conll[1]))]
+    assert_clean_failure(capsys, without_valid, "finetune needs --valid")
+    from bertforge.cli import build_parser
+    from bertforge.commands.finetuning import tagged_task
+
+    assert tagged_task(
+        build_parser().parse_args(finetune_argv(*conll, "--task", "auto"))
+    )  # as with no --task
     lines = conll[0].read_text(encoding="utf-8").splitlines()
     typo = tmp_path / "typo.txt"  # a typo among the lines that tell a tagged file: its line is named
     typo.write_text("\n".join([*lines[:5], "Smith NNP B-NP PER", *lines[5:]]) + "\n", encoding="utf-8")

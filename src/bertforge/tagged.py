@@ -31,6 +31,7 @@ from bertforge.labeled import RARE_SHARE, json_line, read_text
 TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
 DOCSTART = "-DOCSTART-"
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+TAGGED_FILE = "tagged sentences: a token and its tag a line (CoNLL), or JSON lines"  # what such a file holds
 CONLL_SUFFIXES = (".conll", ".conll03", ".iob", ".iob1", ".iob2", ".bio", ".ner")
 JSON_FIELDS = ("tokens", "tags")  # the default token and tag fields of a JSON lines file
 SNIFF_BYTES = 65536  # how much of a file `is_tagged_file` reads
@@ -65,7 +66,7 @@ def read_tagged(
     Columns default to the token in column 0 and the tag in the last column (a CoNLL file), or the
     fields "tokens" and "tags" (JSON lines)."""
     path = Path(path)
-    text = read_text(path, "tagged sentences: a token and its tag a line (CoNLL), or JSON lines")
+    text = read_text(path, TAGGED_FILE)
     if is_json_lines(path, text):
         data = _read_json_lines(path, text, token_column or JSON_FIELDS[0], tag_column or JSON_FIELDS[1])
     else:

@@ -229,7 +229,7 @@ def finetune_inputs(args):
     from bertforge.finetune import FinetuneTask, finetuning_config, read_saved_task, with_more_seeds
     from bertforge.folders import model_width
     from bertforge.labeled import check_data_file
-    from bertforge.tagged import is_tagged_file
+    from bertforge.tagged import CONLL_SUFFIXES, TAGGED_FILE, is_tagged_file
 
     if args.resume:
         refuse_with_resume(args, RESUME_IGNORES, "the run's saved settings")
@@ -238,18 +238,21 @@ def finetune_inputs(args):
     check_settable(args.set)
     check_flags(args, {"--epochs": count()})
     for path in (args.train, args.valid):
-        if path is not None:
-            check_data_file(path)  # before a tagged file that could not be sniffed asks for columns
+        if path is not None:  # before a tagged file that could not be sniffed asks for columns
+            tagged = args.task == TAGGING or Path(path).suffix.lower() in CONLL_SUFFIXES
+            check_data_file(path, *([TAGGED_FILE] if tagged else []))
     optional = COLUMN_FLAGS if tagged_task(args) else ()
     missing = [
         f"--{name.replace('_', '-')}"
         for name in TASK_FLAGS
         if getattr(args, name) is None and name not in optional
     ]
-    if missing and args.task != TAGGING and args.train is not None and is_tagged_file(args.train):
+    columns = [flag for flag in missing if flag in ("--text-column", "--label-column")]
+    chosen_table = args.task in ("classification", "regression") and args.train is not None
+    if columns and chosen_table and is_tagged_file(args.train):
         raise BertforgeError(
             f"{args.train} looks like a tagged file (a token and its tag a line), which --task "
-            f"{args.task} does not read; drop --task, or give a table with {', '.join(missing)}"
+            f"{args.task} does not read; drop --task, or give a table with {', '.join(columns)}"
         )
     if missing:
         raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
@@ -336,7 +339,7 @@ def tagged_task(args) -> bool:
     """`--task ner`, or no --task and a training file that looks tagged."""
     from bertforge.tagged import is_tagged_file
 
-    detected = args.task is None and args.train is not None and is_tagged_file(args.train)
+    detected = args.task in (None, "auto") and args.train is not None and is_tagged_file(args.train)
     return args.task == TAGGING or detected
 
 
