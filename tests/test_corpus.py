@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.corpus import detect_format, read_documents, resolve_corpus_files, split_sentences
+from bertforge.corpus import _Lines, detect_format, read_documents, resolve_corpus_files, split_sentences
 from bertforge.errors import BertforgeError
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
@@ -103,6 +103,22 @@ def test_text_with_carriage_returns_alone_ends_lines_there(tmp_path):
     expected = [["First doc."], ["Second doc, line one", "line two."]]
     assert list(read_documents(unix)) == expected
     assert list(read_documents(mac)) == expected
+    bad = tmp_path / "bad.txt"  # its lines are read one at a time, so an error names its own line
+    bad.write_bytes(b"one.\rtwo.\rthree \xff bad.\r" + b"more words.\r" * 20_000)
+    with pytest.raises(BertforgeError, match="undecodable bytes on line 3 "):
+        list(read_documents(bad))
+    lines = _Lines(mac)
+    read = [lines.bytes_read for _ in lines]
+    assert read == sorted(read) and read[0] < read[-1] == mac.stat().st_size  # progress grows line by line
+
+
+def test_a_crlf_split_across_read_blocks_ends_one_line(tmp_path):
+    from bertforge.corpus import _READ_BLOCK
+
+    path = tmp_path / "crlf.txt"
+    first = "a" * (_READ_BLOCK - 1)  # its CR ends the first block, its LF starts the second
+    path.write_bytes(f"{first}\r\nsecond\r\n".encode())
+    assert [line for _, line in _Lines(path)] == [first, "second"]
 
 
 def test_text_without_capitals_or_full_stops_keeps_a_sentence_a_line(tmp_path):

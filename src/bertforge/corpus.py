@@ -54,6 +54,8 @@ _WIKITEXT_HEADING = re.compile(r"(=(?: =)*) (.*) \1")  # on a stripped line: lev
 _WIKITEXT_TITLE_LINE = re.compile(r" = [^=](?:.*[^=])? = ?")  # the raw form of a level-1 heading
 _WIKITEXT_ARTIFACTS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("<unk>", "[UNK]"))
 _DETECT_LINES = 100
+_READ_BLOCK = 1 << 16  # bytes read at a time
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 _PARQUET_BATCH_ROWS = 1024
 _GLOB_CHARACTERS = frozenset("*?[")
 
@@ -165,6 +167,22 @@ def takes_its_period(word: str) -> bool:
     return initials or word in _ABBREVIATIONS
 
 
+def _byte_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a byte stream read in blocks, each with its end: LF, CRLF or CR alone (classic Mac OS)."""
+    rest = b""
+    for block in blocks:
+        rest += block
+        start = 0
+        for end in _LINE_END.finditer(rest):
+            if end.end() == len(rest) and rest.endswith(b"\r"):
+                break  # perhaps the first half of a CRLF: the next block tells
+            yield rest[start : end.end()]
+            start = end.end()
+        rest = rest[start:]
+    if rest:
+        yield rest
+
+
 class _Lines:
     """The decoded lines of a UTF-8 file as (line number, text); a `.gz` file is decompressed on the fly.
 
@@ -179,10 +197,8 @@ class _Lines:
     def __iter__(self) -> Iterator[tuple[int, str]]:
         compressed = is_gzip(self.path)
         with self.path.open("rb") as handle:
-            lines = self._gunzip(handle) if compressed else handle
-            number = 0
-            for raw in lines:
-                number += 1
+            blocks = self._gunzip(handle) if compressed else iter(lambda: handle.read(_READ_BLOCK), b"")
+            for number, raw in enumerate(_byte_lines(blocks), 1):
                 if number == 1 and (kind := _binary_kind(raw)):
                     raise BertforgeError(f"{self.path} is {kind}")
                 try:
@@ -201,15 +217,13 @@ class _Lines:
                 self.consumed = handle.tell() if compressed else self.bytes_read
                 if number == 1:
                     line = line.removeprefix("\ufeff")
-                *ended_by_cr, line = line.rstrip("\r\n").split("\r")  # classic Mac OS line ends
-                for part in ended_by_cr:
-                    yield number, part
-                    number += 1
-                yield number, line
+                yield number, line.rstrip("\r\n")
 
     def _gunzip(self, handle) -> Iterator[bytes]:
         try:
-            yield from gzip.GzipFile(fileobj=handle, mode="rb")
+            unpacked = gzip.GzipFile(fileobj=handle, mode="rb")
+            while block := unpacked.read(_READ_BLOCK):
+                yield block
         except (OSError, EOFError, zlib.error) as error:
             raise BertforgeError(
                 f"{self.path} is not a readable gzip file ({error}); check that it was copied whole "
