@@ -68,7 +68,7 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     assert_clean_failure(capsys, argv, f"{other}, {corpus}, {valid};")  # sorted
 
 
-def test_resume_refuses_plain_text_read_by_another_sentence_splitter(
+def test_resume_refuses_text_read_by_another_sentence_splitter(
     tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, capsys
 ):
     plain = []
@@ -92,6 +92,12 @@ def test_resume_refuses_plain_text_read_by_another_sentence_splitter(
     assert main([*resume, "--allow-changed-data"]) == 0
     assert json.loads((run / "data.json").read_text(encoding="utf-8"))["text_reader"] == READER_VERSION
     assert main([*resume[:-3], "--max-steps", "4", "--quiet"]) == 0
+    wikitext = tmp_path / "wikitext"  # every format's sentences come from the one reader
+    pretrain(tiny_config(wiki_slice, max_steps=2), wikitext, small_tokenizer_dir, show_progress=False)
+    data = json.loads((wikitext / "data.json").read_text(encoding="utf-8"))
+    (wikitext / "data.json").write_text(json.dumps({**data, "text_reader": 2}), encoding="utf-8")
+    argv = ["pretrain", "--out", str(wikitext), "--resume", "--max-steps", "3", "--quiet"]
+    assert_clean_failure(capsys, argv, "version 2 of the text reader, and this is version 3")
 
 
 @pytest.mark.slow

@@ -285,7 +285,7 @@ def test_raw_text_words_and_their_character_offsets(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "word", ["Capt.", "Fig.", "Jan.", "Corp.", "e.g.", "J.", "U.S.", "no.", "a.", "say."]
+    "word", ["Capt.", "Fig.", "Jan.", "Corp.", "CORP.", "e.g.", "J.", "U.S.", "a.m.", "no.", "a.", "say."]
 )
 def test_the_word_splitter_keeps_a_period_where_the_sentence_splitter_does(tokenizer, word):
     """One list of abbreviations: a period that does not end a sentence stays on its word when

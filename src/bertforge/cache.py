@@ -122,8 +122,8 @@ def cached_shards(
     """Tokenize one corpus file into shards unless shards of the same text and tokenizer are cached."""
     fmt = resolve_format(corpus, format)
     corpus_sha256 = content_hash(corpus)
-    reader = [f"reader-v{READER_VERSION}"] if fmt == "text" else []  # the reader that changed
-    key = cache_key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column), *reader)
+    reader = f"reader-v{READER_VERSION}"  # shards of another reader's sentences are not reused
+    key = cache_key(corpus_sha256, tokenizer.fingerprint, fmt, *_column_part([fmt], text_column), reader)
     folder = cache_dir / "shards" / key
     if not (folder / "meta.json").is_file():
         with entry_lock(folder):

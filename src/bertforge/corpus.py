@@ -159,12 +159,13 @@ def _is_abbreviation(text: str, position: int) -> bool:
 
 
 def takes_its_period(word: str) -> bool:
-    """Whether a period after `word` is part of it, not a sentence's end: initials ("J", "U.S") or a
-    listed abbreviation ("Mr", "e.g", "Corp"). The sentence splitter and `bertforge tag`'s word
-    splitter (`bertforge.alignment`) both ask this."""
+    """Whether a period after `word` is part of it, not a sentence's end: initials ("J", "U.S", "a.m")
+    or a listed abbreviation ("Mr", "e.g", "Corp", "CORP"). The sentence splitter and `bertforge tag`'s
+    word splitter (`bertforge.alignment`) both ask this."""
     parts = word.split(".")
-    initials = all(len(part) == 1 and part.isalpha() for part in parts) and parts[-1].isupper()
-    return initials or word in _ABBREVIATIONS
+    letters = all(len(part) == 1 and part.isalpha() for part in parts)
+    initials = letters and (len(parts) > 1 or word.isupper())  # a lone lower-case letter ends sentences
+    return initials or word in _ABBREVIATIONS or (word.isupper() and word.capitalize() in _ABBREVIATIONS)
 
 
 def _byte_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:

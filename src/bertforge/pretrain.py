@@ -67,7 +67,7 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
-from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files, resolve_format
+from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -205,7 +205,7 @@ def run_pretraining(
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
         warn_valid_in_training(corpus_files, config.data.valid, hashes, resume)
         if resume and not allow_changed_data:
-            refuse_changed_corpus(out, hashes, reads_plain_text(corpus_files, config.data))
+            refuse_changed_corpus(out, hashes, reads_text=bool(corpus_files) or bool(config.data.valid))
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
@@ -563,15 +563,9 @@ def warn_valid_in_training(
         )
 
 
-def reads_plain_text(corpus_files: list[Path], data: DataConfig) -> bool:
-    """Whether the run reads a corpus or validation file as plain text (whose reader is versioned)."""
-    files = [*corpus_files, *([Path(data.valid)] if data.valid else [])]
-    return any(resolve_format(file, data.format) == "text" for file in files)
-
-
-def refuse_changed_corpus(out: Path, hashes: dict[str, str], plain_text: bool) -> None:
-    """Refuse to resume on text other than the run started on, or on plain text read by another version of
-    the reader (`corpus.READER_VERSION`; data.json without `text_reader`: version 1), whose sentences may
+def refuse_changed_corpus(out: Path, hashes: dict[str, str], reads_text: bool) -> None:
+    """Refuse to resume on text other than the run started on, or on text read by another version of the
+    reader (`corpus.READER_VERSION`; data.json without `text_reader`: version 1), whose sentences may
     differ; a run folder without data.json is not checked."""
     if not (out / DATA).is_file():
         return
@@ -583,12 +577,12 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], plain_text: bool) -
         "resume on the text it started on, pass `allow_changed_data=True` to train on the changed text, "
         "or start a new run",
     )
-    if plain_text and saved.get("text_reader", 1) != READER_VERSION:
+    if reads_text and saved.get("text_reader", 1) != READER_VERSION:
         raise BertforgeError(
-            f"the run in {out} read its plain text with version {saved.get('text_reader', 1)} of the text "
-            f"reader, and this is version {READER_VERSION} (a sentence ends at every line break, CR alone "
-            "included), so its sentence pairs may change; pass "
-            "`allow_changed_data=True` to go on with the text read anew, or start a new run"
+            f"the run in {out} read its text with version {saved.get('text_reader', 1)} of the text reader, "
+            f"and this is version {READER_VERSION}, which may split sentences elsewhere (at every line "
+            "break, a CR alone included, and not after a.m. or Corp.), so its sentence pairs may change; "
+            "pass `allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
 
 
