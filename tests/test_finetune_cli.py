@@ -597,3 +597,5 @@ def test_fine_tuning_past_the_pretrained_length_says_so(tmp_path, tiny_pretraine
             main([*finetune_argv(short, *data, tmp_path / "at16", "--epochs", "1"), "--max-length", "16"])
             == 0
         )
+        scratch = [*finetune_argv(short, *data, tmp_path / "scratch", "--epochs", "1"), "--from-scratch"]
+        assert main(scratch) == 0  # random weights throughout: nothing to say about positions

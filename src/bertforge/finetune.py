@@ -61,7 +61,7 @@ from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints,
 from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
-from bertforge.folders import open_encoder, refuse_other_kind
+from bertforge.folders import encoder_trained_length, open_encoder, refuse_other_kind
 from bertforge.glue_recipes import DEFAULT_RECIPES
 from bertforge.io import (
     RunFolderLock,
@@ -292,8 +292,9 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
     if is_tagging(task):
         check_tagging_task(task, config)
     check_max_length(config, task)
-    if not resume:
-        warn_untrained_positions(task.model, pretrained.trained_length, config.data.max_seq_length)
+    if not (resume or task.from_scratch):  # a run from scratch trains every position from its draw
+        trained = encoder_trained_length(task.model, pretrained)
+        warn_untrained_positions(task.model, trained, config.data.max_seq_length)
     validate(config)  # before set_epochs divides by the batch size
     data = task_data(task, tokenizer, config.data.max_seq_length)
     check_best_by(task, data.kind)

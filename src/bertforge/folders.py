@@ -332,6 +332,13 @@ def open_encoder(path: str | Path) -> tuple[RunConfig, BertTokenizer, dict[str, 
     return config, tokenizer, encoder
 
 
+def encoder_trained_length(path: str | Path, config: RunConfig) -> int:
+    """The longest sequence the model that `path` names trained at (`trained_length`), `config` its
+    run config as `open_encoder` read it."""
+    folder = find_model_folder(path)
+    return trained_length(config, folder.path if folder.is_checkpoint else None)
+
+
 def open_classifier(path: str | Path) -> tuple[Classifier, BertTokenizer, list[str], RunConfig]:
     """Model, tokenizer, label names and run config of a classifier folder (ours or exported), or of
     a fine-tuning run folder's `final/`."""

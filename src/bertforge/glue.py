@@ -278,7 +278,7 @@ def run_tasks(
         raise
     finally:
         progress.close()
-    return tasks, {"jobs": share.jobs, "threads_per_run": share.threads}
+    return tasks, {"jobs": share.workers, "threads_per_run": share.threads}  # this invocation's
 
 
 def refuse_longer_than_the_model(bench: GlueBenchmark, positions: int | None) -> None:
