@@ -229,20 +229,26 @@ def test_precision_probe_times_a_gpts_vocabulary_projection():
     assert machine_key(bert) == machine_key(ModelConfig(vocab_size=8))  # BERT's probe ignores the vocabulary
 
 
-def test_a_gpt_run_on_a_bert_config_file_records_no_sentence_pairs(tmp_path):
-    """A config file that trains BERT with NSP serves a GPT too, which trains none: its config says so."""
+def test_a_gpt_run_on_a_bert_config_file_records_no_sentence_pairs(
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    """A config file that trains BERT with NSP (or NSP for its warmup) serves a GPT too, which trains
+    none: the run's config.json says so, from the command line or the Python API."""
     from bertforge.cli import build_parser
     from bertforge.commands.pretraining import pretrain_config
 
-    (tmp_path / "bert.toml").write_text('preset = "mini"\n[data]\nnsp = true\n')
-
-    def config(*flags):
-        argv = ["pretrain", *flags, "--config", str(tmp_path / "bert.toml"), "--corpus", "x", "--out", "y"]
-        return pretrain_config(build_parser().parse_args(argv))
-
-    assert config().data.nsp
-    gpt = config("--objective", "clm")
-    assert (gpt.model.objective, gpt.data.nsp) == ("clm", False)
+    warmup_nsp = "[data]\nnsp = false\nwarmup_nsp = true\nwarmup_seq_length = 32\n"
+    for name, data in (("nsp", "[data]\nnsp = true\n"), ("warmup", warmup_nsp)):
+        (tmp_path / f"{name}.toml").write_text(f'preset = "mini"\n{data}', encoding="utf-8")
+        argv = ["pretrain", "--config", str(tmp_path / f"{name}.toml"), "--corpus", "x", "--out", "y"]
+        bert = pretrain_config(build_parser().parse_args(argv))
+        assert bert.data.nsp or bert.data.warmup_nsp
+        gpt = pretrain_config(build_parser().parse_args([*argv, "--objective", "clm"]))
+        assert (gpt.model.objective, gpt.data.nsp, gpt.data.warmup_nsp) == ("clm", False, False)
+    config = clm_config(wiki_slice, wiki_valid_slice, max_steps=1, eval_every=1)
+    config.data.nsp = True  # as a BERT config would have it
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert not read_config(tmp_path / "run").data.nsp
 
 
 # ------------------------------------------------------------------------------ using the model

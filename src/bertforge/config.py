@@ -271,6 +271,13 @@ def apply_objective(config: RunConfig, objective: str) -> None:
         config.data.nsp = False
 
 
+def drop_pairs_for_a_gpt(config: RunConfig) -> None:
+    """A GPT reads no sentence pairs: clear `data.nsp` and `data.warmup_nsp`, which a config file
+    written for BERT may set, so that the run's config.json says what it trains."""
+    if config.model.objective == "clm":
+        config.data.nsp = config.data.warmup_nsp = False
+
+
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():

@@ -65,7 +65,7 @@ from bertforge.checkpoint import (
     pretraining_model,
     save_model_folder,
 )
-from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, validate
+from bertforge.config import DataConfig, RunConfig, drop_pairs_for_a_gpt, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
 from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
@@ -194,6 +194,8 @@ def run_pretraining(
         start_afresh(out)
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
     absolute_data_paths(config.data)
+    if not resume:
+        drop_pairs_for_a_gpt(config)
     validate(config)
     apply_threads(config.runtime)
     # Under torchrun every rank reads the cache (one builds each entry, the others wait on its lock),

@@ -23,6 +23,7 @@ from bertforge.config import (
     apply_objective,
     apply_overrides,
     apply_preset,
+    drop_pairs_for_a_gpt,
     load_toml,
     validate,
 )
@@ -330,8 +331,8 @@ def pretrain_config(args) -> RunConfig:
     apply_overrides(config, args.set)
     if args.resume:
         refuse_reshaping(saved, config, args.out)
-    elif config.model.objective == "clm":
-        config.data.nsp = False  # a config file's, for BERT: the run's config.json says what a GPT trains
+    else:
+        drop_pairs_for_a_gpt(config)
     validate(config)
     warn_unread_by_a_gpt(config, args)
     return config
