@@ -527,6 +527,8 @@ def test_export_refusals(tmp_path, capsys, run, exported):
     if os.path.isdir("/proc/self"):  # a folder where no file can be made, even by root
         argv = ["export", "--model", str(run), "--out", "/proc/bertforge-export"]
         assert_clean_failure(capsys, argv, "cannot write /proc/bertforge-export: its lock file")
+        argv = ["export", "--model", str(run), "--out", "/proc/bertforge-export/hf"]
+        assert_clean_failure(capsys, argv, "cannot make the folder /proc/bertforge-export for")
     damaged = broken_copy(tmp_path, run)
     weights = damaged / "final" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:500])

@@ -491,6 +491,11 @@ def sole_writer(path: Path) -> Iterator[None]:
     lock = builder_lock(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise write_error(path, error) or BertforgeError(
+            f"cannot make the folder {path.parent} for {path} ({error.strerror}); choose another `out`"
+        ) from None
+    try:
         taken = lock.acquire(wait=False)
     except OSError as error:
         raise write_error(path, error) or BertforgeError(
