@@ -175,6 +175,7 @@ def test_a_checkpoint_from_the_sequence_length_warmup_reads_at_the_warmup_length
     assert bertforge.load(tmp_path / "run")[0].max_length == 64  # final/
     export_model(checkpoints / "step_000002", tmp_path / "hf")  # transformers cuts where training stood
     assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["model_max_length"] == 16
+    assert bertforge.load(tmp_path / "hf")[0].max_length == 16  # and bertforge reading the export
     # A state.json from before the warmup's end was recorded: read as trained at full length.
     state = json.loads((checkpoints / "step_000002" / "state.json").read_text())
     del state["warmup_end_epoch"]

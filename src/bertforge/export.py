@@ -101,13 +101,25 @@ def write_export(source: ModelFolder, out: Path) -> dict:
         write_json(tmp / CONFIG, hf_config(config.model, architecture, labels))
         tokenizer.save(tmp, length)
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS_MAP)
-        save_json(config, tmp / BERTFORGE_CONFIG)
+        save_json(as_trained(config, length), tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, TOKEN_TASK if tagger else None, pairs))
         untrained = pretraining_heads_untrained(source.path, config) if labels is None else []
         if untrained:
             write_json(tmp / UNTRAINED_HEADS, {"heads": untrained})  # for whoever reads it, import-hf too
     return {"architecture": architecture, "out": out, "untrained": untrained}
+
+
+def as_trained(config: RunConfig, length: int) -> RunConfig:
+    """`config` as the exported model trained: a checkpoint of the sequence-length warmup (`length`
+    below the run's) at the warmup's length and pairs, so that a reader of the export reads no further."""
+    if length >= config.trained_length:
+        return config
+    trained = RunConfig.from_dict(config.to_dict())
+    data = trained.data
+    data.max_seq_length, data.warmup_seq_length = length, 0
+    data.nsp, data.warmup_nsp = data.nsp or data.warmup_nsp, False
+    return trained
 
 
 def checked_model(folder: Path, config: RunConfig, labels: list[str] | None) -> torch.nn.Module:
@@ -139,7 +151,7 @@ def export_gpt(
     with atomic_directory(out) as tmp:
         tokenizer.save(tmp)  # vocab.txt and bertforge_tokenizer.json; tokenizer.json is replaced next
         write_hf_folder(tmp, model, tokenizer, labels=labels, max_length=length)
-        save_json(config, tmp / BERTFORGE_CONFIG)
+        save_json(as_trained(config, length), tmp / BERTFORGE_CONFIG)
         if labels is not None:
             write_json(tmp / LABELS, label_file(labels, pairs=pairs))
     architecture = GPT_ARCHITECTURE if labels is None else GPT_CLASSIFIER_ARCHITECTURE
