@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 import torch
@@ -160,6 +161,34 @@ def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
     assert 0 < result["step"] < 1_000_000
     assert 6.0 <= result["elapsed_s"] < 30  # the run lasts its 6-second budget, not much longer
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()  # LR decay by time: fake-clock test
+
+
+def test_an_evaluation_that_spends_the_time_budget_ends_the_run_at_its_step(
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, monkeypatch
+):
+    """Step 6's evaluation outlasts the 6-second budget: the run ends at step 6, evaluated and
+    checkpointed once, rather than taking a step 7 at a learning rate of 0 and evaluating again."""
+    from bertforge.train import Trainer
+
+    evaluate = Trainer.evaluate
+
+    def slow_evaluate(self, step, bar):
+        evaluate(self, step, bar)
+        if step == 6:
+            time.sleep(7)
+
+    monkeypatch.setattr(Trainer, "evaluate", slow_evaluate)
+    config = tiny_config(wiki_slice, wiki_valid_slice, max_steps=1_000_000, eval_every=6, max_minutes=0.1)
+    config.train.log_every, config.train.checkpoint_every = 4, 1000  # step 6 neither logs nor saves by them
+    result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    assert result["step"] == 6
+    lines = metrics_lines(tmp_path / "run")
+    assert [(line["split"], line["step"]) for line in lines if line["step"] > 4] == [
+        ("train", 6),
+        ("valid", 6),
+    ]
+    assert [path.name for path in list_checkpoints(tmp_path / "run")][-1] == "step_000006"
+    assert lines[-1]["tokens"] == result["tokens"]  # the held-out line counts every step's tokens
 
 
 @pytest.mark.slow

@@ -490,7 +490,24 @@ class Trainer:
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done or checkpoint_now
         evaluate = step % self.train_cfg.eval_every == 0 or done
-        log = step % self.train_cfg.log_every == 0 or checkpoint
+        log = (
+            step % self.train_cfg.log_every == 0 or checkpoint or evaluate
+        )  # held-out lines count its tokens
+        self.log_evaluate_checkpoint(step, lr, bar, log, evaluate, checkpoint)
+        if log and not done and self.schedule.progress(step, self.elapsed()) >= 1.0:
+            # the evaluation or checkpoint spent what was left of a time budget: this step ends the run,
+            # rather than one more at a learning rate of 0
+            self.log_evaluate_checkpoint(step, lr, bar, False, not evaluate, not checkpoint)
+            done = True
+        if checkpoint or done or step % self.train_cfg.eval_every == 0:
+            self.window.restart()  # evaluation and checkpoint time are not training throughput
+        return done
+
+    def log_evaluate_checkpoint(
+        self, step: int, lr: float, bar: Progress, log: bool, evaluate: bool, checkpoint: bool
+    ) -> None:
+        """The training line of the log window ending at `step`, the held-out metrics and a checkpoint,
+        those asked for, in that order."""
         # The window also closes at checkpoints so a resumed run logs the same windows.
         if log:
             record, tokens = self.window.flush(self.objective.summarize, lr, self.window_figures)
@@ -511,9 +528,6 @@ class Trainer:
             self.evaluate(step, bar)
         if checkpoint:
             self.save_checkpoint(step)
-        if checkpoint or step % self.train_cfg.eval_every == 0:
-            self.window.restart()  # evaluation and checkpoint time are not training throughput
-        return done
 
     def window_figures(self, totals: dict[str, float], tokens: float, seconds: float) -> dict:
         """On CUDA, a log window's MFU and peak memory (`metrics_log.DeviceFigures`), at its length."""
