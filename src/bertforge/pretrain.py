@@ -406,6 +406,10 @@ def objective_parts(objective: str) -> tuple:
     return epoch_batches, masked_lm_and_nsp_loss, summarize_pretraining
 
 
+JUDGED_PAIRS = 50  # fewer sequences than this tell nothing about a corpus's documents
+SHORT_FILL = 0.5  # sequences filled below this share on average are worth a warning
+
+
 def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> None:
     """Draw epoch 0's sequences once, so that an unusable corpus is refused before anything is written."""
     data, seed = config.data, config.runtime.seed
@@ -414,8 +418,18 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
         return
     nsp = trains_nsp(config)  # BERT here: in the warmup or all along
     pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0)
+    if not distributed.launched().is_main or len(pairs) < JUDGED_PAIRS:  # too few to tell chance apart
+        return
+    real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
+    if real < SHORT_FILL * data.max_seq_length:
+        warnings.warn(
+            f"the sequences hold {real:.0f} real tokens on average of the {data.max_seq_length} they could: "
+            "each is taken from one document, and the corpus's documents are short (in plain text a blank "
+            "line ends one, in JSON lines each line is one); join documents, or lower data.max_seq_length",
+            stacklevel=2,
+        )
     random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
-    if random_share > 0.6 and distributed.launched().is_main:  # Google's pairs are about half random
+    if random_share > 0.6:  # Google's pairs are about half random
         warnings.warn(
             f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
             "is usual: many documents of the corpus have one sentence, and each gets a random partner, "

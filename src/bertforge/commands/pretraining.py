@@ -188,7 +188,9 @@ def add_setting_arguments(p) -> None:
     add_precision_argument(p)
     add_device_argument(p, default=None)
     p.add_argument("--seed", type=int)
-    p.add_argument("--no-nsp", action="store_true", help="MLM only: contiguous text fills whole sequences")
+    p.add_argument(
+        "--no-nsp", action="store_true", help="MLM only: each document's text in windows of whole sequences"
+    )
 
 
 def add_evaluate_command(commands) -> None:
