@@ -34,6 +34,18 @@ def test_evaluate_reads_the_named_text_column(tmp_path, tiny_pretrained_run, wik
     assert metrics["mlm_loss"] > 0 and metrics["unigram_entropy"] > 0
     assert main(argv) == 2  # the default column, "text", is not in these records
     assert '"text"' in capsys.readouterr().err
+    showcase = ["showcase", "--model", str(tiny_pretrained_run), "--corpus", str(corpus), "--sentences", "2"]
+    assert main([*showcase, "--text-column", "body"]) == 0
+    assert main(showcase) == 2 and "--text-column" in capsys.readouterr().err  # a flag it has
+    run = tmp_path / "run"  # a run that read its corpus's "body" field: both read that field by default
+    shutil.copytree(tiny_pretrained_run, run)
+    for path in (run / "config.json", run / "final" / "config.json"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config["data"]["text_column"] = "body"
+        path.write_text(json.dumps(config), encoding="utf-8")
+    assert main([*argv[:2], str(run), *argv[3:]]) == 0
+    assert json.loads(capsys.readouterr().out) == metrics
+    assert main([*showcase[:2], str(run), *showcase[3:]]) == 0
 
 
 def test_evaluate_shows_its_progress_over_the_batches_unless_quiet(

@@ -19,7 +19,6 @@ from bertforge.batches import SeededBatches
 from bertforge.cache import cached_shards, default_cache_dir
 from bertforge.config import DataConfig
 from bertforge.config_rules import trains_nsp
-from bertforge.corpus import DEFAULT_TEXT_COLUMN
 from bertforge.errors import BertforgeError
 from bertforge.folders import open_pretrained
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
@@ -164,7 +163,7 @@ def evaluate_model(
     max_length: int | None = None,
     cache_dir: Path | None = None,
     show_progress: bool = True,
-    text_column: str = DEFAULT_TEXT_COLUMN,
+    text_column: str | None = None,
     nsp: bool | None = None,
 ) -> dict[str, float]:
     """Evaluate a saved model (run folder, `final/`, checkpoint, imported or exported folder) on a
@@ -173,7 +172,8 @@ def evaluate_model(
     windows (False), to compare a model trained with NSP and one without on the same text.
 
     Returns the metrics (NSP's only from a model that trained its NSP head) and, as a reference for
-    `mlm_loss`, the text's `unigram_entropy`. `precision`: see `evaluation_precision`."""
+    `mlm_loss`, the text's `unigram_entropy`. `precision`: see `evaluation_precision`. `text_column`: a
+    JSON-lines or Parquet corpus's text field, by default the one the model's run read."""
     model, tokenizer, config = open_pretrained(model_path, needs=("mlm",))
     data = config.data
     trained_nsp = trains_nsp(config)  # all along, or in the sequence-length warmup
@@ -193,7 +193,12 @@ def evaluate_model(
     if max_pairs is not None:
         data.eval_max_pairs = max_pairs
     shards = cached_shards(
-        Path(corpus), tokenizer, format, cache_dir or default_cache_dir(), show_progress, text_column
+        Path(corpus),
+        tokenizer,
+        format,
+        cache_dir or default_cache_dir(),
+        show_progress,
+        text_column or data.text_column,
     )
     batches = evaluation_batches(shards, tokenizer, data, config.model.objective, str(corpus))
     where = resolve_device(device)

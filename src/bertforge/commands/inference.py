@@ -129,10 +129,15 @@ def add_showcase_command(commands) -> None:
     )
     p.add_argument("--corpus", type=Path, required=True, help="text to draw sentences from (held-out text)")
     p.add_argument("--format", default="auto", choices=FORMATS)
+    p.add_argument(
+        "--text-column", help="a JSON-lines or Parquet corpus's text field (default: the model's run's)"
+    )
     p.add_argument("--sentences", type=int, default=5, help="how many sentences")
     p.add_argument("--seed", type=int, default=0)
     add_model_arguments(p)
-    p.set_defaults(handler=run_showcase, setting_flags={"data.format": "--format"})
+    p.set_defaults(
+        handler=run_showcase, setting_flags={"data.format": "--format", "data.text_column": "--text-column"}
+    )
 
 
 def add_generate_command(commands) -> None:
@@ -323,8 +328,9 @@ def run_showcase(args) -> int:
     from bertforge.infer import showcase
     from bertforge.progress import plural
 
-    documents = list(islice(read_documents(args.corpus, args.format), SHOWCASE_DOCUMENTS))
-    model, tokenizer, _ = load_on_device(args)
+    model, tokenizer, config = load_on_device(args)
+    column = args.text_column or config.data.text_column
+    documents = list(islice(read_documents(args.corpus, args.format, text_column=column), SHOWCASE_DOCUMENTS))
     examples = showcase(
         model, tokenizer, documents, count=args.sentences, seed=args.seed, batch_size=args.batch_size
     )

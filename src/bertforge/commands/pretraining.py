@@ -222,7 +222,10 @@ def add_evaluate_command(commands) -> None:
         help="evaluate on NSP sentence pairs (--nsp) or contiguous windows (--no-nsp); default: the kind "
         "the model trained on. To compare a model trained with NSP and one without on the same sequences",
     )
-    p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
+    p.add_argument(
+        "--text-column",
+        help="the JSON-lines field or Parquet column holding the text (default: the model's run's)",
+    )
     add_device_argument(p)
     p.add_argument(
         "--precision",
