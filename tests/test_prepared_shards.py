@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,6 +90,9 @@ def test_pretraining_on_prepared_shards_is_pretraining_on_their_corpus(
         main(["pretrain", "--out", str(tmp_path / "shards"), "--resume", "--max-steps", "3", "--quiet"]) == 0
     )
     assert train_losses(tmp_path / "shards")[-1][0] == 3
+    held_out = ["--valid", str(wiki_slice), "--out", str(tmp_path / "memorised")]  # the shards' own text
+    with pytest.warns(UserWarning, match=f"is also training text \\({re.escape(str(prepared))}\\)"):
+        assert main(["pretrain", "--shards", str(prepared), *held_out, *tokenizer, *TINY]) == 0
 
 
 def test_shards_of_another_tokenizer_are_refused(prepared, wiki_valid_slice, tmp_path, capsys):

@@ -205,7 +205,7 @@ def run_pretraining(
     with distributed.joined_after(device, config.runtime.dist_timeout_minutes) as world:
         corpus_files, prepared = training_text(config.data)  # checked before any work
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
-        warn_valid_in_training(corpus_files, config.data.valid, hashes, resume)
+        warn_valid_in_training(corpus_files, config.data.valid, hashes, resume, prepared)
         if resume and not allow_changed_data:
             refuse_changed_corpus(out, hashes, reads_text=bool(corpus_files) or bool(config.data.valid))
         init_state = None
@@ -564,13 +564,15 @@ def data_hashes(corpus_files: list[Path], valid: str, prepared: list[TokenShards
 
 
 def warn_valid_in_training(
-    corpus_files: list[Path], valid: str, hashes: dict[str, str], resume: bool
+    corpus_files: list[Path], valid: str, hashes: dict[str, str], resume: bool, prepared: list[TokenShards]
 ) -> None:
-    """Warn (once, as a run starts) when the validation file's bytes are also a training file's."""
+    """Warn (once, as a run starts) when the validation file's bytes are also a training file's, or
+    the text a shard folder of `prepared` was made from."""
     if not valid or resume or not distributed.launched().is_main:
         return
     held_out = hashes[os.path.abspath(valid)]
     same = [str(file) for file in corpus_files if hashes[os.path.abspath(file)] == held_out]
+    same += [str(part.path) for part in prepared if part.meta.get("source", {}).get("sha256") == held_out]
     if same:
         warnings.warn(
             f"the validation file {valid} is also training text ({same[0]}): its held-out figures "
