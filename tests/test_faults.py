@@ -258,3 +258,24 @@ def test_a_second_writer_of_one_out_is_refused(command, tmp_path, capsys, wiki_s
 
     assert main([*argv, "--quiet"] if command == "embed" else argv) == 0  # alone, it writes
     assert out.exists()
+
+
+def test_equal_weights_give_equal_weight_files(tmp_path, small_tokenizer_dir):
+    """safetensors writes its metadata in hash-map order; the files are rewritten in key order, so a
+    `sha256sum` of two runs' equal weights agrees (and the metadata still reads)."""
+    from safetensors import safe_open
+
+    from bertforge.checkpoint import save_weights
+    from bertforge.model import BertForPreTraining
+    from bertforge.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    model, tokenizer = BertForPreTraining(tiny_config().model), load_tokenizer(small_tokenizer_dir)
+    files = [tmp_path / f"{i}.safetensors" for i in range(6)]
+    for path in files:
+        save_weights(model, path, tokenizer)
+    assert len({path.read_bytes() for path in files}) == 1
+    with safe_open(str(files[0]), "pt") as weights:
+        assert weights.metadata()["format"] == "pt" and len(weights.metadata()) == 3
+    assert torch.equal(read_weights(files[0])["bert.embeddings.word_embeddings.weight"],
+                       model.bert.embeddings.word_embeddings.weight)  # fmt: skip

@@ -28,9 +28,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import math
 import pickle
 import re
+import struct
 from pathlib import Path
 
 import torch
@@ -79,6 +81,20 @@ def save_weights(model: torch.nn.Module, path: Path, tokenizer: BertTokenizer | 
     if tokenizer is not None:
         metadata[TOKENIZER_METADATA] = tokenizer.fingerprint
     save_file(tensors, str(path), metadata=metadata)
+    sort_metadata(path)
+
+
+def sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's header with its metadata in key order (safetensors writes them in
+    hash-map order), so that equal weights give equal bytes. The header keeps its length."""
+    with open(path, "r+b") as file:
+        (length,) = struct.unpack("<Q", file.read(8))  # the header's bytes, after these 8
+        header = json.loads(file.read(length))
+        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= length:  # as written, in another order: it fits (padded as safetensors pads)
+            file.seek(8)
+            file.write(text.ljust(length))
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
