@@ -500,6 +500,9 @@ def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
             yield document
 
 
+_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
+
+
 def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
     field = json.dumps(column)
     hint = f'each line must be one JSON object with a string {field} field, e.g. {{{field}: "..."}}'
@@ -508,7 +511,10 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise BertforgeError(f"{path}, line {number}: not valid JSON ({error.msg}); {hint}") from None
-    if not isinstance(record, dict) or not isinstance(record.get(column), str):
+    if isinstance(record, dict) and column in record and not isinstance(record[column], str):
+        kind = _JSON_KINDS.get(type(record[column]), "null")
+        raise BertforgeError(f"{path}, line {number}: the {field} field is {kind}, not a string; {hint}")
+    if not isinstance(record, dict) or column not in record:
         fields = f" (its fields: {', '.join(record)})" if isinstance(record, dict) and record else ""
         raise BertforgeError(f"{path}, line {number}: no string {field} field{fields}; {hint}")
     text = record[column]
