@@ -503,9 +503,11 @@ def test_pretrain_on_several_corpora_then_resume(tmp_path, capsys, wiki_slice):
     assert {"zorblax", "quuxle"} <= vocabulary  # the tokenizer saw the gzip and Parquet files
     assert len(list((cache / "shards").iterdir())) == 3  # one shard folder per file
     capsys.readouterr()
-    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "3", *common]) == 0
+    shown = [arg for arg in common if arg != "--quiet"]
+    assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "3", *shown]) == 0
     out = capsys.readouterr().out
     assert "trained 3 steps" in out and "already reached its end" not in out
+    assert f"resuming from {run / 'checkpoints' / 'step_000002'} (step 2)" in out
     assert re.search(r"tokens in \d+ s \(", out)  # seconds, not "0.0 min"
     assert main(["pretrain", "--out", str(run), "--resume", *common]) == 0  # nothing left to train
     out = capsys.readouterr().out

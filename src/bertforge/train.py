@@ -176,6 +176,7 @@ class Trainer:
         self.checkpoint_every = self.train_cfg.checkpoint_every or self.train_cfg.eval_every
         self.signals = StopSignals()
         self.state = TrainState(micro_batch=self.plan.micro_batch, world_size=self.world.world_size)
+        self.resumed_from: Path | None = None  # the checkpoint a resumed run continues from
         if resume:
             self.restore()
         else:
@@ -194,6 +195,7 @@ class Trainer:
                 f"{self.run_dir} has no checkpoint to resume from; start again without `resume=True`"
             )
         path, saved_state = self.load_newest_intact(checkpoints)
+        self.resumed_from = path
         self.state.load_state_dict(saved_state)  # a state without micro_batch keeps this run's
         saved = self.state.micro_batch
         if saved != self.plan.micro_batch:
@@ -275,6 +277,8 @@ class Trainer:
             if valid := self.objective.evaluate(self.model):  # empty without validation text
                 self.log.append({"step": 0, "split": "valid", **valid})
             self.evaluate_at_warmup_length(0)
+        if self.resumed_from is not None and show_progress and self.world.is_main:
+            print(f"resuming from {self.resumed_from} (step {self.state.step:,})", flush=True)
         stream = self.start()
         bar, first_step = self.progress_bar(show_progress), self.state.step
         # The step that ends the run is the one `after_step` finds at the end, which it logs, evaluates
