@@ -11,6 +11,7 @@ from conftest import metrics_lines, tiny_config
 
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.config import TrainConfig
+from bertforge.errors import BertforgeError
 from bertforge.folders import open_pretrained
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.pretrain import pretrain
@@ -487,6 +488,12 @@ def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice
     few = tmp_path / "few.txt"  # a handful of pairs: chance, not the corpus, decides the shares
     few.write_text("\n\n".join(sentences[:20]) + "\n", encoding="utf-8")
     config.data.nsp = True
+    config.train.batch_size = 64  # more than the handful of pairs: refused with both counts
+    with pytest.raises(
+        BertforgeError, match=r"gives \d+ sequences of up to 64 tokens, fewer than one batch of 64"
+    ):
+        check_training_data(cached_shards(few, tokenizer, "auto", tmp_path / "cache", False), config)
+    config.train.batch_size = 8
     for corpus in (few, wiki_slice):  # WikiText's documents: about half random, full windows
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -406,6 +406,15 @@ def objective_parts(objective: str) -> tuple:
     return epoch_batches, masked_lm_and_nsp_loss, summarize_pretraining
 
 
+def refuse_less_than_a_batch(sequences: int, config: RunConfig) -> None:
+    """Refuse a corpus that gives fewer sequences than one optimizer step takes, with both counts."""
+    if sequences < config.train.batch_size:
+        raise BertforgeError(
+            f"the training text gives {sequences:,} sequences of up to {config.data.max_seq_length} tokens, "
+            f"fewer than one batch of {config.train.batch_size}; lower train.batch_size or add text"
+        )
+
+
 JUDGED_PAIRS = 50  # fewer sequences than this tell nothing about a corpus's documents
 SHORT_FILL = 0.5  # sequences filled below this share on average are worth a warning
 
@@ -414,10 +423,11 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
     """Draw epoch 0's sequences once, so that an unusable corpus is refused before anything is written."""
     data, seed = config.data, config.runtime.seed
     if config.model.objective == "clm":
-        window_starts(shards, data.max_seq_length, seed, 0)
+        refuse_less_than_a_batch(len(window_starts(shards, data.max_seq_length, seed, 0)), config)
         return
     nsp = trains_nsp(config)  # BERT here: in the warmup or all along
     pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0)
+    refuse_less_than_a_batch(len(pairs), config)
     if not distributed.launched().is_main or len(pairs) < JUDGED_PAIRS:  # too few to tell chance apart
         return
     real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
