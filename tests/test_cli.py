@@ -473,6 +473,10 @@ def test_a_repeated_corpus_is_read_whole_or_refused(tmp_path, capsys, small_toke
     assert_clean_failure(
         capsys, [*argv, "--out", str(tmp_path / "shards")], "prepare takes one --corpus file"
     )
+    pattern = ["prepare", "--corpus", str(tmp_path / "*.txt"), "--tokenizer", str(small_tokenizer_dir)]
+    assert_clean_failure(
+        capsys, [*pattern, "--out", str(tmp_path / "shards")], "one --corpus file, not a pattern"
+    )
     assert not (tmp_path / "shards").exists()
 
 

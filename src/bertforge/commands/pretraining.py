@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import shlex
 import sys
@@ -263,10 +264,13 @@ def run_prepare(args) -> int:
     from bertforge.shards import prepare_shards
     from bertforge.tokenizer import load_given_tokenizer
 
-    if len(args.corpus) > 1:
+    pattern = (
+        len(args.corpus) == 1 and not Path(args.corpus[0]).exists() and glob.has_magic(str(args.corpus[0]))
+    )
+    if len(args.corpus) > 1 or pattern:
         raise BertforgeError(
-            "prepare takes one --corpus file; prepare each corpus into its own folder and give "
-            "`pretrain --shards` once per folder"
+            "prepare takes one --corpus file, not a pattern; prepare each corpus file into its own folder "
+            "and give `pretrain --shards` once per folder"
         )
     check_new_folder(args.out)
     with nothing_kept_on_ctrl_c(args.out):
