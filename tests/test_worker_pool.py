@@ -302,3 +302,26 @@ def test_two_runs_at_a_time_by_default_on_a_cpu_with_two_threads_or_more():
     # one run left of four, two at a time: one worker of one thread
     pool = worker_pool(share_threads(2, 2, 4, 1))
     assert isinstance(pool, WorkerPool) and (pool.jobs, pool.threads) == (1, 1)
+
+
+def test_a_stop_signal_lost_in_a_finalizer_prints_no_traceback(capsys, monkeypatch):
+    """A worker's signal raises KeyboardInterrupt wherever the job is; inside a finalizer (a weakref's
+    callback during garbage collection) Python drops it and would print "Exception ignored" with a
+    traceback. The worker prints nothing of it (the signal stays recorded); other lost exceptions are
+    printed as usual."""
+    from bertforge.worker_pool import JobSignals
+
+    class Finalized:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error
+
+    signals = JobSignals()
+    signals.received = signal.SIGTERM
+    monkeypatch.setattr(sys, "unraisablehook", signals.unraisable)
+    Finalized(KeyboardInterrupt())  # dropped at once, its finalizer raising
+    assert capsys.readouterr().err == ""
+    Finalized(ValueError("a bug"))
+    assert "ValueError: a bug" in capsys.readouterr().err

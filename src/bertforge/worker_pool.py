@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -298,6 +299,7 @@ def work(todo, done, stopping, threads: int, parent: int) -> None:
     signals = JobSignals()
     for signum in STOP_SIGNALS:
         signal.signal(signum, signals.handle)
+    sys.unraisablehook = signals.unraisable
     # A suspended worker whose parent dies gets SIGHUP, then SIGCONT, from the kernel (its process
     # group is orphaned); once continued, `stop_when_orphaned` stops its run with a checkpoint.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -332,6 +334,14 @@ class JobSignals:
         self.received = signum
         if self.in_job:
             raise KeyboardInterrupt
+
+    def unraisable(self, unraisable) -> None:
+        """`sys.unraisablehook`: a KeyboardInterrupt this handler raised inside a finalizer (a weakref's
+        callback during garbage collection) is dropped by Python there; it is not printed as a
+        traceback either. The signal stays recorded: the job runs on to its end, then the worker ends."""
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.received:
+            return
+        sys.__unraisablehook__(unraisable)
 
     def run(self, index: int, function: Callable, args: tuple) -> Outcome:
         try:
