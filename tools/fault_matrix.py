@@ -2852,6 +2852,7 @@ def run_case(case: Case) -> Outcome:
     except Exception as error:  # a bug of the matrix: shown, never hidden as a pass
         result = f"FAIL: the matrix itself broke: {error!r}"
         traceback.print_exc()
+        traceback.print_exc()
     finally:
         trace.close()
     modified = M.world.changed()
