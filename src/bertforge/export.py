@@ -88,7 +88,7 @@ def write_export(source: ModelFolder, out: Path) -> dict:
     config, tokenizer = read_config_and_tokenizer(source)
     labels = read_labels(source.path) if source.has_labels else None
     model, pairs = checked_model(source.path, config, labels), read_pairs(source.path)
-    length = trained_length(config, source.path if source.is_checkpoint else None)  # where transformers cuts
+    length = trained_length(config, source)  # where transformers cuts
     if config.model.objective == "clm":
         return export_gpt(model, config, tokenizer, labels, pairs, out, length)
     if labels is None:

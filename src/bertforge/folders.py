@@ -272,7 +272,7 @@ def open_pretrained(
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
     model.untrained_heads = pretraining_heads_untrained(folder.path, config)
-    model = read_as_trained(model, config, folder.path if folder.is_checkpoint else None)
+    model = read_as_trained(model, config, folder)
     if model.max_length < config.trained_length:
         warnings.warn(
             f"{folder.path} was written during the {model.max_length}-token sequence-length warmup: its "
@@ -335,8 +335,7 @@ def open_encoder(path: str | Path) -> tuple[RunConfig, BertTokenizer, dict[str, 
 def encoder_trained_length(path: str | Path, config: RunConfig) -> int:
     """The longest sequence the model that `path` names trained at (`trained_length`), `config` its
     run config as `open_encoder` read it."""
-    folder = find_model_folder(path)
-    return trained_length(config, folder.path if folder.is_checkpoint else None)
+    return trained_length(config, find_model_folder(path))
 
 
 def open_classifier(path: str | Path) -> tuple[Classifier, BertTokenizer, list[str], RunConfig]:
@@ -393,20 +392,20 @@ def open_labelled_model(
 
 
 def read_as_trained(
-    model: torch.nn.Module, config: RunConfig, checkpoint: Path | None = None
+    model: torch.nn.Module, config: RunConfig, folder: ModelFolder | None = None
 ) -> torch.nn.Module:
     """`model`, marked with the length it was trained at (`model.max_length`, which inference reads
     up to: positions past it never trained)."""
-    model.max_length = trained_length(config, checkpoint)
+    model.max_length = trained_length(config, folder)
     return model
 
 
-def trained_length(config: RunConfig, checkpoint: Path | None = None) -> int:
-    """The longest sequence a model has trained at: its run's (`RunConfig.trained_length`), or for a
-    `checkpoint` written during the sequence-length warmup, the warmup's (its state says the warmup
-    has not ended; a state without that key counts as ended)."""
-    if checkpoint is not None and config.data.warmup_seq_length:
-        state = read_state(checkpoint)
+def trained_length(config: RunConfig, folder: ModelFolder | None = None) -> int:
+    """The longest sequence the model in `folder` has trained at: its run's (`RunConfig.trained_length`),
+    or for a checkpoint written during the sequence-length warmup, the warmup's (its state says the
+    warmup has not ended; a state without that key counts as ended)."""
+    if folder is not None and folder.is_checkpoint and config.data.warmup_seq_length:
+        state = read_state(folder.path)
         if "warmup_end_epoch" in state and state["warmup_end_epoch"] is None:
             return min(config.data.warmup_seq_length, config.trained_length)
     return config.trained_length
