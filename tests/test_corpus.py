@@ -119,6 +119,9 @@ def test_a_crlf_split_across_read_blocks_ends_one_line(tmp_path):
     first = "a" * (_READ_BLOCK - 1)  # its CR ends the first block, its LF starts the second
     path.write_bytes(f"{first}\r\nsecond\r\n".encode())
     assert [line for _, line in _Lines(path)] == [first, "second"]
+    long = "b" * (3 * _READ_BLOCK + 5)  # a line over several blocks, after a CR alone at a block's end
+    path.write_bytes(f"{first}\r{long}\rlast".encode())
+    assert [line for _, line in _Lines(path)] == [first, long, "last"]
 
 
 def test_text_without_capitals_or_full_stops_keeps_a_sentence_a_line(tmp_path):

@@ -25,7 +25,7 @@ from bertforge.errors import BertforgeError, to_utf8
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 READER_VERSION = 3  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
-# text shards key on it
+# cached shards of every format key on it
 COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
 DEFAULT_TEXT_COLUMN = "text"
 
@@ -169,19 +169,24 @@ def takes_its_period(word: str) -> bool:
 
 
 def _byte_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a byte stream read in blocks, each with its end: LF, CRLF or CR alone (classic Mac OS)."""
-    rest = b""
+    """The lines of a byte stream read in blocks, each with its end: LF, CRLF or CR alone (classic Mac OS).
+    Each byte is looked at once, however long its line."""
+    pieces: list[bytes] = []  # the line under way
+    held = b""  # a CR that ended the last block: a line's end, or the first half of a CRLF
     for block in blocks:
-        rest += block
+        block, held = held + block, b""
+        if block.endswith(b"\r"):
+            block, held = block[:-1], b"\r"
         start = 0
-        for end in _LINE_END.finditer(rest):
-            if end.end() == len(rest) and rest.endswith(b"\r"):
-                break  # perhaps the first half of a CRLF: the next block tells
-            yield rest[start : end.end()]
+        for end in _LINE_END.finditer(block):
+            pieces.append(block[start : end.end()])
+            yield b"".join(pieces)
+            pieces.clear()
             start = end.end()
-        rest = rest[start:]
-    if rest:
-        yield rest
+        pieces.append(block[start:])
+    line = b"".join(pieces) + held
+    if line:
+        yield line
 
 
 class _Lines:
