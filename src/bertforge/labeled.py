@@ -283,6 +283,12 @@ def label_names(data: LabeledExamples) -> list[str]:
     return ordered
 
 
+def rare_below(total: int, classes: int) -> float:
+    """How few of `total` items a class (of `classes`) must have to be called rare: under 1%, and under a
+    tenth of an even share, so that a task of hundreds of balanced classes has none."""
+    return total * min(RARE_SHARE, 0.1 / classes)
+
+
 def warn_rare_labels(data: LabeledExamples, names: list[str]) -> None:
     """Warn about classes with under 1% of the rows, listing every class found with its row count.
 
@@ -290,7 +296,7 @@ def warn_rare_labels(data: LabeledExamples, names: list[str]) -> None:
     classes (each under 1%) draws no warning.
     """
     counts = Counter(data.labels)
-    limit = len(data) * min(RARE_SHARE, 0.1 / len(names))
+    limit = rare_below(len(data), len(names))
     rare = [name for name in names if counts[name] < limit]
     if not rare:
         return

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bertforge.entities import OUTSIDE, PREFIXES, entity_spans, is_tag, split_tag
 from bertforge.errors import BertforgeError
-from bertforge.labeled import RARE_SHARE, json_line, read_text
+from bertforge.labeled import json_line, rare_below, read_text
 
 TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
 DOCSTART = "-DOCSTART-"
@@ -228,7 +228,7 @@ def warn_rare_types(data: TaggedExamples, kinds: list[str]) -> None:
     """Warn about entity types with under 1% of the entities (and a tenth of an even share), as
     `labeled.warn_rare_labels` does for classes: a typo'd tag ("B-PRS") becomes a type of its own."""
     counts = Counter(kind for tags in data.tags for kind, _, _ in entity_spans(tags))
-    limit = sum(counts.values()) * min(RARE_SHARE, 0.1 / len(kinds))
+    limit = rare_below(sum(counts.values()), len(kinds))
     rare = [kind for kind in kinds if counts[kind] < limit]
     if not rare:
         return

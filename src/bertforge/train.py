@@ -494,13 +494,12 @@ class Trainer:
         done = self.schedule.progress(step, self.elapsed()) >= 1.0
         checkpoint = step % self.checkpoint_every == 0 or done or checkpoint_now
         evaluate = step % self.train_cfg.eval_every == 0 or done
-        log = (
-            step % self.train_cfg.log_every == 0 or checkpoint or evaluate
-        )  # held-out lines count its tokens
+        # a training line at each evaluation too, so that its held-out line counts every step's tokens
+        log = step % self.train_cfg.log_every == 0 or checkpoint or evaluate
         self.log_evaluate_checkpoint(step, lr, bar, log, evaluate, checkpoint)
         if log and not done and self.schedule.progress(step, self.elapsed()) >= 1.0:
-            # the evaluation or checkpoint spent what was left of a time budget: this step ends the run,
-            # rather than one more at a learning rate of 0
+            # what was logged, evaluated or saved spent the rest of a time budget: this step ends the
+            # run, rather than one more at a learning rate of 0
             self.log_evaluate_checkpoint(step, lr, bar, False, not evaluate, not checkpoint)
             done = True
         if checkpoint or done or step % self.train_cfg.eval_every == 0:

@@ -12,6 +12,14 @@ from bertforge.errors import BertforgeError
 from bertforge.reporting import FOLDER, INSTALL, TARGETS
 
 
+def add_model_text_column_argument(p) -> None:
+    """`--text-column` of a command that reads a corpus with a model: by default the field its run read."""
+    p.add_argument(
+        "--text-column",
+        help="the JSON-lines field or Parquet column of the text (default: the one the model trained on)",
+    )
+
+
 def add_device_argument(p, default: str | None = "auto") -> None:
     """`--device` (`runtime.device`); a training command's default None keeps its config's."""
     p.add_argument("--device", default=default, help="auto, cpu, cuda, cuda:N or mps")

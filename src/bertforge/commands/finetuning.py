@@ -336,7 +336,7 @@ def scored_pairs(args) -> bool:
 
 
 def tagged_task(args) -> bool:
-    """`--task ner`, or no --task and a training file that looks tagged."""
+    """`--task ner`, or no --task (or auto) and a training file that looks tagged."""
     from bertforge.tagged import is_tagged_file
 
     detected = args.task in (None, "auto") and args.train is not None and is_tagged_file(args.train)

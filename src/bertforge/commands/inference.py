@@ -16,7 +16,7 @@ import warnings
 from itertools import islice
 from pathlib import Path
 
-from bertforge.commands import add_device_argument
+from bertforge.commands import add_device_argument, add_model_text_column_argument
 from bertforge.config_rules import SEED, TEMPERATURE, Range, check_flags, count, trains_nsp
 from bertforge.corpus import FORMATS
 from bertforge.errors import BertforgeError
@@ -129,9 +129,7 @@ def add_showcase_command(commands) -> None:
     )
     p.add_argument("--corpus", type=Path, required=True, help="text to draw sentences from (held-out text)")
     p.add_argument("--format", default="auto", choices=FORMATS)
-    p.add_argument(
-        "--text-column", help="a JSON-lines or Parquet corpus's text field (default: the model's run's)"
-    )
+    add_model_text_column_argument(p)
     p.add_argument("--sentences", type=int, default=5, help="how many sentences")
     p.add_argument("--seed", type=int, default=0)
     add_model_arguments(p)

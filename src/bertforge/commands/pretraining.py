@@ -12,7 +12,12 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from bertforge.commands import add_device_argument, add_precision_argument, add_report_to_argument
+from bertforge.commands import (
+    add_device_argument,
+    add_model_text_column_argument,
+    add_precision_argument,
+    add_report_to_argument,
+)
 from bertforge.config import (
     EXPLICIT_PRECISIONS,
     OBJECTIVES,
@@ -223,10 +228,7 @@ def add_evaluate_command(commands) -> None:
         help="evaluate on NSP sentence pairs (--nsp) or contiguous windows (--no-nsp); default: the kind "
         "the model trained on. To compare a model trained with NSP and one without on the same sequences",
     )
-    p.add_argument(
-        "--text-column",
-        help="the JSON-lines field or Parquet column holding the text (default: the model's run's)",
-    )
+    add_model_text_column_argument(p)
     add_device_argument(p)
     p.add_argument(
         "--precision",
