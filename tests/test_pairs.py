@@ -214,7 +214,7 @@ def test_deterministic_per_epoch_and_different_across_epochs(shards, pairs):
 
 @pytest.mark.parametrize("epoch", [0, 1])
 def test_mlm_only_windows_cover_each_document_once(shards, epoch):
-    rows = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=epoch)
+    rows = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=epoch, cross_documents=False)
     assert (rows[:, 2] == 0).all() and (rows[:, 3] == 0).all() and (rows[:, 4] == NO_NSP).all()
     lengths = rows[:, 1] - rows[:, 0]
     assert (lengths >= 1).all() and (lengths <= MAX_LEN - 2).all()
@@ -234,10 +234,43 @@ def test_mlm_only_windows_cover_each_document_once(shards, epoch):
     assert item["nsp_label"] == NO_NSP
 
 
-def test_mlm_only_boundaries_move_between_epochs(shards):
-    first = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=0)
-    second = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=1)
+@pytest.mark.parametrize("cross_documents", [True, False])
+def test_mlm_only_boundaries_move_between_epochs(shards, cross_documents):
+    first = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=0, cross_documents=cross_documents)
+    second = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=1, cross_documents=cross_documents)
     assert not np.array_equal(np.sort(first[:, 0]), np.sort(second[:, 0]))
+
+
+def stream_of(shards: FakeShards) -> list[int]:
+    """The corpus as RoBERTa packs it, written out: each document's tokens, a [SEP] between documents."""
+    starts = shards.sentence_offsets[shards.document_offsets]
+    documents = [shards.tokens[a:b].tolist() for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    return [token for i, document in enumerate(documents) for token in ([SEP] * (i > 0) + document)]
+
+
+@pytest.mark.parametrize(("docs", "sentences", "epoch"), [(2000, 30, 0), (3000, 1, 1), (1, 30, 0)])
+def test_mlm_only_windows_across_documents_are_the_stream_cut_in_pieces(docs, sentences, epoch):
+    shards = make_shards(num_docs=docs, max_sentences=sentences, seed=epoch)
+    rows = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=epoch)
+    assert (rows[:, 2] == 0).all() and (rows[:, 3] == 0).all() and (rows[:, 4] == NO_NSP).all()
+    rows = rows[np.argsort(rows[:, 0])]
+    dataset = PairDataset(shards, rows, cls_id=CLS, sep_id=SEP)
+    items = [dataset[i] for i in range(len(dataset))]
+    stream = stream_of(shards)
+    for (start, *_), item in zip(rows, items, strict=True):
+        ids = item["input_ids"]
+        assert ids[0] == CLS and ids[-1] == SEP and len(ids) <= MAX_LEN
+        assert (item["token_type_ids"] == 0).all()
+        # A window's text is a slice of the stream: its [SEP]s sit exactly at document ends.
+        at = start + document_of(shards, start)  # one [SEP] before each earlier document
+        assert ids[1:-1].tolist() == stream[at : at + len(ids) - 2]
+    # Each token is in one window, in order; every window but the first and last is full, however
+    # short the documents (less a [SEP] on its edge, which the window's own stands for).
+    assert [t for item in items for t in item["input_ids"][1:-1] if t != SEP] == shards.tokens.tolist()
+    assert min((len(item["input_ids"]) for item in items[1:-1]), default=MAX_LEN) >= MAX_LEN - 2
+    if sentences == 1:  # one sentence a document: within documents, windows hold a sentence each
+        within = build_pairs(shards, MAX_LEN, SHORT, nsp=False, seed=7, epoch=epoch, cross_documents=False)
+        assert (within[:, 1] - within[:, 0]).mean() < 0.5 * (rows[:, 1] - rows[:, 0]).mean()
 
 
 def test_empty_sentences_and_documents_are_skipped():

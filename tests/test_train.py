@@ -481,9 +481,14 @@ def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice
     shards = cached_shards(one_line_documents, tokenizer, "text", tmp_path / "cache", False)
     with pytest.warns(UserWarning, match=r"of the next-sentence pairs have a random second segment"):
         check_training_data(shards, config)
-    config.data.nsp, config.data.max_seq_length = False, 128  # MLM alone: one sentence a window
-    with pytest.warns(UserWarning, match=r"the sequences hold \d+ real tokens on average of the 128"):
+    config.data.nsp, config.data.max_seq_length = False, 128  # MLM alone across documents: whole windows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         check_training_data(shards, config)
+    config.data.cross_documents = False  # one sentence a window
+    with pytest.warns(UserWarning, match=r"on average of the 128 .* set data.cross_documents = true"):
+        check_training_data(shards, config)
+    config.data.cross_documents = True
     config.data.max_seq_length = 64
     few = tmp_path / "few.txt"  # a handful of pairs: chance, not the corpus, decides the shares
     few.write_text("\n\n".join(sentences[:20]) + "\n", encoding="utf-8")

@@ -116,6 +116,9 @@ class DataConfig:
     warmup_seq_fraction: float = 0.5
     short_seq_prob: float = 0.1
     nsp: bool = True
+    # with nsp = false: windows run on into the next document after a [SEP] (RoBERTa's FULL-SENTENCES),
+    # so short documents fill whole sequences; false: each window within one document
+    cross_documents: bool = True
     # with nsp = false: the sequence-length warmup trains on NSP pairs all the same (both heads), MLM
     # alone on contiguous text after it. NSP leads out of the MLM plateau reliably; MLM alone transfers better
     warmup_nsp: bool = False

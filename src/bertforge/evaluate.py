@@ -53,7 +53,9 @@ def evaluation_batches(
             shards, length, tokenizer.sep_id, EVAL_BATCH_SIZE, EVAL_SEED, 0, limit, drop_last=False
         )
         return [windows[i] for i in range(len(windows))]
-    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, data.nsp, seed=EVAL_SEED, epoch=0)
+    pairs = build_pairs(
+        shards, data.max_seq_length, data.short_seq_prob, data.nsp, EVAL_SEED, 0, data.cross_documents
+    )
     if data.eval_max_pairs:
         pairs = pairs[: data.eval_max_pairs]
     examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)

@@ -19,8 +19,12 @@ really is the continuation half the time (Google makes such chunks always random
 labels); and labels follow Hugging Face (0 = B is the true continuation, 1 = B is random) rather
 than Google's `is_random_next` flag.
 
-Without NSP (RoBERTa-style MLM only), each document is cut into contiguous windows of
-`max_seq_length - 2` tokens whose boundaries shift every epoch; the label is -1.
+Without NSP (RoBERTa-style MLM only) the label is -1 and A is a window of `max_seq_length - 2`
+tokens whose boundaries shift every epoch. By default the windows are cut from the corpus read as
+one stream, each document followed by `[SEP]`, so a window runs on into the next document as
+RoBERTa's FULL-SENTENCES inputs do (Liu et al. 2019, section 4.2) and short documents fill whole
+sequences; such a row's token range spans documents, and `PairDataset` puts the `[SEP]` back at
+each document end inside it. With `cross_documents` off, each document is cut on its own.
 
 The shards are any object with `tokens`, `sentence_offsets` and `document_offsets` arrays.
 """
@@ -50,18 +54,26 @@ _ONE_DOCUMENT = (
 
 
 def build_pairs(
-    shards: Any, max_seq_length: int, short_seq_prob: float, nsp: bool, seed: int, epoch: int
+    shards: Any,
+    max_seq_length: int,
+    short_seq_prob: float,
+    nsp: bool,
+    seed: int,
+    epoch: int,
+    cross_documents: bool = True,
 ) -> np.ndarray:
     """The shuffled pair table of one epoch: (N, 5) int64 rows `(a_start, a_end, b_start, b_end, label)`.
 
     Deterministic in `(seed, epoch)`; a different epoch gives different targets, splits, random
-    partners, truncations and window boundaries.
+    partners, truncations and window boundaries. `cross_documents` only concerns MLM-only windows.
     """
     rng = np.random.default_rng([seed, epoch])
     assert max_seq_length >= (5 if nsp else 3), "config.validate checks data.max_seq_length"
     if nsp:
         rows = np.ascontiguousarray(_nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)[:, :5])
         _truncate_pairs(rows, max_seq_length - 3, rng)
+    elif cross_documents:
+        rows = _stream_windows(shards, max_seq_length - 2, rng)
     else:
         rows = _mlm_windows(shards, max_seq_length - 2, rng)
     return rows[rng.permutation(len(rows))]
@@ -205,11 +217,40 @@ def _mlm_windows(shards: Any, window: int, rng: np.random.Generator) -> np.ndarr
     return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)  # (N, 5)
 
 
+def document_ends(shards: Any) -> np.ndarray:
+    """The token index after each non-empty document: (D,) int64, increasing."""
+    _, ends, _, doc_stop = _sentence_table(shards)
+    return ends[doc_stop - 1]
+
+
+def _stream_windows(shards: Any, window: int, rng: np.random.Generator) -> np.ndarray:
+    """MLM-only rows across documents: windows of `window` positions of the stream in which each
+    document but the last is followed by a `[SEP]`, mapped back to token ranges (a window holding
+    k separators covers `window - k` tokens).
+
+    As in `_mlm_windows`, a random first piece of 1..window positions moves the boundaries between
+    epochs and every token is in one window; only the first and last windows are shorter.
+    """
+    ends = document_ends(shards)  # (D,)
+    separators = ends[:-1] + np.arange(ends.size - 1)  # (D-1,) stream positions of the inner [SEP]s
+    total = int(ends[-1]) + ends.size - 1  # stream length
+    first = int(rng.integers(1, window + 1)) if total > window else total
+    edges = np.concatenate([[0], np.arange(first, total, window), [total]])  # (N+1,) stream positions
+    # A stream position p has p - (separators before it) tokens before it.
+    token_edges = edges - np.searchsorted(separators, edges)  # (N+1,)
+    a_start, a_end = token_edges[:-1], token_edges[1:]  # (N,)
+    keep = a_end > a_start  # a one-position window on a separator holds no token
+    a_start, a_end = a_start[keep], a_end[keep]
+    zeros = np.zeros_like(a_start)
+    return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)  # (N, 5)
+
+
 class PairDataset(torch.utils.data.Dataset):
     """Rows of a pair table as `[CLS] A [SEP] B [SEP]` (or `[CLS] A [SEP]`) examples.
 
     Items are dicts of numpy arrays for `masking.MaskingCollator`: `input_ids` and
     `token_type_ids` (int64, 0 up to and including the first [SEP], 1 after), and `nsp_label`.
+    An MLM-only A that spans documents gets a `[SEP]` after each document that ends inside it.
     """
 
     def __init__(self, shards: Any, pairs: np.ndarray, cls_id: int, sep_id: int):
@@ -219,23 +260,31 @@ class PairDataset(torch.utils.data.Dataset):
         self.pairs = pairs
         self.cls_id = int(cls_id)
         self.sep_id = int(sep_id)
+        self.document_ends = document_ends(shards) if (pairs[:, 4] == NO_NSP).any() else np.empty(0, np.int64)
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> dict:
         a_start, a_end, b_start, b_end, label = (int(v) for v in self.pairs[index])
-        len_a = a_end - a_start
-        len_b = b_end - b_start if label != NO_NSP else 0
-        first_sep = len_a + 1
-        length = first_sep + 1 + (len_b + 1 if label != NO_NSP else 0)
+        if label == NO_NSP:
+            return self._window(a_start, a_end)
+        first_sep = a_end - a_start + 1
+        length = first_sep + 1 + b_end - b_start + 1
         input_ids = np.empty(length, dtype=np.int64)  # (T,)
         input_ids[0] = self.cls_id
         input_ids[1:first_sep] = self.tokens[a_start:a_end]
         input_ids[first_sep] = self.sep_id
+        input_ids[first_sep + 1 : length - 1] = self.tokens[b_start:b_end]
+        input_ids[length - 1] = self.sep_id
         token_type_ids = np.zeros(length, dtype=np.int64)  # (T,)
-        if label != NO_NSP:
-            input_ids[first_sep + 1 : length - 1] = self.tokens[b_start:b_end]
-            input_ids[length - 1] = self.sep_id
-            token_type_ids[first_sep + 1 :] = 1
+        token_type_ids[first_sep + 1 :] = 1
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "nsp_label": label}
+
+    def _window(self, start: int, end: int) -> dict:
+        """`[CLS] tokens [SEP]`, with a `[SEP]` after each document that ends inside the tokens."""
+        first, last = np.searchsorted(self.document_ends, [start + 1, end])  # ends in (start, end)
+        inside = self.document_ends[first:last] - start  # (K,) positions in the tokens
+        text = np.insert(np.asarray(self.tokens[start:end], dtype=np.int64), inside, self.sep_id)  # (n+K,)
+        input_ids = np.concatenate([[self.cls_id], text, [self.sep_id]])  # (T,)
+        return {"input_ids": input_ids, "token_type_ids": np.zeros_like(input_ids), "nsp_label": NO_NSP}

@@ -426,16 +426,17 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
         refuse_less_than_a_batch(len(window_starts(shards, data.max_seq_length, seed, 0)), config)
         return
     nsp = trains_nsp(config)  # BERT here: in the warmup or all along
-    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0)
+    pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0, data.cross_documents)
     refuse_less_than_a_batch(len(pairs), config)
     if not distributed.launched().is_main or len(pairs) < JUDGED_PAIRS:  # too few to tell chance apart
         return
     real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
     if real < SHORT_FILL * data.max_seq_length:
+        fix = "join documents" if nsp else "set data.cross_documents = true"
         warnings.warn(
             f"the sequences hold {real:.0f} real tokens on average of the {data.max_seq_length} they could: "
             "each is taken from one document, and the corpus's documents are short (in plain text a blank "
-            "line ends one, in JSON lines each line is one); join documents, or lower data.max_seq_length",
+            f"line ends one, in JSON lines each line is one); {fix}, or lower data.max_seq_length",
             stacklevel=2,
         )
     random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
@@ -675,7 +676,11 @@ def epoch_batches(
     room = max_predictions(replace(data, mlm_probability=most))
     weights = masking_weights(shards, tokenizer, data)
     collators: dict[float, PretrainingCollator] = {}
-    epoch_pairs = Ahead(functools.partial(build_pairs, shards, length, data.short_seq_prob, nsp, seed))
+    epoch_pairs = Ahead(
+        functools.partial(
+            build_pairs, shards, length, data.short_seq_prob, nsp, seed, cross_documents=data.cross_documents
+        )
+    )
 
     def batches(epoch: int, mlm_probability: float | None = None) -> SeededBatches:
         rate = data.mlm_probability if mlm_probability is None else mlm_probability

@@ -195,7 +195,9 @@ def add_setting_arguments(p) -> None:
     add_device_argument(p, default=None)
     p.add_argument("--seed", type=int)
     p.add_argument(
-        "--no-nsp", action="store_true", help="MLM only: each document's text in windows of whole sequences"
+        "--no-nsp",
+        action="store_true",
+        help="MLM only (data.nsp=false): the text in whole windows, which run on across documents",
     )
 
 
