@@ -92,3 +92,16 @@ def test_evaluate_on_pairs_or_windows_whatever_the_model_trained_on(
     assert evaluate_json(capsys, mlm_only, wiki_valid_slice) == on_windows
     paired = evaluate_json(capsys, mlm_only, wiki_valid_slice, "--nsp")
     assert paired == {key: value for key, value in on_pairs.items() if not key.startswith("nsp_")}
+
+
+def test_evaluate_names_its_no_nsp_for_text_of_one_document(tmp_path, tiny_pretrained_run, capsys):
+    from bertforge.cli import main
+
+    one_document = tmp_path / "one.txt"
+    one_document.write_text("the film opened in may . it ran for a year .\n" * 40, encoding="utf-8")
+    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(one_document), "--quiet"]
+    assert main(argv) == 2  # a model trained with NSP evaluates on pairs, which need two documents
+    error = capsys.readouterr().err
+    assert "has one document" in error and "--no-nsp" in error and "Traceback" not in error
+    assert main([*argv, "--no-nsp", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mlm_loss"] > 0

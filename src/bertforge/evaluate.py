@@ -43,10 +43,12 @@ def evaluation_batches(
     data: DataConfig,
     objective: str = "mlm",
     text: str = "the evaluation text",
+    otherwise: str = "",
 ) -> list[dict]:
     """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`);
-    for "clm", the fixed packed windows (as many at most). `text` names the text in the errors."""
-    check_evaluation_text(shards, data, objective, text)
+    for "clm", the fixed packed windows (as many at most). `text` names the text in the errors, and
+    `otherwise` what else the caller can do about one too small."""
+    check_evaluation_text(shards, data, objective, text, otherwise)
     if objective == "clm":
         length, limit = data.max_seq_length, data.eval_max_pairs
         windows = packed_batches(
@@ -64,7 +66,9 @@ def evaluation_batches(
     return [batches[i] for i in range(len(batches))]
 
 
-def check_evaluation_text(shards: TokenShards, data: DataConfig, objective: str, text: str) -> None:
+def check_evaluation_text(
+    shards: TokenShards, data: DataConfig, objective: str, text: str, otherwise: str = ""
+) -> None:
     """Refuse a text too small to evaluate on, naming it (the training text's messages would
     speak of the corpus and its settings)."""
     documents = int(np.count_nonzero(np.diff(np.asarray(shards.document_offsets)) > 0))
@@ -77,6 +81,7 @@ def check_evaluation_text(shards: TokenShards, data: DataConfig, objective: str,
         raise BertforgeError(
             f"{text} has one document, and next sentence prediction takes its random sentences from "
             "others: give text of several documents (blank lines between them, or one JSON object each)"
+            + otherwise
         )
 
 
@@ -202,7 +207,8 @@ def evaluate_model(
         show_progress,
         text_column or data.text_column,
     )
-    batches = evaluation_batches(shards, tokenizer, data, config.model.objective, str(corpus))
+    without_nsp = ", or evaluate MLM alone on windows of the text (--no-nsp)"
+    batches = evaluation_batches(shards, tokenizer, data, config.model.objective, str(corpus), without_nsp)
     where = resolve_device(device)
     model.to(where)
     precision = evaluation_precision(precision, where)
