@@ -99,7 +99,7 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
     with path.open("rb") as file:
         head = file.read(EMPTY_CHECK_BYTES)
     if not head.strip() and path.stat().st_size <= len(head):
-        raise BertforgeError(f"data file {path} is empty; give a file with {what}")
+        raise empty_file(path, what)
     compressed = head.startswith(GZIP_MAGIC)
     if compressed:
         plain = (
@@ -123,9 +123,13 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
             f"{to_utf8(path)}"
         ) from None
     text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
-    if not text.strip():
-        raise BertforgeError(f"data file {path} is empty; give a file with {what}")
+    if not text.strip():  # white space past what check_data_file reads
+        raise empty_file(path, what)
     return text
+
+
+def empty_file(path: Path, what: str) -> BertforgeError:
+    return BertforgeError(f"data file {path} is empty; give a file with {what}")
 
 
 def read_lines(path: Path, what: str) -> list[str]:
