@@ -894,6 +894,22 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     )
 
 
+def test_a_recipe_longer_than_the_pretrained_sequences_is_warned_about_naming_the_task(
+    tmp_path, tiny_pretrained_run, glue_dir
+):
+    short = tmp_path / "short"  # pretrained on 16-token sequences; the recipes fine-tune at 32
+    shutil.copytree(tiny_pretrained_run / "final", short)
+    config = json.loads((short / "config.json").read_text(encoding="utf-8"))
+    config["data"]["max_seq_length"] = 16
+    (short / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    bench = tiny_bench(short, glue_dir, tmp_path, tasks=["RTE"], seeds=[1], compare_scratch=False)
+    with pytest.warns(UserWarning) as caught:
+        run_glue(bench, tmp_path / "out", show_progress=False)
+    said = [str(warning.message) for warning in caught if "pretrained on sequences" in str(warning.message)]
+    expected = f"RTE: {short} was pretrained on sequences of up to 16 tokens"
+    assert said and all(text.startswith(expected) for text in said)
+
+
 def test_the_sweep_tries_the_tasks_own_recipe_first_and_each_grid_point_once():
     grid = {"learning_rate": [3e-4, 1e-4], "batch_size": [16, 32]}
     own_in_grid = Recipe(**{**DEFAULT_RECIPES["default"], "learning_rate": 1e-4, "batch_size": 32})

@@ -36,6 +36,7 @@ import json
 import math
 import shlex
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -624,12 +625,17 @@ def run_task_seeds(
 
 @contextlib.contextmanager
 def opened(group: FolderRuns, data: TaskData) -> Iterator[Job]:
-    """The folder's `Job`, the folder made (or continued) and owned by this process while in the block."""
+    """The folder's `Job`, the folder made (or continued) and owned by this process while in the block.
+    Its errors and warnings name the task."""
     try:
-        exists = (group.folder / TASK).is_file()
-        job, created = start(group.task, group.config, group.folder, exists, show_progress=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exists = (group.folder / TASK).is_file()
+            job, created = start(group.task, group.config, group.folder, exists, show_progress=False)
     except BertforgeError as error:
         raise BertforgeError(f"{data.spec.name}: {error}") from None
+    for warning in caught:  # shown once per task and text, as the default filter does
+        warnings.warn(f"{data.spec.name}: {warning.message}", warning.category, stacklevel=3)
     with removed_unless_progress(group.folder, created, [run_dir for _, _, run_dir in group.runs]):
         yield job
 
