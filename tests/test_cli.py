@@ -236,6 +236,30 @@ def test_single_document_with_nsp_is_refused(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_labelled_table_pretrains_on_its_text_column_alone(tmp_path, capsys, wiki_slice):
+    from bertforge.cache import cached_shards, default_cache_dir
+    from bertforge.corpus import read_documents
+    from bertforge.tokenizer import load_tokenizer
+
+    sentences = [sentence for document in read_documents(wiki_slice) for sentence in document][:400]
+    table = tmp_path / "train.tsv"  # SST-2's layout: a sentence and its label a row
+    table.write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(sentences)))
+    assert_clean_failure(capsys, pretrain_argv(table, tmp_path / "run"), "has no column 'text'")
+    assert not (tmp_path / "run").exists()
+    argv = pretrain_argv(table, tmp_path / "run", "--text-column", "sentence", "--no-nsp")
+    assert main(argv) == 0
+    tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
+    shards = cached_shards(table, tokenizer, "auto", default_cache_dir(), False, "sentence")
+    assert len(shards.document_offsets) - 1 == len(
+        sentences
+    )  # a row a document; the header and labels are not text
+    text_alone = sum(map(len, tokenizer.encode_batch(sentences)))
+    assert shards.num_tokens == text_alone
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [record for record in metrics if record["split"] == "train"]
+    assert train and all(record["loss"] > 0 for record in train)
+
+
 def test_unknown_format(tmp_path, capsys, wiki_slice):
     assert_clean_failure(
         capsys, pretrain_argv(wiki_slice, tmp_path / "run", "--set", "data.format=xml"), "data.format"

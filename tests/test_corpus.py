@@ -245,8 +245,8 @@ def test_bad_jsonl_lines_name_the_line(tmp_path):
 
 def test_unknown_format(tmp_path):
     path = write(tmp_path / "x.txt", "Hello.\n")
-    message = error_message(path, "csv")
-    assert "unknown corpus format 'csv'" in message and "wikitext" in message
+    message = error_message(path, "xml")
+    assert "unknown corpus format 'xml'" in message and "wikitext" in message and "conll" in message
 
 
 def gzipped(path: Path) -> Path:
@@ -358,6 +358,48 @@ def test_jsonl_reads_the_text_column(tmp_path):
     path = write(tmp_path / "docs.jsonl", '{"body": "One. Two."}\n{"body": "Three."}\n')
     assert list(read_documents(path, text_column="body")) == [["One.", "Two."], ["Three."]]
     assert 'no string "text" field' in error_message(path)
+
+
+def test_a_labelled_table_gives_its_text_column_a_document_a_row(tmp_path):
+    tsv = write(tmp_path / "train.tsv", 'sentence\tlabel\nA "fine" film. Sad, too.\t1\n\t0\nawful\t0\n')
+    assert detect_format(tsv) == "tsv"  # the header and the labels are not text
+    assert list(read_documents(tsv, text_column="sentence")) == [
+        ['A "fine" film.', "Sad, too."],
+        ["awful"],
+    ]
+    message = error_message(tsv)  # the default column, "text"
+    assert "has no column 'text' (its columns: sentence, label)" in message and "data.text_column" in message
+    [as_text] = read_documents(tsv, format="text")  # asked for as plain text: one document, labels and all
+    assert as_text[0] == "sentence\tlabel" and as_text[-1] == "awful\t0"
+    pairs = write(tmp_path / "rte.tsv", "sentence1\tsentence2\tlabel\nIt rained.\tThe ground is wet.\t0\n")
+    assert list(read_documents(pairs, text_column="sentence1, sentence2")) == [
+        ["It rained.", "The ground is wet."]
+    ]
+    rows = 'id,text\n1,"Two words, one comma."\n2,"A line\nand another"\n3,"broken\n'
+    csv_file = write(tmp_path / "reviews.csv", rows)
+    assert detect_format(csv_file) == "csv"
+    with pytest.raises(BertforgeError, match=r"reviews.csv line \d+ is not valid CSV"):
+        list(read_documents(csv_file))
+    write(csv_file, rows.rsplit("\n3,", 1)[0] + "\n")
+    assert list(read_documents(csv_file)) == [["Two words, one comma."], ["A line", "and another"]]
+
+
+def test_a_conll_file_gives_its_words_a_sentence_a_block_and_a_document_a_docstart(tmp_path):
+    lines = [
+        "-DOCSTART- -X- O O",
+        "",
+        "EU NNP B-NP B-ORG",
+        "rejects VBZ B-VP O",
+        ".  . O O",
+        "",
+        "Peter NNP B-NP B-PER",
+    ]
+    lines += ["", "-DOCSTART- -X- O O", "", "BRUSSELS NNP B-NP B-LOC", ""]
+    path = write(tmp_path / "train.txt", "\n".join(lines) + "\n")
+    assert detect_format(path) == "conll"  # its tags are not text
+    assert list(read_documents(path)) == [["EU rejects .", "Peter"], ["BRUSSELS"]]
+    without_docstart = write(tmp_path / "dev.txt", "\n".join(lines[2:7]))
+    assert list(read_documents(without_docstart)) == [["EU rejects .", "Peter"]]
 
 
 def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):

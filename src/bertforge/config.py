@@ -107,7 +107,7 @@ class DataConfig:
     shards: list[str] = field(default_factory=list)
     valid: str = ""  # held-out text for evaluation ("" : no evaluation)
     format: CorpusFormat = "auto"
-    text_column: str = "text"  # the jsonl field or Parquet column that holds the text
+    text_column: str = "text"  # the jsonl field or Parquet, TSV or CSV column that holds the text
     max_seq_length: int = 128
     # a sequence-length warmup: pairs of this many tokens (0: off) for the first `warmup_seq_fraction`
     # of the run (of its steps, or of its time budget), where attention, spread over fewer tokens,

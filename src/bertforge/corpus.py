@@ -2,16 +2,18 @@
 
 Owns resolving `--corpus` values (files, folders, glob patterns) into a list of files, format
 detection (WikiText, plain text with blank-line documents and a sentence a line, JSON lines,
-Parquet), the rule-based sentence splitter, undoing WikiText's tokenisation artifacts, and the
-error messages for unreadable input. Text files are read line by line, gzip-compressed ones (`.gz`)
-decompressed on the fly, and Parquet files in batches of rows, so memory does not grow with the
-corpus.
+Parquet, and the text of labelled files: a TSV or CSV table's text column, a CoNLL file's words),
+the rule-based sentence splitter, undoing WikiText's tokenisation artifacts, and the error messages
+for unreadable input. Text files are read line by line, gzip-compressed ones (`.gz`) decompressed
+on the fly, and Parquet files in batches of rows, so memory does not grow with the corpus.
 """
 
 from __future__ import annotations
 
+import csv
 import glob
 import gzip
+import itertools
 import json
 import os
 import re
@@ -21,12 +23,16 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
+from bertforge.tagged import DOCSTART, is_tagged_file
 
-CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet"]  # auto: `detect_format`
+# auto: `detect_format`; tsv, csv and conll read the text of labelled files
+CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 READER_VERSION = 3  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
 # cached shards of every format key on it
-COLUMN_FORMATS = ("jsonl", "parquet")  # the formats whose text sits in a named field (data.text_column)
+# the formats whose text sits in a named field (data.text_column)
+COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
+_TABLE_SUFFIXES = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
 DEFAULT_TEXT_COLUMN = "text"
 
 # Terminal punctuation, then closing quotes/brackets (attached, or space-separated as in WikiText),
@@ -361,15 +367,19 @@ def check_text_file(path: str | Path, role: str = "corpus") -> Path:
 
 
 def detect_format(path: str | Path) -> str:
-    """Guess a corpus file's format: parquet, jsonl, wikitext or text.
+    """Guess a corpus file's format: parquet, tsv, csv, jsonl, wikitext, conll or text.
 
-    "parquet" for a `.parquet` file; otherwise, looking through gzip compression, "jsonl" when the
-    first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line occurs among the
-    first non-blank lines, else "text".
+    "parquet" for a `.parquet` file, "tsv" or "csv" for a `.tsv`, `.tab` or `.csv` one (through a
+    `.gz`); otherwise, looking through gzip compression, "jsonl" when the first non-blank line is a
+    JSON object, "wikitext" when a ` = Title = ` line occurs among the first non-blank lines,
+    "conll" for tagged words (`tagged.is_tagged_file`), else "text".
     """
     path = check_text_file(path)
     if is_parquet(path):
         return "parquet"
+    suffix = (path.with_suffix("") if path.suffix.lower() == ".gz" else path).suffix.lower()
+    if suffix in _TABLE_SUFFIXES:
+        return _TABLE_SUFFIXES[suffix]
     seen = 0
     for _, line in _Lines(path):
         if not line.strip():
@@ -390,7 +400,7 @@ def detect_format(path: str | Path) -> str:
         seen += 1
         if seen >= _DETECT_LINES:
             break
-    return "text"
+    return "conll" if not is_gzip(path) and is_tagged_file(path) else "text"
 
 
 def _looks_like_json(path: Path, first_line: str) -> bool:
@@ -417,8 +427,8 @@ def read_documents(
 ) -> Iterator[list[str]]:
     """Stream the documents of a corpus file, each a non-empty list of sentences.
 
-    `format` is one of auto, wikitext, text, jsonl, parquet. `text_column` names the field of a
-    JSON line or the column of a Parquet file that holds the text. `on_progress(n)` is called with
+    `format` is one of `FORMATS`. `text_column` names the field of a JSON line or the column of a
+    Parquet, TSV or CSV file that holds the text. `on_progress(n)` is called with
     the number of the file's bytes consumed since its last call (for progress bars). The path,
     the format and a Parquet file's column are checked at once; decoding and JSON errors surface
     while iterating.
@@ -541,14 +551,63 @@ def _parquet_documents(rows: _ParquetRows, _column: str) -> Iterator[list[str]]:
             yield document
 
 
+def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[list[str]]:
+    """One document per row of a TSV or CSV table with a header row: the text of its `column`, or of
+    several comma-separated columns in their order (a pair task's two sentences)."""
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL  # GLUE's TSVs hold bare quotes
+    rows = (line + "\n" for _, line in lines)
+    reader = csv.reader(rows, delimiter=delimiter, quoting=quoting, strict=True)  # a quote left open: named
+    try:
+        header = [name.strip() for name in next(reader, [])]
+        wanted = [name.strip() for name in column.split(",")]
+        missing = [name for name in wanted if name not in header]
+        if missing:
+            raise BertforgeError(
+                f"{lines.path} has no column {', '.join(map(repr, missing))} (its columns: "
+                f"{', '.join(header)}); name the text's column (data.text_column; several: a,b), or read "
+                "the file as plain text with --format text"
+            )
+        positions = [header.index(name) for name in wanted]
+        for row in reader:
+            texts = [row[position] for position in positions if position < len(row)]
+            if document := _sentences_of_paragraphs(line for text in texts for line in text.splitlines()):
+                yield document
+    except csv.Error as error:
+        raise BertforgeError(f"{lines.path} line {reader.line_num} is not valid {kind} ({error})") from None
+
+
+def _conll_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
+    """A CoNLL file's words, a sentence per blank-line block (its first column joined by spaces) and a
+    document per `-DOCSTART-` line; the tags are left out."""
+    document: list[str] = []
+    words: list[str] = []
+    for _, line in itertools.chain(lines, [(0, "")]):  # a last blank line ends the last sentence
+        fields = line.split()
+        if fields and fields[0] != DOCSTART:
+            words.append(fields[0])
+            continue
+        if words:
+            document.append(" ".join(words))
+            words = []
+        if fields and document:  # -DOCSTART-: a new document
+            yield document
+            document = []
+    if document:
+        yield document
+
+
 def _sentences_of_paragraphs(paragraphs: Iterable[str]) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-# format -> reader(source, text_column); only jsonl needs the column (a Parquet source holds its own).
+# format -> reader(source, text_column); a Parquet source holds its own column.
 _READERS = {
     "wikitext": _wikitext_documents,
     "text": _text_documents,
     "jsonl": _jsonl_documents,
     "parquet": _parquet_documents,
+    "tsv": lambda lines, column: _table_documents(lines, column, "\t"),
+    "csv": lambda lines, column: _table_documents(lines, column, ","),
+    "conll": _conll_documents,
 }

@@ -49,7 +49,7 @@ _EMPTY_CORPUS = (
 _ONE_DOCUMENT = (
     "the corpus has only one document; next sentence prediction needs documents to draw random "
     "sentences from: separate documents by blank lines (text), use one JSON object per document "
-    "(jsonl), or set data.nsp = false"
+    "(jsonl) or a -DOCSTART- line before each (conll), or set data.nsp = false"
 )
 
 

@@ -432,11 +432,16 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
         return
     real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
     if real < SHORT_FILL * data.max_seq_length:
-        fix = "join documents" if nsp else "set data.cross_documents = true"
+        fix = (
+            "join documents, set data.nsp = false (MLM alone, on windows that run across documents)"
+            if nsp
+            else "set data.cross_documents = true"
+        )
         warnings.warn(
             f"the sequences hold {real:.0f} real tokens on average of the {data.max_seq_length} they could: "
             "each is taken from one document, and the corpus's documents are short (in plain text a blank "
-            f"line ends one, in JSON lines each line is one); {fix}, or lower data.max_seq_length",
+            f"line ends one; in JSON lines and tables each line or row is one); {fix}, or lower "
+            "data.max_seq_length",
             stacklevel=2,
         )
     random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0

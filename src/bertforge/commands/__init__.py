@@ -16,7 +16,7 @@ def add_model_text_column_argument(p) -> None:
     """`--text-column` of a command that reads a corpus with a model: by default the field its run read."""
     p.add_argument(
         "--text-column",
-        help="the JSON-lines field or Parquet column of the text (default: the one the model trained on)",
+        help="the JSON-lines field or table column of the text (default: the one the model trained on)",
     )
 
 

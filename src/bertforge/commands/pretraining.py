@@ -39,9 +39,13 @@ from bertforge.io import building_new_folder, check_new_folder
 from bertforge.reporting import reporting_to
 from bertforge.signals import StoppedEarly, signal_of
 
-FORMAT_HELP = "corpus format (default auto: .parquet files are Parquet, others detected from their text)"
+FORMAT_HELP = (
+    "corpus format (default auto: .parquet, .tsv and .csv files by their ending, others from their text; "
+    "tsv, csv and conll read a labelled file's text)"
+)
 TEXT_COLUMN_HELP = (
-    f'the JSON-lines field or Parquet column holding the text (default "{DEFAULT_TEXT_COLUMN}")'
+    f'the JSON-lines field, or Parquet, TSV or CSV column holding the text (default "{DEFAULT_TEXT_COLUMN}"; '
+    "a table's several: a,b)"
 )
 # How library errors name what these commands' flags set (`bertforge.cli.in_flags`). `pretrain` keeps
 # the names that config validation uses (data.format, runtime.precision): a bad value there came from
