@@ -354,6 +354,11 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
     (tmp_path / "not_a_model").mkdir()
     not_a_model = ["--model", str(tmp_path / "not_a_model")]
     assert_clean_failure(capsys, ["fill-mask", *not_a_model, "a [MASK] ."], "not a bertforge model folder")
+    starting = tmp_path / "starting"  # a pretraining run before its first checkpoint
+    (starting / "tokenizer").mkdir(parents=True)
+    (starting / "config.json").write_text("{}", encoding="utf-8")
+    starting_run = ["fill-mask", "--model", str(starting), "a [MASK] ."]
+    assert_clean_failure(capsys, starting_run, "is a pretraining run with no model yet")
     assert_clean_failure(capsys, ["nsp", "--model", str(tmp_path / "nowhere"), "a", "b"], "does not exist")
 
     mlm_only = save_random_model(tmp_path / "mlm_only", small_tokenizer_dir, nsp=False)

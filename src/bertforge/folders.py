@@ -195,6 +195,12 @@ def check_model_files(path: Path, hint: str) -> None:
     seeds = sorted(p for p in [*path.glob("seed_*"), *path.glob("*/seed_*")] if p.is_dir())
     if seeds and not (path / WEIGHTS).is_file():
         raise BertforgeError(f"{path} holds one fine-tuning run per seed; give one of them, e.g. {seeds[0]}")
+    kind = folder_kind(path)
+    if kind is not None and kind.name == "pretraining run":  # find_model_folder found no model in it
+        raise BertforgeError(
+            f"{path} is a pretraining run with no model yet: neither final/ nor a checkpoint (one is saved "
+            "every train.checkpoint_every steps); while it runs, wait for its first checkpoint"
+        )
     if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
         raise BertforgeError(
             f"{path} is not a bertforge model folder (it needs {WEIGHTS} and {CONFIG}); {hint}"
