@@ -441,6 +441,14 @@ def test_a_corpus_folder_is_read_through_its_linked_subfolders(tmp_path, monkeyp
         (["empty"], "corpus folder empty holds no files"),
         (["solo.txt", "missing.txt"], "corpus file missing.txt does not exist"),
         (["blank.txt"], "corpus file blank.txt is empty"),
+        (
+            ["tok"],
+            "corpus folder tok holds a tokenizer (tokenizer.json), not text; a tokenizer goes to --tokenizer",
+        ),
+        (
+            ["shards"],
+            "corpus folder shards holds prepared shards (tokens.bin), not text; give them with --shards",
+        ),
         ([], "no corpus file given"),
         ("", "no corpus file given"),
     ],
@@ -451,5 +459,8 @@ def test_corpus_specs_that_name_no_file(tmp_path, monkeypatch, specs, message):
     Path("empty").mkdir()
     write(Path("solo.txt"), "Text.\n")
     write(Path("blank.txt"), "")
+    for folder, name in (("tok", "tokenizer.json"), ("shards", "tokens.bin")):
+        Path(folder).mkdir()
+        write(Path(folder, name), "{}\n")
     with pytest.raises(BertforgeError, match=re.escape(message)):
         resolve_corpus_files(specs)

@@ -95,8 +95,25 @@ def _spec_files(spec: str) -> list[Path]:
         files = _folder_files(path)
         if not files:
             raise BertforgeError(f"corpus folder {path} holds no files; check the path")
+        _refuse_folder_of_ours(path)
         return files
     return [check_text_file(path)]
+
+
+# Files that make a folder something other than text (the names the Hugging Face ecosystem and
+# `bertforge prepare` give them), and what to do with such a folder instead.
+_NOT_CORPUS = {
+    "model.safetensors": ("a model", "a model goes to --init, or to finetune's --model"),
+    "tokenizer.json": ("a tokenizer", "a tokenizer goes to --tokenizer"),
+    "tokens.bin": ("prepared shards", "give them with --shards"),
+}
+
+
+def _refuse_folder_of_ours(folder: Path) -> None:
+    """A model, tokenizer or shard folder given as a corpus folder, named as what it is."""
+    for name, (what, fix) in _NOT_CORPUS.items():
+        if (folder / name).is_file():
+            raise BertforgeError(f"corpus folder {folder} holds {what} ({name}), not text; {fix}")
 
 
 def _folder_files(folder: Path) -> list[Path]:
