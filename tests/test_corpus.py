@@ -342,8 +342,11 @@ def test_parquet_errors(tmp_path, monkeypatch):
         read_documents(damaged)
     fake = write(tmp_path / "fake.parquet", "not parquet\n")
     not_parquet = r"fake.parquet is not a Parquet file \(Parquet files start with the bytes PAR1, it starts"
-    with pytest.raises(BertforgeError, match=not_parquet):
+    with pytest.raises(BertforgeError, match=not_parquet + ".* another ending than .parquet"):
         read_documents(fake)
+    text = write(tmp_path / "text.txt", "First line.\n")  # text, read as Parquet when asked to
+    with pytest.raises(BertforgeError, match=r"read it as another format than parquet \(data.format\)"):
+        read_documents(text, format="parquet")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(BertforgeError, match=not_parquet):  # told without pyarrow, which it needs not

@@ -353,9 +353,11 @@ def _check_parquet_magic(path: Path) -> None:
     with path.open("rb") as handle:
         start = handle.read(4)
     if start not in _PARQUET_MAGIC:
+        named = "name a text corpus with another ending than .parquet"
+        asked = "read it as another format than parquet (data.format)"
         raise BertforgeError(
             f"{path} is not a Parquet file (Parquet files start with the bytes PAR1, it starts with "
-            f"{start!r}); check the file, or name a text corpus with another ending than .parquet"
+            f"{start!r}); check the file, or {named if is_parquet(path) else asked}"
         )
 
 
