@@ -156,16 +156,18 @@ def test_gradient_accumulation_runs_and_logs_every_step(tmp_path, wiki_slice, sm
     assert [x["step"] for x in metrics_lines(tmp_path / "run", "train")] == [1, 2, 3]
 
 
-def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir):
+def test_time_budget_ends_the_run(tmp_path, wiki_slice, small_tokenizer_dir, capsys):
     config = tiny_config(wiki_slice, max_steps=1_000_000, eval_every=1_000_000, max_minutes=0.1)
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert 0 < result["step"] < 1_000_000
+    spent = f"step {result['step']}: the time budget is spent; the last evaluation and checkpoint follow"
+    assert capsys.readouterr().out.count(spent) == 1  # what follows the budget is said to
     assert 6.0 <= result["elapsed_s"] < 30  # the run lasts its 6-second budget, not much longer
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()  # LR decay by time: fake-clock test
 
 
 def test_an_evaluation_that_spends_the_time_budget_ends_the_run_at_its_step(
-    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, monkeypatch
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, monkeypatch, capsys
 ):
     """Step 6's evaluation outlasts the 6-second budget: the run ends at step 6, evaluated and
     checkpointed once, rather than taking a step 7 at a learning rate of 0 and evaluating again."""
@@ -183,6 +185,7 @@ def test_an_evaluation_that_spends_the_time_budget_ends_the_run_at_its_step(
     config.train.log_every, config.train.checkpoint_every = 4, 1000  # step 6 neither logs nor saves by them
     result = pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
     assert result["step"] == 6
+    assert capsys.readouterr().out.count("step 6: the time budget is spent") == 1
     lines = metrics_lines(tmp_path / "run")
     assert [(line["split"], line["step"]) for line in lines if line["step"] > 4] == [
         ("train", 6),
