@@ -619,8 +619,8 @@ def test_errors_show_the_library_names_as_the_commands_flags():
 @pytest.mark.parametrize(
     "device, message",
     [
-        ("xpu", "--device = 'xpu' is not a device; use auto, cpu, cuda, cuda:N or mps"),
-        ("cuda:x", "--device = 'cuda:x' is not a device"),
+        ("xpu", "'xpu' is not a device (--device); use auto, cpu, cuda, cuda:N or mps"),
+        ("cuda:x", "'cuda:x' is not a device (--device)"),
         ("mps", "--device asks for mps but this torch has no Apple GPU; use --device=cpu"),
         ("cuda", "--device asks for CUDA but no GPU is visible; use --device=cpu"),
     ],

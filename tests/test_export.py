@@ -369,8 +369,9 @@ def test_pretraining_starts_from_an_imported_model(tmp_path, hf_pretraining, wik
 
 def test_init_conflicts_with_preset_and_tokenizer(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
     argv = ["pretrain", "--init", str(tmp_path), "--corpus", str(wiki_slice), "--out", str(tmp_path / "r")]
-    assert_clean_failure(capsys, [*argv, "--preset", "mini"], "--init brings its own")
-    assert_clean_failure(capsys, [*argv, "--tokenizer", str(small_tokenizer_dir)], "--init brings its own")
+    brings = "--init brings its own model size, objective and tokenizer: drop"
+    assert_clean_failure(capsys, [*argv, "--preset", "mini"], f"{brings} --preset\n")
+    assert_clean_failure(capsys, [*argv, "--tokenizer", str(small_tokenizer_dir)], f"{brings} --tokenizer\n")
     shaping = [
         "--set",
         "model.hidden_size=256",

@@ -363,7 +363,8 @@ def _coerce(value, expected, name: str, origin: str):
             return float(value) if expected is float else value
         except OverflowError:  # an integer beyond a float's range; `validate` checks the others
             raise BertforgeError(f"{origin}: {name} = {value} is beyond the range of a number") from None
-    raise BertforgeError(f"{origin}: {name} must be {expected.__name__}, got {value!r}")
+    wanted = "true or false (lower case, as TOML writes them)" if expected is bool else expected.__name__
+    raise BertforgeError(f"{origin}: {name} must be {wanted}, got {value!r}")
 
 
 def validate_model(m: ModelConfig, source: str | Path | None = None, advice: str = "") -> None:

@@ -23,7 +23,7 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda", "mps"):
-        raise BertforgeError(f"runtime.device = {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+        raise BertforgeError(f"{name!r} is not a device (runtime.device); use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError("runtime.device asks for CUDA but no GPU is visible; use runtime.device=cpu")
     if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):

@@ -436,10 +436,12 @@ def run_pretrain(args) -> int:
     from bertforge.pretrain import pretrain
     from bertforge.progress import duration
 
-    if args.init and (args.resume or args.tokenizer or args.preset or args.objective):
+    given = {"--preset": args.preset, "--objective": args.objective, "--tokenizer": args.tokenizer}
+    if args.init and (
+        clashing := [flag for flag, value in {**given, "--resume": args.resume}.items() if value]
+    ):
         raise BertforgeError(
-            "--init brings its own model size, objective and tokenizer: drop --preset, --objective, "
-            "--tokenizer and --resume"
+            f"--init brings its own model size, objective and tokenizer: drop {' and '.join(clashing)}"
         )
     names = [item.partition("=")[0].strip() for item in args.set]
     reshaping = [name for name in names if name.startswith(("model.", "tokenizer."))]
