@@ -159,7 +159,22 @@ def pipeline(tmp_path_factory, wiki_slice, wiki_valid_slice) -> Pipeline:
 
 def test_tokenizer_train_writes_a_vocabulary(pipeline):
     assert pipeline.tokenizer.returncode == 0, pipeline.tokenizer.stderr
-    assert (pipeline.folder / "tok" / "vocab.txt").is_file()
+    vocab = (pipeline.folder / "tok" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert f"tokenizer: {len(vocab):,} wordpiece tokens" in pipeline.tokenizer.stdout
+    assert ("asked for" in pipeline.tokenizer.stdout) == (len(vocab) < 2000)  # a small text: maybe fewer
+
+
+def test_a_vocabulary_smaller_than_asked_for_says_so(tmp_path, capsys):
+    from bertforge.cli import main
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("The film was good. The film was bad. A cat sat on the mat.\n", encoding="utf-8")
+    argv = ["tokenizer", "train", "--corpus", str(corpus), "--kind", "wordlevel", "--min-freq", "1"]
+    assert main([*argv, "--vocab-size", "5000", "--out", str(tmp_path / "tok")]) == 0
+    size = len((tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    assert size < 20 and f"{size} wordlevel tokens (of 5,000 asked for: no more occur in the text" in (
+        capsys.readouterr().out
+    )
 
 
 def test_prepare_writes_shards_of_the_documents(pipeline):

@@ -27,7 +27,13 @@ from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, READER_VERSION
 from bertforge.errors import BertforgeError
 from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
 from bertforge.shards import TokenShards, build_shards, ids_past_vocabulary
-from bertforge.tokenizer import TRAINING_VERSION, BertTokenizer, load_tokenizer, train_tokenizer
+from bertforge.tokenizer import (
+    TRAINING_VERSION,
+    BertTokenizer,
+    load_tokenizer,
+    train_tokenizer,
+    vocabulary_size_text,
+)
 
 
 def default_cache_dir() -> Path:
@@ -105,7 +111,7 @@ def cached_tokenizer(
             names = ", ".join(Path(path).name for path in corpus_files)
             seconds = time.perf_counter() - started
             print(
-                f"tokenizer: {tokenizer.vocab_size:,} {config.kind} tokens from {names} ({seconds:.1f} s)",
+                f"tokenizer: {vocabulary_size_text(tokenizer, config)} from {names} ({seconds:.1f} s)",
                 flush=True,
             )
         return tokenizer

@@ -187,6 +187,14 @@ class BertTokenizer:
         return [by_id[i] for i in range(len(by_id))]
 
 
+def vocabulary_size_text(tokenizer: BertTokenizer, config: TokenizerConfig) -> str:
+    """ "20,329 wordpiece tokens", saying so where the text held fewer than were asked for."""
+    text = f"{tokenizer.vocab_size:,} {config.kind} tokens"
+    if tokenizer.vocab_size < config.vocab_size:
+        text += f" (of {config.vocab_size:,} asked for: no more occur in the text often enough)"
+    return text
+
+
 def train_tokenizer(
     corpus_files: Sequence[str | Path],
     config: TokenizerConfig,

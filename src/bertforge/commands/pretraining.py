@@ -254,7 +254,7 @@ def add_evaluate_command(commands) -> None:
 
 def run_tokenizer_train(args) -> int:
     from bertforge.corpus import resolve_corpus_files
-    from bertforge.tokenizer import train_tokenizer
+    from bertforge.tokenizer import train_tokenizer, vocabulary_size_text
 
     config = TokenizerConfig(
         kind=args.kind, vocab_size=args.vocab_size, min_frequency=args.min_freq, lowercase=not args.cased
@@ -264,7 +264,7 @@ def run_tokenizer_train(args) -> int:
     files = resolve_corpus_files(args.corpus)
     with building_new_folder(args.out), nothing_kept_on_ctrl_c(args.out):
         tokenizer = train_tokenizer(files, config, args.out, format=args.format, text_column=args.text_column)
-    print(f"tokenizer: {tokenizer.vocab_size} tokens ({config.kind}) written to {args.out}")
+    print(f"tokenizer: {vocabulary_size_text(tokenizer, config)} written to {args.out}")
     return 0
 
 
