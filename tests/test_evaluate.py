@@ -105,3 +105,15 @@ def test_evaluate_names_its_no_nsp_for_text_of_one_document(tmp_path, tiny_pretr
     assert "has one document" in error and "--no-nsp" in error and "Traceback" not in error
     assert main([*argv, "--no-nsp", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["mlm_loss"] > 0
+
+
+@pytest.mark.parametrize(("loss", "says"), [(6.9, True), (6.7, True), (5.1, False)])
+def test_a_loss_not_below_the_unigram_reference_is_called_untrained(capsys, loss, says):
+    from bertforge.commands.pretraining import print_metrics
+
+    print_metrics({"mlm_loss": loss, "mlm_accuracy": 0.1, "unigram_entropy": 6.7}, label="held-out: ")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"held-out: mlm_loss {loss:.4f}, mlm_accuracy 0.1000"
+    assert lines[1].startswith("          reference: unigram entropy 6.7000, the MLM loss")
+    note = " " * 10 + "the MLM loss is not below it yet: the model has not learned to use context"
+    assert (f"{note}; train longer" in lines) == says and len(lines) == 2 + says

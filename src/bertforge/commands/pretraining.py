@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import shlex
 import sys
 from collections.abc import Iterator
@@ -512,11 +513,16 @@ def print_metrics(metrics: dict[str, float], label: str = "") -> None:
     print(label + format_metrics(metrics))
     if entropy is not None:
         indent = " " * len(label)
-        loss = "next-token" if "clm_loss" in metrics else "MLM"
+        key, loss = ("clm_loss", "next-token") if "clm_loss" in metrics else ("mlm_loss", "MLM")
         print(
             f"{indent}reference: unigram entropy {entropy:.4f}, the {loss} loss of a model that knows only "
             "how often each token occurs; below it, the model uses context"
         )
+        if metrics.get(key, -math.inf) >= entropy:
+            print(
+                f"{indent}the {loss} loss is not below it yet: the model has not learned to use context; "
+                "train longer"
+            )
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
