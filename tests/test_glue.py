@@ -905,9 +905,11 @@ def test_a_recipe_longer_than_the_pretrained_sequences_is_warned_about_naming_th
     bench = tiny_bench(short, glue_dir, tmp_path, tasks=["RTE"], seeds=[1], compare_scratch=False)
     with pytest.warns(UserWarning) as caught:
         run_glue(bench, tmp_path / "out", show_progress=False)
-    said = [str(warning.message) for warning in caught if "pretrained on sequences" in str(warning.message)]
+    said = [warning for warning in caught if "pretrained on sequences" in str(warning.message)]
     expected = f"RTE: {short} was pretrained on sequences of up to 16 tokens"
-    assert said and all(text.startswith(expected) for text in said)
+    assert said and all(str(warning.message).startswith(expected) for warning in said)
+    # from where fine-tuning raised it, so that the command prints it as one `bertforge: warning:` line
+    assert {Path(warning.filename).name for warning in said} == {"finetune.py"}
 
 
 def test_the_sweep_tries_the_tasks_own_recipe_first_and_each_grid_point_once():

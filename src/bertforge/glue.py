@@ -627,17 +627,28 @@ def run_task_seeds(
 def opened(group: FolderRuns, data: TaskData) -> Iterator[Job]:
     """The folder's `Job`, the folder made (or continued) and owned by this process while in the block.
     Its errors and warnings name the task."""
+    name, caught = data.spec.name, []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             exists = (group.folder / TASK).is_file()
             job, created = start(group.task, group.config, group.folder, exists, show_progress=False)
     except BertforgeError as error:
-        raise BertforgeError(f"{data.spec.name}: {error}") from None
-    for warning in caught:  # shown once per task and text, as the default filter does
-        warnings.warn(f"{data.spec.name}: {warning.message}", warning.category, stacklevel=3)
+        warn_naming(name, caught)
+        raise BertforgeError(f"{name}: {error}") from None
     with removed_unless_progress(group.folder, created, [run_dir for _, _, run_dir in group.runs]):
+        warn_naming(name, caught)
         yield job
+
+
+_SHOWN: dict = {}  # the warnings `warn_naming` has shown: each text once, as the default filter does
+
+
+def warn_naming(task: str, caught: list[warnings.WarningMessage]) -> None:
+    """Warn again of what was caught, each named with the task, from where it was first raised."""
+    for warning in caught:
+        message = f"{task}: {warning.message}"
+        warnings.warn_explicit(message, warning.category, warning.filename, warning.lineno, registry=_SHOWN)
 
 
 def run_orders(
