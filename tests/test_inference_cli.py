@@ -359,6 +359,9 @@ def test_bad_inputs(capsys, tmp_path, run, small_tokenizer_dir):
     (starting / "config.json").write_text("{}", encoding="utf-8")
     starting_run = ["fill-mask", "--model", str(starting), "a [MASK] ."]
     assert_clean_failure(capsys, starting_run, "is a pretraining run with no model yet")
+    (starting / "checkpoints" / "step_000100").mkdir(parents=True)  # with a checkpoint, not a classifier
+    classify = ["classify", "--model", str(starting), "a text"]
+    assert_clean_failure(capsys, classify, "is a pretraining run, not a fine-tuned model; give a fine-tuned")
     assert_clean_failure(capsys, ["nsp", "--model", str(tmp_path / "nowhere"), "a", "b"], "does not exist")
 
     mlm_only = save_random_model(tmp_path / "mlm_only", small_tokenizer_dir, nsp=False)

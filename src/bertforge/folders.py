@@ -196,7 +196,9 @@ def check_model_files(path: Path, hint: str) -> None:
     if seeds and not (path / WEIGHTS).is_file():
         raise BertforgeError(f"{path} holds one fine-tuning run per seed; give one of them, e.g. {seeds[0]}")
     kind = folder_kind(path)
-    if kind is not None and kind.name == "pretraining run":  # find_model_folder found no model in it
+    if kind is not None and kind.name == "pretraining run" and hint == CLASSIFIER_HINT:
+        raise BertforgeError(f"{path} is a pretraining run, not a fine-tuned model; {hint}")
+    if kind is not None and kind.name == "pretraining run" and not list_checkpoints(path):
         raise BertforgeError(
             f"{path} is a pretraining run with no model yet: neither final/ nor a checkpoint (one is saved "
             "every train.checkpoint_every steps); while it runs, wait for its first checkpoint"

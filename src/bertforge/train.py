@@ -497,22 +497,25 @@ class Trainer:
         # a training line at each evaluation too, so that its held-out line counts every step's tokens
         log = step % self.train_cfg.log_every == 0 or checkpoint or evaluate
         if done:
-            self.say_budget_spent(step, bar)
+            self.say_budget_spent(step, bar, evaluate)
         self.log_evaluate_checkpoint(step, lr, bar, log, evaluate, checkpoint)
         if log and not done and self.schedule.progress(step, self.elapsed()) >= 1.0:
             # what was logged, evaluated or saved spent the rest of a time budget: this step ends the
             # run, rather than one more at a learning rate of 0
-            self.say_budget_spent(step, bar)
+            self.say_budget_spent(step, bar, not evaluate)
             self.log_evaluate_checkpoint(step, lr, bar, False, not evaluate, not checkpoint)
             done = True
         if checkpoint or done or step % self.train_cfg.eval_every == 0:
             self.window.restart()  # evaluation and checkpoint time are not training throughput
         return done
 
-    def say_budget_spent(self, step: int, bar: Progress) -> None:
-        """With a time budget, say that what follows the last step is outside it."""
-        if self.schedule.budget_s and self.world.is_main:
-            bar.write(f"step {step}: the time budget is spent; the last evaluation and checkpoint follow")
+    def say_budget_spent(self, step: int, bar: Progress, evaluating: bool) -> None:
+        """When the time budget (not the step limit) ends the run, say that what follows is outside it."""
+        if not (self.schedule.budget_s and self.elapsed() >= self.schedule.budget_s and self.world.is_main):
+            return
+        held_out = evaluating and bool(self.config.data.valid)
+        follow = "the last evaluation and checkpoint follow" if held_out else "the last checkpoint follows"
+        bar.write(f"step {step}: the time budget is spent; {follow}")
 
     def log_evaluate_checkpoint(
         self, step: int, lr: float, bar: Progress, log: bool, evaluate: bool, checkpoint: bool
