@@ -385,6 +385,18 @@ def test_a_labelled_table_gives_its_text_column_a_document_a_row(tmp_path):
         list(read_documents(csv_file))
     write(csv_file, rows.rsplit("\n3,", 1)[0] + "\n")
     assert list(read_documents(csv_file)) == [["Two words, one comma."], ["A line", "and another"]]
+    long = write(tmp_path / "long.csv", "text\n" + "word " * 60_000 + "\n")  # past csv's 128 KiB fields
+    assert len(next(iter(read_documents(long)))[0]) == len("word " * 60_000) - 1
+    headerless = write(
+        tmp_path / "cola.tsv", "gj04\t1\t\tThe sailors rode the breeze.\nclc95\t0\t*\tThe more.\n"
+    )
+    assert list(read_documents(headerless, text_column="3")) == [
+        ["The sailors rode the breeze."],
+        ["The more."],
+    ]
+    short = write(tmp_path / "short.tsv", "sentence1\tsentence2\tlabel\nIt rained.\t0\n")
+    with pytest.raises(BertforgeError, match=r"short.tsv line 2 has 2 fields where line 1 has 3"):
+        list(read_documents(short, text_column="sentence1,sentence2"))
 
 
 def test_a_conll_file_gives_its_words_a_sentence_a_block_and_a_document_a_docstart(tmp_path):
@@ -403,6 +415,13 @@ def test_a_conll_file_gives_its_words_a_sentence_a_block_and_a_document_a_docsta
     assert list(read_documents(path)) == [["EU rejects .", "Peter"], ["BRUSSELS"]]
     without_docstart = write(tmp_path / "dev.txt", "\n".join(lines[2:7]))
     assert list(read_documents(without_docstart)) == [["EU rejects .", "Peter"]]
+    for name in ("train.conll.gz", "train.txt.gz", "ner.tsv"):  # through gzip; a word and its tags a row
+        target = tmp_path / name
+        text = "\n".join(lines) + "\n"
+        target.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+        assert detect_format(target) == "conll", name
+    tags = write(tmp_path / "bio.tsv", "Aspirin\tB-Chemical\nhelps\tO\n\nNo\tO\n")
+    assert list(read_documents(tags)) == [["Aspirin helps", "No"]]
 
 
 def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):
@@ -452,6 +471,10 @@ def test_a_corpus_folder_is_read_through_its_linked_subfolders(tmp_path, monkeyp
             ["shards"],
             "corpus folder shards holds prepared shards (tokens.bin), not text; give them with --shards",
         ),
+        (
+            ["run"],
+            "corpus folder run holds a pretraining run (tokenizer/tokenizer.json), not text; its model",
+        ),
         ([], "no corpus file given"),
         ("", "no corpus file given"),
     ],
@@ -462,8 +485,8 @@ def test_corpus_specs_that_name_no_file(tmp_path, monkeypatch, specs, message):
     Path("empty").mkdir()
     write(Path("solo.txt"), "Text.\n")
     write(Path("blank.txt"), "")
-    for folder, name in (("tok", "tokenizer.json"), ("shards", "tokens.bin")):
-        Path(folder).mkdir()
-        write(Path(folder, name), "{}\n")
+    for name in ("tok/tokenizer.json", "shards/tokens.bin", "run/tokenizer/tokenizer.json"):
+        Path(name).parent.mkdir(parents=True)
+        write(Path(name), "{}\n")
     with pytest.raises(BertforgeError, match=re.escape(message)):
         resolve_corpus_files(specs)

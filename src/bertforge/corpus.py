@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
-from bertforge.tagged import DOCSTART, is_tagged_file
+from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
@@ -104,6 +104,7 @@ def _spec_files(spec: str) -> list[Path]:
 # `bertforge prepare` give them), and what to do with such a folder instead.
 _NOT_CORPUS = {
     "model.safetensors": ("a model", "a model goes to --init, or to finetune's --model"),
+    "tokenizer/tokenizer.json": ("a pretraining run", "its model goes to --init, or to finetune's --model"),
     "tokenizer.json": ("a tokenizer", "a tokenizer goes to --tokenizer"),
     "tokens.bin": ("prepared shards", "give them with --shards"),
 }
@@ -388,22 +389,21 @@ def check_text_file(path: str | Path, role: str = "corpus") -> Path:
 def detect_format(path: str | Path) -> str:
     """Guess a corpus file's format: parquet, tsv, csv, jsonl, wikitext, conll or text.
 
-    "parquet" for a `.parquet` file, "tsv" or "csv" for a `.tsv`, `.tab` or `.csv` one (through a
-    `.gz`); otherwise, looking through gzip compression, "jsonl" when the first non-blank line is a
-    JSON object, "wikitext" when a ` = Title = ` line occurs among the first non-blank lines,
-    "conll" for tagged words (`tagged.is_tagged_file`), else "text".
+    "parquet" for a `.parquet` file; otherwise, looking through gzip compression, "jsonl" when the
+    first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line occurs among the first
+    non-blank lines, "conll" for a CoNLL ending or tagged words (`tagged.looks_tagged`), "tsv" or "csv"
+    for a `.tsv`, `.tab` or `.csv` ending, else "text".
     """
     path = check_text_file(path)
     if is_parquet(path):
         return "parquet"
     suffix = (path.with_suffix("") if path.suffix.lower() == ".gz" else path).suffix.lower()
-    if suffix in _TABLE_SUFFIXES:
-        return _TABLE_SUFFIXES[suffix]
-    seen = 0
+    first: list[str] = []  # the first non-blank lines
     for _, line in _Lines(path):
         if not line.strip():
             continue
-        if seen == 0 and _looks_like_json(path, line):
+        first.append(line)
+        if len(first) == 1 and _looks_like_json(path, line):
             what, query = (
                 ("a JSON array", "'.[]'") if line.lstrip()[0] == "[" else ("JSON over several lines", ".")
             )
@@ -412,14 +412,15 @@ def detect_format(path: str | Path) -> str:
                 f"convert it, e.g. `jq -c {query} FILE > FILE.jsonl`"
             )
         # A broken first line of a file named as JSON is JSON lines too: its reader names the fault.
-        if seen == 0 and line.lstrip().startswith("{") and (_is_json_object(line) or _named_json(path)):
+        if len(first) == 1 and line.lstrip().startswith("{") and (_is_json_object(line) or _named_json(path)):
             return "jsonl"
         if _WIKITEXT_TITLE_LINE.fullmatch(line):
             return "wikitext"
-        seen += 1
-        if seen >= _DETECT_LINES:
+        if len(first) >= _DETECT_LINES:
             break
-    return "conll" if not is_gzip(path) and is_tagged_file(path) else "text"
+    if suffix in CONLL_SUFFIXES or looks_tagged(first[:SNIFF_LINES]):  # a word and its tags a line
+        return "conll"
+    return _TABLE_SUFFIXES.get(suffix, "text")
 
 
 def _looks_like_json(path: Path, first_line: str) -> bool:
@@ -571,29 +572,49 @@ def _parquet_documents(rows: _ParquetRows, _column: str) -> Iterator[list[str]]:
 
 
 def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[list[str]]:
-    """One document per row of a TSV or CSV table with a header row: the text of its `column`, or of
-    several comma-separated columns in their order (a pair task's two sentences)."""
+    """One document per row of a TSV or CSV table: the text of its `column`, named in the header row
+    or, in a table without one, counted from 0; several, comma-separated, in their order (a pair
+    task's two sentences)."""
     kind = "TSV" if delimiter == "\t" else "CSV"
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL  # GLUE's TSVs hold bare quotes
+    csv.field_size_limit(_LONGEST_FIELD)  # a document may be far longer than csv's 128 KiB
     rows = (line + "\n" for _, line in lines)
     reader = csv.reader(rows, delimiter=delimiter, quoting=quoting, strict=True)  # a quote left open: named
     try:
-        header = [name.strip() for name in next(reader, [])]
-        wanted = [name.strip() for name in column.split(",")]
-        missing = [name for name in wanted if name not in header]
-        if missing:
-            raise BertforgeError(
-                f"{lines.path} has no column {', '.join(map(repr, missing))} (its columns: "
-                f"{', '.join(header)}); name the text's column (data.text_column; several: a,b), or read "
-                "the file as plain text with --format text"
-            )
-        positions = [header.index(name) for name in wanted]
-        for row in reader:
-            texts = [row[position] for position in positions if position < len(row)]
+        header = next(reader, [])
+        positions, by_number = _text_positions(lines.path, header, column)
+        for row in itertools.chain([header] if by_number else [], reader):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise BertforgeError(
+                    f"{lines.path} line {reader.line_num} has {len(row)} fields where line 1 has "
+                    f"{len(header)}; every row has one value per column"
+                )
+            texts = [row[position] for position in positions]
             if document := _sentences_of_paragraphs(line for text in texts for line in text.splitlines()):
                 yield document
     except csv.Error as error:
         raise BertforgeError(f"{lines.path} line {reader.line_num} is not valid {kind} ({error})") from None
+
+
+_LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
+
+
+def _text_positions(path: Path, header: list[str], column: str) -> tuple[list[int], bool]:
+    """Where the text columns are, and whether they were given by number (a table without a header)."""
+    wanted = [name.strip() for name in column.split(",")]
+    names = [name.strip() for name in header]
+    if all(name.isdigit() and int(name) < len(header) for name in wanted):
+        return [int(name) for name in wanted], True
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise BertforgeError(
+            f"{path} has no column {', '.join(map(repr, missing))} (its columns: {', '.join(names)}); "
+            "name the text's column (data.text_column; several: a,b; in a table without a header row, "
+            "numbers counted from 0), or read the file as plain text with data.format=text"
+        )
+    return [names.index(name) for name in wanted], False
 
 
 def _conll_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:

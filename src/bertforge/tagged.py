@@ -199,6 +199,14 @@ def is_tagged_file(path: str | Path) -> bool:
         except json.JSONDecodeError:
             return False
         return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in JSON_FIELDS)
+    return looks_tagged(lines)
+
+
+def looks_tagged(lines: list[str]) -> bool:
+    """Whether the first non-blank lines of a text file are CoNLL's: `-DOCSTART-` first, or mostly rows
+    whose last column is a tag."""
+    if not lines:
+        return False
     if lines[0].split()[0] == DOCSTART:
         return True
     rows = [line.split() for line in lines if line.split()[0] != DOCSTART]
