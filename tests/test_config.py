@@ -141,8 +141,11 @@ def test_what_openai_gpt_cannot_hold_is_refused_for_a_gpt_only():
         ("train.nope=1", "unknown setting train.nope"),
         ("bogus.key=1", "unknown section"),
         ("train.max_steps=many", "must be int"),
-        ("data.nsp=1", r"must be true or false \(lower case, as TOML writes them\), got 1"),
-        ("data.nsp=False", r"must be true or false \(lower case, as TOML writes them\), got 'False'"),
+        ("data.nsp=1", r"must be true or false \(unquoted and lower case, as TOML writes them\), got 1"),
+        (
+            "data.nsp=False",
+            r"must be true or false \(unquoted and lower case, as TOML writes them\), got 'False'",
+        ),
         ("no_dot=1", "section.key=value"),
         ("data.warmup_seq_epochs=3", "data.warmup_seq_epochs is not a setting; use data.warmup_seq_fraction"),
     ],

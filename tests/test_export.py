@@ -372,6 +372,9 @@ def test_init_conflicts_with_preset_and_tokenizer(tmp_path, capsys, wiki_slice, 
     brings = "--init brings its own model size, objective and tokenizer: drop"
     assert_clean_failure(capsys, [*argv, "--preset", "mini"], f"{brings} --preset\n")
     assert_clean_failure(capsys, [*argv, "--tokenizer", str(small_tokenizer_dir)], f"{brings} --tokenizer\n")
+    assert_clean_failure(
+        capsys, [*argv, "--resume"], "--init starts a new run from a model and --resume continues"
+    )
     shaping = [
         "--set",
         "model.hidden_size=256",

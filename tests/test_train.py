@@ -679,3 +679,20 @@ def test_a_time_budget_that_runs_out_between_two_steps_still_ends_with_its_last_
 
 def test_a_run_without_validation_text_logs_no_empty_valid_lines(tiny_pretrained_run):
     assert metrics_lines(tiny_pretrained_run, "train") and metrics_lines(tiny_pretrained_run, "valid") == []
+
+
+def test_the_advice_for_short_sequences_follows_the_settings():
+    from bertforge.config import DataConfig
+    from bertforge.pretrain import short_sequences_fix
+
+    assert short_sequences_fix(DataConfig()).endswith(
+        "data.nsp = false (MLM alone, on windows that run across documents)"
+    )
+    assert short_sequences_fix(DataConfig(cross_documents=False)) == "join documents, set data.nsp = false"
+    assert (
+        short_sequences_fix(DataConfig(nsp=False, warmup_nsp=True))
+        == "join documents, or drop data.warmup_nsp"
+    )
+    assert (
+        short_sequences_fix(DataConfig(nsp=False, cross_documents=False)) == "set data.cross_documents = true"
+    )

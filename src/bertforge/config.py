@@ -363,7 +363,11 @@ def _coerce(value, expected, name: str, origin: str):
             return float(value) if expected is float else value
         except OverflowError:  # an integer beyond a float's range; `validate` checks the others
             raise BertforgeError(f"{origin}: {name} = {value} is beyond the range of a number") from None
-    wanted = "true or false (lower case, as TOML writes them)" if expected is bool else expected.__name__
+    wanted = (
+        "true or false (unquoted and lower case, as TOML writes them)"
+        if expected is bool
+        else expected.__name__
+    )
     raise BertforgeError(f"{origin}: {name} must be {wanted}, got {value!r}")
 
 

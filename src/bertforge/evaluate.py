@@ -80,8 +80,8 @@ def check_evaluation_text(
     if objective == "mlm" and data.nsp and documents < 2:
         raise BertforgeError(
             f"{text} has one document, and next sentence prediction takes its random sentences from "
-            "others: give text of several documents (blank lines between them, or one JSON object each)"
-            + otherwise
+            "others: give text of several documents (blank lines between them, one JSON object or table "
+            "row each, or a -DOCSTART- line before each in CoNLL)" + otherwise
         )
 
 
@@ -207,7 +207,7 @@ def evaluate_model(
         show_progress,
         text_column or data.text_column,
     )
-    without_nsp = ", or evaluate MLM alone on windows of the text (--no-nsp)"
+    without_nsp = ", or evaluate MLM alone on windows of the text (nsp=False, the command's --no-nsp)"
     batches = evaluation_batches(shards, tokenizer, data, config.model.objective, str(corpus), without_nsp)
     where = resolve_device(device)
     model.to(where)

@@ -432,11 +432,7 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
         return
     real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
     if real < SHORT_FILL * data.max_seq_length:
-        fix = (
-            "join documents, set data.nsp = false (MLM alone, on windows that run across documents)"
-            if nsp
-            else "set data.cross_documents = true"
-        )
+        fix = short_sequences_fix(data)
         warnings.warn(
             f"the sequences hold {real:.0f} real tokens on average of the {data.max_seq_length} they could: "
             "each is taken from one document, and the corpus's documents are short (in plain text a blank "
@@ -450,9 +446,20 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
             f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
             "is usual: many documents of the corpus have one sentence, and each gets a random partner, "
             "so NSP learns to answer 'random'. In plain text a blank line ends a document: if there is "
-            "one after every line, remove them, or set data.nsp = false",
+            "one after every line, remove them; a table's rows are one document each. Or set "
+            "data.nsp = false",
             stacklevel=2,
         )
+
+
+def short_sequences_fix(data) -> str:
+    """What gives fuller sequences under these settings."""
+    if data.nsp:
+        across = " (MLM alone, on windows that run across documents)" if data.cross_documents else ""
+        return f"join documents, set data.nsp = false{across}"
+    if data.warmup_nsp:  # the warmup's NSP pairs are the short ones
+        return "join documents, or drop data.warmup_nsp"
+    return "set data.cross_documents = true"
 
 
 # Below this share of the learning-rate area, the full-length phase after a sequence-length warmup

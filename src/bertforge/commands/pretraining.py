@@ -437,10 +437,10 @@ def run_pretrain(args) -> int:
     from bertforge.pretrain import pretrain
     from bertforge.progress import duration
 
+    if args.init and args.resume:
+        raise BertforgeError("--init starts a new run from a model and --resume continues a run: give one")
     given = {"--preset": args.preset, "--objective": args.objective, "--tokenizer": args.tokenizer}
-    if args.init and (
-        clashing := [flag for flag, value in {**given, "--resume": args.resume}.items() if value]
-    ):
+    if args.init and (clashing := [flag for flag, value in given.items() if value]):
         raise BertforgeError(
             f"--init brings its own model size, objective and tokenizer: drop {' and '.join(clashing)}"
         )
