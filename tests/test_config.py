@@ -164,6 +164,13 @@ def test_a_saved_config_of_an_earlier_version_loads_without_its_retired_settings
     assert config.data.warmup_seq_fraction == RunConfig().data.warmup_seq_fraction
 
 
+def test_a_saved_config_that_predates_a_setting_reads_as_its_run_trained():
+    saved = RunConfig().to_dict()
+    assert saved["data"].pop("cross_documents") is True  # a new run's windows cross documents
+    assert RunConfig.from_dict(saved).data.cross_documents is False  # an older run's did not
+    assert RunConfig.from_dict({"model": {"hidden_size": 256}}).data.cross_documents is True  # no data saved
+
+
 def test_missing_and_invalid_toml(tmp_path):
     with pytest.raises(BertforgeError, match="does not exist"):
         load_toml(tmp_path / "none.toml")

@@ -205,7 +205,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> RunConfig:
-        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped."""
+        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped, and
+        settings it predates take the value that reproduces it (`PREDATED`)."""
         config = cls()
         current = {
             section: {key: value for key, value in values.items() if f"{section}.{key}" not in RETIRED}
@@ -213,6 +214,10 @@ class RunConfig:
             else values
             for section, values in raw.items()
         }
+        for name, value in PREDATED.items():
+            section, key = name.split(".")
+            if isinstance(current.get(section), dict) and key not in current[section]:
+                current[section][key] = value
         apply_mapping(config, current, origin="config")
         return config
 
@@ -221,6 +226,13 @@ class RunConfig:
 # `--set` that names one is told the replacement.
 RETIRED: dict[str, str] = {
     "data.warmup_seq_epochs": "data.warmup_seq_fraction (the share of the run's steps or time budget)",
+}
+
+
+# Settings added later than some saved configs, with the value that such a config's run had: a
+# resume, an evaluation or an export of it reads it as it trained.
+PREDATED: dict[str, object] = {
+    "data.cross_documents": False,
 }
 
 
