@@ -1,7 +1,7 @@
 """Content-addressed cache of trained tokenizers and prepared token shards.
 
 A key is a hash of what determines the result (corpus bytes, tokenizer settings or fingerprint,
-corpus format, and a text column other than "text" for jsonl and Parquet files), so re-running on
+corpus format, and a text column other than "text" for JSON lines and tables), so re-running on
 the same text reuses the work and changed text never hits a stale entry (`cache_key` makes every
 key, the precision probe's in `bertforge.precision` too). Shards are kept per
 corpus file: a run on several files reuses those of any file it has seen before. The cache lives

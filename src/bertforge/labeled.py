@@ -129,6 +129,7 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
 
 
 def empty_file(path: Path, what: str) -> BertforgeError:
+    """The error for a data file with nothing in it but white space."""
     return BertforgeError(f"data file {path} is empty; give a file with {what}")
 
 

@@ -21,10 +21,10 @@ than Google's `is_random_next` flag.
 
 Without NSP (RoBERTa-style MLM only) the label is -1 and A is a window of `max_seq_length - 2`
 tokens whose boundaries shift every epoch. By default the windows are cut from the corpus read as
-one stream, each document followed by `[SEP]`, so a window runs on into the next document as
-RoBERTa's FULL-SENTENCES inputs do (Liu et al. 2019, section 4.2) and short documents fill whole
-sequences; such a row's token range spans documents, and `PairDataset` puts the `[SEP]` back at
-each document end inside it. With `cross_documents` off, each document is cut on its own.
+one stream, a `[SEP]` between documents, so a window runs on into the next document as RoBERTa's
+FULL-SENTENCES inputs do (Liu et al. 2019, section 4.2) and short documents fill whole sequences;
+such a row's token range spans documents, and `PairDataset` puts the `[SEP]` back at each document
+end inside it. With `cross_documents` off, each document is cut on its own.
 
 The shards are any object with `tokens`, `sentence_offsets` and `document_offsets` arrays.
 """
@@ -253,14 +253,20 @@ class PairDataset(torch.utils.data.Dataset):
     An MLM-only A that spans documents gets a `[SEP]` after each document that ends inside it.
     """
 
-    def __init__(self, shards: Any, pairs: np.ndarray, cls_id: int, sep_id: int):
+    def __init__(
+        self, shards: Any, pairs: np.ndarray, cls_id: int, sep_id: int, ends: np.ndarray | None = None
+    ):
+        """`ends`: `document_ends(shards)`, which a caller that builds a dataset every epoch computes once."""
         pairs = np.asarray(pairs, dtype=np.int64)
         assert pairs.ndim == 2 and pairs.shape[1] == 5, f"pairs must be (N, 5), got {pairs.shape}"
         self.tokens = shards.tokens
         self.pairs = pairs
         self.cls_id = int(cls_id)
         self.sep_id = int(sep_id)
-        self.document_ends = document_ends(shards) if (pairs[:, 4] == NO_NSP).any() else np.empty(0, np.int64)
+        windows = (pairs[:, 4] == NO_NSP).any()
+        self.document_ends = (
+            (document_ends(shards) if ends is None else ends) if windows else np.empty(0, np.int64)
+        )
 
     def __len__(self) -> int:
         return len(self.pairs)

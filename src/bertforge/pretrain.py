@@ -87,7 +87,7 @@ from bertforge.masking import PretrainingCollator, pretraining_collator, subsamp
 from bertforge.model import BertForPreTraining
 from bertforge.optimizer import Schedule
 from bertforge.packing import packed_batches, window_starts
-from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs
+from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs, document_ends
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device, size_embeddings
@@ -688,6 +688,7 @@ def epoch_batches(
     room = max_predictions(replace(data, mlm_probability=most))
     weights = masking_weights(shards, tokenizer, data)
     collators: dict[float, PretrainingCollator] = {}
+    ends = document_ends(shards)  # for windows across documents; the same every epoch
     epoch_pairs = Ahead(
         functools.partial(
             build_pairs, shards, length, data.short_seq_prob, nsp, seed, cross_documents=data.cross_documents
@@ -702,7 +703,7 @@ def epoch_batches(
                 tokenizer, rated, fixed_shapes=compiled, masked_room=room, token_weights=weights
             )
         pairs = epoch_pairs(epoch)  # the next epoch's are built meanwhile
-        examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
+        examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id, ends)
         return SeededBatches(examples, micro_batch, collators[rate], seed, epoch)
 
     return batches

@@ -41,8 +41,8 @@ from bertforge.reporting import reporting_to
 from bertforge.signals import StoppedEarly, signal_of
 
 FORMAT_HELP = (
-    "corpus format (default auto: .parquet, .tsv and .csv files by their ending, others from their text; "
-    "tsv, csv and conll read a labelled file's text)"
+    "corpus format (default auto: .parquet, .tsv, .tab and .csv files by their ending, through a .gz too, "
+    "others from their text; tsv, csv and conll read a labelled file's text)"
 )
 TEXT_COLUMN_HELP = (
     f'the JSON-lines field, or Parquet, TSV or CSV column holding the text (default "{DEFAULT_TEXT_COLUMN}"; '
