@@ -164,7 +164,7 @@ def test_a_saved_config_of_an_earlier_version_loads_without_its_retired_settings
     assert config.data.warmup_seq_fraction == RunConfig().data.warmup_seq_fraction
 
 
-def test_a_saved_config_that_predates_a_setting_reads_as_its_run_trained():
+def test_a_saved_config_without_a_setting_reads_as_its_run_trained():
     saved = RunConfig().to_dict()
     assert saved["data"].pop("cross_documents") is True  # a new run's windows cross documents
     assert RunConfig.from_dict(saved).data.cross_documents is False  # an older run's did not

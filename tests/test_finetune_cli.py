@@ -433,6 +433,12 @@ def test_compare_scratch_prints_the_paired_table_and_resumes(tmp_path, capsys, t
     assert f"p = {comparison['sign_test']['p_value']:.4f}" in printed
     assert "paired bootstrap over 16 validation examples (10,000 resamples)" in printed
     assert "95% interval" in printed and "use 5 or more" in printed
+    labels = [row.rsplit(",", 1)[1] for row in data[1].read_text().splitlines()[1:] if row]
+    majority = max(labels.count(label) for label in set(labels)) / len(labels)  # one answer for all
+    assert comparison["majority_class"] == pytest.approx(majority)
+    assert (
+        f"majority class (the most frequent validation label for every example): {majority:.4f};" in printed
+    )
 
     with pytest.warns(UserWarning):
         resumed = ["finetune", "--out", str(out), "--resume", "--quiet", "--jobs", "1"]  # as the first

@@ -114,9 +114,12 @@ def compare_runs(
     pretrained, scratch = ([r["best"][metric] for r in results[arm]] for arm in ARMS)
     differences = [a - b for a, b in zip(pretrained, scratch, strict=True)]
     pairs = zip(seeds, pretrained, scratch, differences, strict=True)
-    bootstrap = paired_bootstrap_of(kind, best_records(out, seeds), resamples, bootstrap_seed)
+    records = best_records(out, seeds)
+    bootstrap = paired_bootstrap_of(kind, records, resamples, bootstrap_seed)
     bootstrap["unit"] = "sentences" if kind == TAGGING else "examples"  # what the bootstrap resamples
+    majority = majority_share(records["pretrained"][0]["true"]) if kind == "classification" else None
     return {
+        "majority_class": majority,  # the accuracy of the most frequent validation label (a constant)
         "metric": metric,  # of each run's best epoch on the validation set
         "seeds": list(seeds),
         "pairs": [{"seed": s, "pretrained": a, "scratch": b, "difference": d} for s, a, b, d in pairs],
@@ -127,6 +130,11 @@ def compare_runs(
         "bootstrap": bootstrap,
         "elapsed_s": sum(r["elapsed_s"] for arm in ARMS for r in results[arm]),
     }
+
+
+def majority_share(labels: list) -> float:
+    """The share of the most frequent label: the best accuracy that one answer for all can reach."""
+    return max(np.unique(np.asarray(labels), return_counts=True)[1]) / len(labels)
 
 
 def paired_bootstrap_of(kind: str, records: dict[str, list[dict]], resamples: int, seed: int) -> dict:

@@ -205,8 +205,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> RunConfig:
-        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped, and
-        settings it predates take the value that reproduces it (`PREDATED`)."""
+        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped, and a
+        setting it lacks takes the value its run trained with (`WHEN_ABSENT`)."""
         config = cls()
         current = {
             section: {key: value for key, value in values.items() if f"{section}.{key}" not in RETIRED}
@@ -214,7 +214,7 @@ class RunConfig:
             else values
             for section, values in raw.items()
         }
-        for name, value in PREDATED.items():
+        for name, value in WHEN_ABSENT.items():
             section, key = name.split(".")
             if isinstance(current.get(section), dict) and key not in current[section]:
                 current[section][key] = value
@@ -229,9 +229,9 @@ RETIRED: dict[str, str] = {
 }
 
 
-# Settings added later than some saved configs, with the value that such a config's run had: a
-# resume, an evaluation or an export of it reads it as it trained.
-PREDATED: dict[str, object] = {
+# Settings that a saved config may lack, with the value its run trained with: a resume, an evaluation
+# or an export of it reads it as it trained.
+WHEN_ABSENT: dict[str, object] = {
     "data.cross_documents": False,
 }
 

@@ -417,6 +417,15 @@ def time_line(summary: dict, runs: int) -> str:
     return line
 
 
+def majority_line(comparison: dict, majority: float) -> str:
+    """The majority class's accuracy, and which arms' medians do not beat it."""
+    behind = [arm for arm in ("pretrained", "scratch") if comparison[arm]["median"] <= majority]
+    verdict = {0: "both arms beat it", 1: f"the {''.join(behind)} arm does not beat it"}.get(
+        len(behind), "neither arm beats it: both answer as a constant would"
+    )
+    return f"majority class (the most frequent validation label for every example): {majority:.4f}; {verdict}"
+
+
 def comparison_table(comparison: dict) -> str:
     """Per-seed accuracies (a regression: Pearson's r) of both arms and their difference, each column's
     median and range, and the two paired tests."""
@@ -450,6 +459,8 @@ def comparison_table(comparison: dict) -> str:
         f"gain {boot['gain']:+.4f}, {boot['confidence']:.0%} interval {boot['low']:+.4f} to "
         f"{boot['high']:+.4f}, p {format_p(boot['p_value'], boot['resamples'])}"
     )
+    if (majority := comparison.get("majority_class")) is not None:
+        lines.append(majority_line(comparison, majority))
     if len(comparison["seeds"]) < SEEDS_FOR_A_CLAIM:
         lines.append(f"note: {few_seeds_note(len(comparison['seeds']))}")
     return "\n".join(lines)
