@@ -213,8 +213,7 @@ def _mlm_windows(shards: Any, window: int, rng: np.random.Generator) -> np.ndarr
     piece = np.arange(doc.size) - np.repeat(np.cumsum(count) - count, count)  # (N,) index in document
     a_start = doc_start[doc] + np.where(piece == 0, 0, first[doc] + (piece - 1) * window)  # (N,)
     a_end = np.minimum(doc_start[doc] + first[doc] + piece * window, doc_end[doc])  # (N,)
-    zeros = np.zeros_like(a_start)
-    return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)  # (N, 5)
+    return _window_rows(a_start, a_end)
 
 
 def document_ends(shards: Any) -> np.ndarray:
@@ -240,9 +239,13 @@ def _stream_windows(shards: Any, window: int, rng: np.random.Generator) -> np.nd
     token_edges = edges - np.searchsorted(separators, edges)  # (N+1,)
     a_start, a_end = token_edges[:-1], token_edges[1:]  # (N,)
     keep = a_end > a_start  # a one-position window on a separator holds no token
-    a_start, a_end = a_start[keep], a_end[keep]
+    return _window_rows(a_start[keep], a_end[keep])
+
+
+def _window_rows(a_start: np.ndarray, a_end: np.ndarray) -> np.ndarray:
+    """MLM-only pair-table rows (N, 5): A's range, no B, the label -1."""
     zeros = np.zeros_like(a_start)
-    return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)  # (N, 5)
+    return np.stack([a_start, a_end, zeros, zeros, np.full_like(a_start, NO_NSP)], axis=1)
 
 
 class PairDataset(torch.utils.data.Dataset):
@@ -263,10 +266,9 @@ class PairDataset(torch.utils.data.Dataset):
         self.pairs = pairs
         self.cls_id = int(cls_id)
         self.sep_id = int(sep_id)
-        windows = (pairs[:, 4] == NO_NSP).any()
-        self.document_ends = (
-            (document_ends(shards) if ends is None else ends) if windows else np.empty(0, np.int64)
-        )
+        if ends is None:  # only MLM-only windows read them
+            ends = document_ends(shards) if (pairs[:, 4] == NO_NSP).any() else np.empty(0, np.int64)
+        self.document_ends = ends
 
     def __len__(self) -> int:
         return len(self.pairs)
