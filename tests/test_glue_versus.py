@@ -16,7 +16,8 @@ from test_glue import tiny_bench, write_glue
 
 from bertforge.errors import BertforgeError
 from bertforge.glue import GlueBenchmark, move_to_pretrained_arm, run_glue
-from bertforge.glue_versus import arm_runs, compare_benchmarks
+from bertforge.glue_report import signed
+from bertforge.glue_versus import arm_runs, compare_benchmarks, rows
 from bertforge.io import LOCK_FILE, RunFolderLock
 
 
@@ -230,3 +231,24 @@ def test_a_benchmark_grown_but_not_finished_compares_its_report_and_says_so(two_
         argv,
         f"holds no finished GLUE benchmark; finish it with `bertforge glue --out {grown} --resume`",
     )
+
+
+def test_a_difference_that_rounds_to_zero_reads_plus_zero_in_the_table():
+    cells = {"median": 70.0, "min": 69.0, "max": 71.0}
+    comparison = {
+        "names": ["a", "b"],
+        "tasks": {
+            "STS-B": {
+                "arms": {"a": cells, "b": cells},
+                "comparison": {
+                    "difference": {"median": -0.04},
+                    "sign_test": {"p_value": 1.0},
+                    "bootstrap": {"p_value": 0.9, "resamples": 1000},
+                },
+            }
+        },
+        "average": {"a": 70.0, "b": 70.04},
+    }
+    table = rows(comparison)
+    assert table[1][3] == "+0.0" and table[2][3] == "+0.0"
+    assert [signed(value) for value in (-1.26, 2.0, 0.04)] == ["-1.3", "+2.0", "+0.0"]

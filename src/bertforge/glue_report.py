@@ -268,6 +268,11 @@ def arm_figure(arm: dict, split: str, figure: str) -> dict:
     return arm[split][figure]
 
 
+def signed(difference: float) -> str:
+    """A difference to one decimal with its sign; one that rounds to zero reads +0.0, never -0.0."""
+    return f"{round(difference, 1) + 0.0:+.1f}"
+
+
 def median_range(stats: dict) -> str:
     return f"{stats['median']:.1f} [{stats['min']:.1f}, {stats['max']:.1f}]"
 
@@ -276,14 +281,14 @@ def comparison_cells(comparison: dict) -> list[str]:
     boot = comparison["bootstrap"]
     floor = 2 / boot["resamples"]
     p_boot = f"<{floor:.3f}" if boot["p_value"] == 0 else f"{boot['p_value']:.3f}"
-    return [f"{comparison['difference']['median']:+.1f}", f"{comparison['sign_test']['p_value']:.3f}", p_boot]
+    return [signed(comparison["difference"]["median"]), f"{comparison['sign_test']['p_value']:.3f}", p_boot]
 
 
 def average_row(report: dict, arms: list[str], compare: bool, majority: bool) -> list[str]:
     averages = report["average"]
     row = ["average", "score", *(f"{averages[arm]['score']:.1f}" for arm in arms)] + [""] * majority
     if compare:
-        row += [f"{averages['pretrained']['score'] - averages['scratch']['score']:+.1f}", "", ""]
+        row += [signed(averages["pretrained"]["score"] - averages["scratch"]["score"]), "", ""]
     row += [f"{m['average_of_these_tasks']:.1f}" for m in report["published"]["models"].values()]
     return row
 

@@ -28,6 +28,7 @@ from bertforge.glue_report import (
     median_range,
     paired_comparison,
     score_bars,
+    signed,
     spread,
     text_table,
 )
@@ -246,7 +247,7 @@ def rows(comparison: dict) -> list[list[str]]:
         medians = [median_range(entry["arms"][name]) for name in names]
         table.append([task, *medians, *comparison_cells(entry["comparison"])])
     averages = [comparison["average"][n] for n in names]
-    table.append(["average", *(f"{a:.1f}" for a in averages), f"{averages[0] - averages[1]:+.1f}", "", ""])
+    table.append(["average", *(f"{a:.1f}" for a in averages), signed(averages[0] - averages[1]), "", ""])
     return table
 
 
