@@ -852,6 +852,14 @@ def test_tasks_that_name_no_task_are_refused(tmp_path, glue_dir, capsys):
     assert not (tmp_path / "b").exists()
 
 
+def test_compare_scratch_with_one_seed_is_refused_before_anything_runs(tmp_path, glue_dir, capsys):
+    out = tmp_path / "b"
+    argv = ["glue", "--model", str(tmp_path / "model"), "--data", str(glue_dir), "--out", str(out)]
+    message = "--compare-scratch pairs the arms seed by seed and needs --seeds with at least 2 seeds"
+    assert_clean_failure(capsys, [*argv, "--seeds", "3", "--compare-scratch"], message)
+    assert not out.exists()
+
+
 def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     tmp_path, tiny_pretrained_run, glue_dir, monkeypatch
 ):
