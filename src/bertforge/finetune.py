@@ -407,7 +407,12 @@ def check_task(task: FinetuneTask) -> None:
             "task.both_orders swaps the two texts of each pair; name the second one's column with "
             "task.text_pair_column, or drop task.both_orders"
         )
-    if task.compare_scratch and len(task.seeds or []) < 2:
+    check_paired_seeds(task.compare_scratch, task.seeds)
+
+
+def check_paired_seeds(compare_scratch: bool, seeds: list[int] | None) -> None:
+    """A comparison with random weights pairs the arms seed by seed: it needs two seeds at least."""
+    if compare_scratch and len(seeds or []) < 2:
         raise BertforgeError(
             "task.compare_scratch pairs the arms seed by seed and needs task.seeds with at least 2 seeds "
             "(5 or more for any claim)"

@@ -55,6 +55,7 @@ from bertforge.finetune import (
     TASK,
     FinetuneTask,
     Job,
+    check_paired_seeds,
     finetuning_config,
     removed_unless_progress,
     start,
@@ -136,11 +137,7 @@ def benchmark(
     seeds = list(DEFAULT_SEEDS if seeds is None else seeds)
     if not seeds or len(set(seeds)) < len(seeds):
         raise BertforgeError(f"--seeds must list distinct seeds, e.g. 1,2,3; got {seeds}")
-    if compare_scratch and len(seeds) < 2:
-        raise BertforgeError(
-            "--compare-scratch pairs the arms seed by seed and needs --seeds with at least 2 seeds "
-            f"(5 or more for any claim); got {seeds[0]}"
-        )
+    check_paired_seeds(compare_scratch, seeds)  # before any task is read
     recipes, grid = load_recipes(recipes_file)
     return GlueBenchmark(  # paths absolute, so that a rerun or --resume works from any folder
         model=str(Path(model).resolve()),
