@@ -21,11 +21,12 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
     out = tmp_path / "latest.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out), "--dropout", "0"]
     command += ["--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
-    command += ["--batch-size", "2", "--seq-len", "64"]  # bf16 on a CPU without bf16 units is slow
+    command += ["--batch-size", "2", "--seq-len", "64"]
+    command += ["--precisions", "fp32"]  # the device check's smoke mode runs the bf16 step and pretraining
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text(encoding="utf-8"))
-    assert {row["precision"] for row in results["step"]} == {"fp32", "bf16"}
+    assert [row["precision"] for row in results["step"]] == ["fp32"]
     assert {(row["batch"], row["seq_len"]) for row in results["step"]} == {(2, 64)}
     for row in results["step"]:
         assert row["bertforge_tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
