@@ -191,6 +191,12 @@ def test_pretrain_reports_held_out_metrics_and_speed(pipeline):
     assert pipeline.pretrain.returncode == 0, pipeline.pretrain.stderr
     assert "held-out: mlm_loss" in pipeline.pretrain.stdout and "real tokens/s" in pipeline.pretrain.stdout
     assert "tokenizer: " not in pipeline.pretrain.stdout  # --quiet: its training says nothing
+    # The lines at evaluations during the run (steps 3 and 6) and the last one write figures alike.
+    held_out = [line for line in pipeline.pretrain.stdout.splitlines() if "held-out" in line]
+    assert len(held_out) >= 3, pipeline.pretrain.stdout
+    for line in held_out:
+        figures = line.split(": ", 1)[1].split(", ")
+        assert all(re.fullmatch(r"\w+ -?\d+\.\d{4}", figure) for figure in figures), line
 
 
 def test_pretrain_writes_the_run_folder(pipeline):

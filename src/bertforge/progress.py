@@ -176,6 +176,11 @@ def clock(seconds: float) -> str:
     return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
+def metrics_text(metrics: dict[str, float]) -> str:
+    """`mlm_loss 5.1234, mlm_accuracy 0.3081`: every held-out line, during a run and after it, alike."""
+    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
+
+
 def duration(seconds: float) -> str:
     """`42 s` under a minute, else `3.5 min`: a short run's time is not `0.0 min`."""
     return f"{seconds:.0f} s" if seconds < 59.5 else f"{seconds / 60:.1f} min"

@@ -69,7 +69,7 @@ from bertforge.metrics_log import DeviceFigures, MetricsLog, nonfinite
 from bertforge.model import set_activation_checkpointing
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
-from bertforge.progress import Progress, progress_bar
+from bertforge.progress import Progress, metrics_text, progress_bar
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
 from bertforge.signals import StopSignals
 
@@ -644,7 +644,3 @@ class Window:
         self.new_tokens = 0
         self.restart()
         return record, int(new_tokens)
-
-
-def metrics_text(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{key} {value:.4g}" for key, value in metrics.items())

@@ -345,7 +345,7 @@ def tagged_task(args) -> bool:
 
 def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
-    from bertforge.progress import duration, plural
+    from bertforge.progress import duration, metrics_text, plural
 
     task, config = finetune_inputs(args)
     if (args.jobs or 1) > 1 and not task.seeds and not task.compare_scratch:
@@ -365,7 +365,7 @@ def run_finetune(args) -> int:
         trained = f"{epochs} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
         print(
             f"\nseed {run['seed']}: {trained}; best epoch {run['best_epoch']}, held-out: "
-            + format_scores(run["best"])
+            + metrics_text(run["best"])
         )
     kind = result_kind(summary["runs"][0])
     if task.seeds:
@@ -469,10 +469,6 @@ def comparison_table(comparison: dict) -> str:
 def format_p(p_value: float, resamples: int) -> str:
     """`= p`, or `< 2/resamples` when no resample crossed zero (the bootstrap's resolution)."""
     return f"< {2 / resamples:.4g}" if p_value == 0 else f"= {p_value:.4f}"
-
-
-def format_scores(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
 
 
 def confusion_text(labels: list[str], matrix: list[list[int]]) -> str:

@@ -508,9 +508,11 @@ def run_evaluate(args) -> int:
 def print_metrics(metrics: dict[str, float], label: str = "") -> None:
     """The metrics on one line, then the unigram entropy as the reference for `mlm_loss` (a GPT's
     `clm_loss`)."""
+    from bertforge.progress import metrics_text
+
     metrics = dict(metrics)
     entropy = metrics.pop("unigram_entropy", None)
-    print(label + format_metrics(metrics))
+    print(label + metrics_text(metrics))
     if entropy is not None:
         indent = " " * len(label)
         key, loss = ("clm_loss", "next-token") if "clm_loss" in metrics else ("mlm_loss", "MLM")
@@ -523,7 +525,3 @@ def print_metrics(metrics: dict[str, float], label: str = "") -> None:
                 f"{indent}the {loss} loss is not below it yet: the model has not learned to use context; "
                 "train longer"
             )
-
-
-def format_metrics(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
