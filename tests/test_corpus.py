@@ -394,6 +394,9 @@ def test_a_labelled_table_gives_its_text_column_a_document_a_row(tmp_path):
         ["The sailors rode the breeze."],
         ["The more."],
     ]
+    with_header = write(tmp_path / "sst.tsv", "sentence\tlabel\nA fine film.\t1\nAwful.\t0\n")
+    with pytest.raises(BertforgeError, match=r"sst.tsv starts with a header row \(sentence, label\); name"):
+        list(read_documents(with_header, text_column="0"))  # "sentence" is no document
     short = write(tmp_path / "short.tsv", "sentence1\tsentence2\tlabel\nIt rained.\t0\n")
     with pytest.raises(BertforgeError, match=r"short.tsv line 2 has 2 fields where line 1 has 3"):
         list(read_documents(short, text_column="sentence1,sentence2"))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
+from bertforge.labeled import is_header_row
 from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
@@ -583,12 +584,19 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
     try:
         header = next(reader, [])
         positions, by_number = _text_positions(lines.path, header, column)
-        for row in itertools.chain([header] if by_number else [], reader):
+        numbered = ((reader.line_num, row) for row in reader)
+        ahead = list(itertools.islice(numbered, _HEADER_EVIDENCE_ROWS))
+        if by_number and is_header_row(header, [row for _, row in ahead], range(len(header))):
+            raise BertforgeError(
+                f"{lines.path} starts with a header row ({', '.join(header)}); name the text's column "
+                "(data.text_column) instead of giving its number, or the header becomes a document"
+            )
+        for line, row in itertools.chain([(1, header)] if by_number else [], ahead, numbered):
             if not row:
                 continue
             if len(row) != len(header):
                 raise BertforgeError(
-                    f"{lines.path} line {reader.line_num} has {len(row)} fields where line 1 has "
+                    f"{lines.path} line {line} has {len(row)} fields where line 1 has "
                     f"{len(header)}; every row has one value per column"
                 )
             texts = [row[position] for position in positions]
@@ -599,6 +607,7 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
 
 
 _LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
+_HEADER_EVIDENCE_ROWS = 100  # rows read ahead to tell a header row from data (`labeled.is_header_row`)
 
 
 def _text_positions(path: Path, header: list[str], column: str) -> tuple[list[int], bool]:

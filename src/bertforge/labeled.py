@@ -26,7 +26,7 @@ import re
 import shlex
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
@@ -195,11 +195,20 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
         yield line, [row[position] for position in positions]
 
 
+def is_header_row(first: list[str], rows: list[list[str]], positions: Iterable[int]) -> bool:
+    """Whether `first`, a table's first row, names its columns rather than holding data: in one of the
+    `positions`, a word above a column of numbers (`rows`, the rows after it)."""
+    for position in positions:
+        values = [row[position].strip() for row in rows if len(row) > position]
+        above = first[position].strip() if len(first) > position else ""
+        if values and not _NUMBER.fullmatch(above) and all(_NUMBER.fullmatch(value) for value in values):
+            return True
+    return False
+
+
 def _refuse_header_read_as_data(path: Path, rows: list, label_position: int, first: list[str]) -> None:
     """Columns given by number on a file whose first row names them: a header would become an example."""
-    labels = [row[label_position].strip() for _, row in rows if len(row) > label_position]
-    numbers = [bool(_NUMBER.fullmatch(label)) for label in labels]
-    if len(labels) > 1 and not numbers[0] and all(numbers[1:]):
+    if is_header_row(first, [row for _, row in rows[1:]], [label_position]):
         raise BertforgeError(
             f"{path} starts with a header row ({', '.join(first)}); give the columns by name, not by number"
         )
