@@ -224,6 +224,39 @@ def test_finetune_saves_the_step_at_sigterm_and_resumes_to_the_uninterrupted_run
     assert_same_weights(run / "final", reference / "final")
 
 
+def test_a_second_ctrl_c_while_a_checkpoint_is_written_stops_once_it_is_whole(
+    tmp_path, wiki_slice, small_tokenizer_dir, monkeypatch, capsys
+):
+    """Both Ctrl-Cs arrive inside torch.save of step 2's checkpoint: the first asks the loop to stop,
+    the second, acted on there, would break torch's zip writer into a RuntimeError ("unexpected pos",
+    as the fault matrix once caught). Held until the checkpoint is whole, it stops the run with step 2
+    kept, and `--resume` ends as the uninterrupted run."""
+    save, calls = torch.save, []
+
+    def interrupted_save(*args, **kwargs):
+        if not calls:
+            calls.append("interrupted")
+            try:
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from None
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    settings = [*RECIPE, "--set", "train.checkpoint_every=2", "--max-steps", "6"]
+    assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, run, *settings)) == 130
+    assert calls and last_step(run) == 2 and steps(run) == [1, 2]
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"continue the run from its last checkpoint (step_000002) with: bertforge pretrain --out {run} --resume"
+    )
+    assert main(["pretrain", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, reference, *settings)) == 0
+    assert metrics(run) == metrics(reference)
+    assert_same_weights(run / "final", reference / "final")
+
+
 def test_a_second_signal_acts_at_once():
     """The first SIGINT or SIGTERM is only recorded; the handlers before the block are then back, so a
     second Ctrl-C raises KeyboardInterrupt at once."""

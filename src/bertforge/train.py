@@ -71,7 +71,7 @@ from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
 from bertforge.progress import Progress, metrics_text, progress_bar
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
-from bertforge.signals import StopSignals
+from bertforge.signals import StopSignals, stop_signals_held
 
 
 @dataclass
@@ -594,14 +594,18 @@ class Trainer:
         if self.world.distributed:
             state["rank_rng"] = distributed.gather_objects(rng_states(self.device))
         if self.world.is_main:
-            try:
-                save_checkpoint(
-                    self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config
-                )
-            except WriteError as error:
-                then = "then continue with `resume=True`" if list_checkpoints(self.run_dir) else "start again"
-                raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
-            prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
+            # A second Ctrl-C acts once the checkpoint is whole: inside torch.save it would become
+            # the zip writer's RuntimeError, and the stop a bug that loses the step.
+            with stop_signals_held():
+                try:
+                    save_checkpoint(
+                        self.run_dir, step, self.model, self.optimizer, self.scaler, state, self.config
+                    )
+                except WriteError as error:
+                    kept = list_checkpoints(self.run_dir)
+                    then = "then continue with `resume=True`" if kept else "start again"
+                    raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
+                prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
         distributed.barrier()
 
 
