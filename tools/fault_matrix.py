@@ -461,8 +461,11 @@ def same_weights(path: Path, reference: Path) -> None:
 
 def train_lines(run: Path) -> list[dict]:
     lines = []
-    path = run / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
+    try:
+        text = (run / "metrics.jsonl").read_text()
+    except FileNotFoundError:  # not yet written, or a resume that starts afresh replacing it
+        text = ""
+    for line in text.splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
             if record.get("split") == "train":
