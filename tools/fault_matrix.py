@@ -152,6 +152,14 @@ class Result:
         return f"{status}: {last[:300]}"
 
 
+def read_log(path: Path) -> str:
+    """A command's stdout or stderr; empty if it was killed before the forked child opened it."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 class Proc:
     """One bertforge command in its own process group: forked from this process, or a new Python."""
 
@@ -200,7 +208,7 @@ class Proc:
         return self.result()
 
     def result(self) -> Result:
-        out, err = (path.read_text(encoding="utf-8", errors="replace") for path in self.paths)
+        out, err = (read_log(path) for path in self.paths)
         return Result(self.code, out, err)
 
     def send(self, signum: int, group: bool = False) -> None:
@@ -2219,6 +2227,26 @@ def steps_done(run: Path) -> int:
     return len(train_lines(run))
 
 
+def steps_of_the_resume(run: Path) -> Callable[[], int]:
+    """The steps logged by a resume of `run` about to start: 0 until it writes the log anew (cut back
+    to the last checkpoint, or removed to start afresh), then the new log's steps, not the old one's."""
+    path = run / "metrics.jsonl"
+
+    def signature() -> tuple[int, int, int] | None:
+        with contextlib.suppress(FileNotFoundError):
+            stat = path.stat()
+            return stat.st_ino, stat.st_size, stat.st_mtime_ns
+        return None
+
+    before, replaced = signature(), [False]
+
+    def logged() -> int:
+        replaced[0] = replaced[0] or signature() != before
+        return steps_done(run) if replaced[0] else 0
+
+    return logged
+
+
 def checkpoint_being_written(run: Path) -> Callable[[], bool]:
     folder = run / "checkpoints"
 
@@ -2288,8 +2316,9 @@ def pretrain_kill_case(name: str, in_write: bool = False, twice: bool = False) -
         run = trace.path("run")
         argv = pretrain_argv(run, *STEADY, "--max-steps", str(STEADY_STEPS))
         for attempt in range(2 if twice else 1):
+            logged = (lambda: steps_done(run)) if attempt == 0 else steps_of_the_resume(run)
             proc = trace.start(*(argv if attempt == 0 else ["pretrain", "--out", run, "--resume", "--quiet"]))
-            kill_at_random(trace, proc, run, in_write)
+            kill_at_random(trace, proc, run, in_write, logged)
         succeeded(trace.bf("pretrain", "--out", run, "--resume", "--quiet"))
         same_run(run, M.world["ref-bert"])
         no_leftovers(run)
@@ -2306,7 +2335,8 @@ def pretrain_kill_case(name: str, in_write: bool = False, twice: bool = False) -
     )
 
 
-def kill_at_random(trace: Trace, proc: Proc, run: Path, in_write: bool) -> None:
+def kill_at_random(trace: Trace, proc: Proc, run: Path, in_write: bool, logged: Callable[[], int]) -> None:
+    """kill -9 inside a checkpoint write, or once `logged()` steps reach a random number."""
     if in_write:
         trace.note("# kill -9 while a checkpoint is being written (a .step_*.tmp-* folder exists)")
         if not wait_until(checkpoint_being_written(run), proc, tick=0.001):
@@ -2314,7 +2344,7 @@ def kill_at_random(trace: Trace, proc: Proc, run: Path, in_write: bool) -> None:
     else:
         target = trace.rng.randint(2, STEADY_STEPS - 20)
         trace.note(f"# kill -9 once {target} steps are logged")
-        if not wait_until(lambda: steps_done(run) >= target, proc):
+        if not wait_until(lambda: logged() >= target, proc):
             raise Skip("the run ended before the kill")
     proc.send(signal.SIGKILL, group=True)
     proc.wait(30)
