@@ -471,7 +471,7 @@ def train_lines(run: Path) -> list[dict]:
     lines = []
     try:
         text = (run / "metrics.jsonl").read_text()
-    except FileNotFoundError:  # not yet written, or a resume that starts afresh replacing it
+    except FileNotFoundError:  # not yet written, or removed by a resume that starts the run afresh
         text = ""
     for line in text.splitlines():
         with contextlib.suppress(json.JSONDecodeError):
