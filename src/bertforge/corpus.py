@@ -585,8 +585,8 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
         header = next(reader, [])
         positions, by_number = _text_positions(lines.path, header, column)
         numbered = ((reader.line_num, row) for row in reader)
-        ahead = list(itertools.islice(numbered, _HEADER_EVIDENCE_ROWS))
-        if by_number and is_header_row(header, [row for _, row in ahead], range(len(header))):
+        ahead = list(itertools.islice(numbered, _HEADER_EVIDENCE_ROWS)) if by_number else []
+        if ahead and is_header_row(header, [row for _, row in ahead], range(len(header))):
             raise BertforgeError(
                 f"{lines.path} starts with a header row ({', '.join(header)}); name the text's column "
                 "(data.text_column) instead of giving its number, or the header becomes a document"
