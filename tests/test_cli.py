@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, metrics_lines, tiny_config
+from conftest import PYPROJECT, assert_clean_failure, metrics_lines, tiny_config, tomllib
 from safetensors.torch import save_file
 
 from bertforge.cli import main
@@ -57,6 +57,28 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         env=env,
         timeout=600,
     )
+
+
+class InterruptedImport:
+    """A Ctrl-C that arrives while `bertforge.cli` (and torch with it) is being imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "bertforge.cli":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_the_program_imports_torch_is_one_line(monkeypatch, capsys):
+    import bertforge
+    from bertforge.__main__ import INTERRUPTED_WHILE_STARTING, start
+
+    monkeypatch.delitem(sys.modules, "bertforge.cli")
+    monkeypatch.delattr(bertforge, "cli")
+    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
+    assert start() == 130
+    assert capsys.readouterr().err == INTERRUPTED_WHILE_STARTING + "\n"
+    scripts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
+    assert scripts["bertforge"] == "bertforge.__main__:start"  # the installed program starts there too
 
 
 def test_help_lists_every_command(capsys):

@@ -248,8 +248,9 @@ def test_a_second_ctrl_c_while_a_checkpoint_is_written_stops_once_it_is_whole(
     settings = [*RECIPE, "--set", "train.checkpoint_every=2", "--max-steps", "6"]
     assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, run, *settings)) == 130
     assert calls and last_step(run) == 2 and steps(run) == [1, 2]
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        f"continue the run from its last checkpoint (step_000002) with: bertforge pretrain --out {run} --resume"
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.endswith(
+        f"from its last checkpoint (step_000002) with: bertforge pretrain --out {run} --resume"
     )
     assert main(["pretrain", "--out", str(run), "--resume", "--quiet"]) == 0
     assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, reference, *settings)) == 0
