@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,24 +60,53 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
-class InterruptedImport:
-    """A Ctrl-C that arrives while `bertforge.cli` (and torch with it) is being imported."""
+class SignalledImport:
+    """`signum` raised while `bertforge.cli` (and torch with it) is being imported: `KeyboardInterrupt`
+    raised there, as a Ctrl-C would before the program holds the signals, or a real signal."""
+
+    def __init__(self, signum: int | None) -> None:
+        self.signum = signum
 
     def find_spec(self, name, path=None, target=None):
         if name == "bertforge.cli":
-            raise KeyboardInterrupt
+            if self.signum is None:
+                raise KeyboardInterrupt
+            signal.raise_signal(self.signum)
         return None
 
 
-def test_ctrl_c_while_the_program_imports_torch_is_one_line(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "signum, line, status",
+    [
+        (None, "interrupted by Ctrl-C", 130),
+        (signal.SIGINT, "interrupted by Ctrl-C", 130),
+        (signal.SIGTERM, "stopped by SIGTERM", 143),
+    ],
+    ids=["KeyboardInterrupt", "SIGINT", "SIGTERM"],
+)
+def test_a_signal_while_the_program_imports_torch_is_one_line(monkeypatch, capsys, signum, line, status):
     import bertforge
-    from bertforge.__main__ import INTERRUPTED_WHILE_STARTING, start
+    from bertforge.__main__ import start
 
+    inherited = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    # As a program started from a terminal has them, whatever this process inherited (a background job
+    # ignores SIGINT, and a signal ignored stays ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     monkeypatch.delitem(sys.modules, "bertforge.cli")
     monkeypatch.delattr(bertforge, "cli")
-    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
-    assert start() == 130
-    assert capsys.readouterr().err == INTERRUPTED_WHILE_STARTING + "\n"
+    monkeypatch.setattr(sys, "meta_path", [SignalledImport(signum), *sys.meta_path])
+    try:
+        assert start() == status
+        assert capsys.readouterr().err == f"bertforge: {line} while starting; nothing was done\n"
+        assert ("bertforge.cli" in sys.modules) == (signum is not None)  # held: the imports ended whole
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (
+            signal.default_int_handler,
+            signal.SIG_DFL,
+        )
+    finally:
+        signal.signal(signal.SIGINT, inherited[0])
+        signal.signal(signal.SIGTERM, inherited[1])
     scripts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
     assert scripts["bertforge"] == "bertforge.__main__:start"  # the installed program starts there too
 
