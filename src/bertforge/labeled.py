@@ -200,8 +200,9 @@ def is_header_row(first: list[str], rows: list[list[str]], positions: Iterable[i
     `positions`, a word above a column of numbers (`rows`, the rows after it)."""
     for position in positions:
         values = [row[position].strip() for row in rows if len(row) > position]
-        above = first[position].strip() if len(first) > position else ""
-        if values and not _NUMBER.fullmatch(above) and all(_NUMBER.fullmatch(value) for value in values):
+        if len(first) <= position or not values:  # a short first row names nothing there
+            continue
+        if not _NUMBER.fullmatch(first[position].strip()) and all(_NUMBER.fullmatch(v) for v in values):
             return True
     return False
 
