@@ -2238,11 +2238,12 @@ def steps_of_the_resume(run: Path) -> Callable[[], int]:
             return stat.st_ino, stat.st_size, stat.st_mtime_ns
         return None
 
-    before, replaced = signature(), [False]
+    before, replaced = signature(), False
 
     def logged() -> int:
-        replaced[0] = replaced[0] or signature() != before
-        return steps_done(run) if replaced[0] else 0
+        nonlocal replaced
+        replaced = replaced or signature() != before
+        return steps_done(run) if replaced else 0
 
     return logged
 
