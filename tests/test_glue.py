@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import SHARED_DATA, assert_clean_failure
+from test_stats import exact_p_value, five_seeds_with_many_tied_resamples
 
 from bertforge import glue_data
 from bertforge.comparison import few_seeds_note
@@ -351,6 +352,15 @@ def test_the_bootstrap_of_a_task_score_sees_a_real_gain_and_no_gain():
     assert better["gain"] > 20 and better["p_value"] < 0.01 and better["low"] > 0
     same = [noisy(0.2), noisy(0.2)]
     assert paired_bootstrap_score("MRPC", true, same, same, ["0", "1"], 200)["p_value"] == 1.0
+
+
+def test_the_bootstrap_of_a_task_score_counts_a_resample_with_no_gain_against_either_sign():
+    """SST-2's score averaged over 5 seeds in percent: a resample with no gain is not +-1e-14."""
+    a, b, summed = five_seeds_with_many_tied_resamples()
+    true = ["1"] * a.shape[1]
+    arms = [[["1" if right else "0" for right in seed] for seed in arm] for arm in (a, b)]
+    verdict = paired_bootstrap_score("SST-2", true, *arms, ["0", "1"], 2000)
+    assert verdict["p_value"] == exact_p_value(summed, 2000, 0)
 
 
 def test_the_majority_class_is_what_a_model_at_chance_scores():

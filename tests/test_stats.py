@@ -197,3 +197,26 @@ def test_bootstrap_over_several_seeds_matches_scipy_resampling_examples_across_s
     assert ours["high"] == pytest.approx(theirs.confidence_interval.high, abs=0.005)
     expected = reference_p_value(theirs.bootstrap_distribution, ours["gain"])
     assert 0.02 < expected < 0.2 and ours["p_value"] == pytest.approx(expected, abs=0.025)
+
+
+def five_seeds_with_many_tied_resamples() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Outcomes (5 seeds, 60 examples) and each example's gain summed over the seeds, exactly."""
+    rng = np.random.default_rng(3)
+    a, b = rng.random((5, 60)) < 0.55, rng.random((5, 60)) < 0.50
+    return a, b, a.astype(int).sum(axis=0) - b.astype(int).sum(axis=0)
+
+
+def exact_p_value(summed: np.ndarray, resamples: int, seed: int) -> float:
+    """The documented p-value from integer gains on the same draws: a resample with no gain at all
+    counts against either sign."""
+    sums = bootstrap_gains(lambda index: summed[index].sum(axis=1), summed.size, resamples, seed)
+    assert np.count_nonzero(sums == 0) > resamples / 50  # ties are common enough for a miscount to show
+    flipped = np.count_nonzero(sums >= 0) if summed.sum() < 0 else np.count_nonzero(sums <= 0)
+    return min(1.0, 2 * flipped / resamples)
+
+
+def test_a_resample_with_no_gain_counts_against_either_sign_with_five_seeds():
+    """Averaged over 5 seeds an example's gain is k/5, which floating point does not add back to an
+    exact 0: a resample with no gain must not land on one side of the count by rounding."""
+    a, b, summed = five_seeds_with_many_tied_resamples()
+    assert paired_bootstrap(a, b, resamples=10_000, seed=0)["p_value"] == exact_p_value(summed, 10_000, 0)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+SAME_SCORE = 1e-9  # gains no larger are rounding errors of an exact 0 (scores are fractions or percent)
 BOOTSTRAP_CHUNK = 200  # resamples drawn at once (bounds the arrays' memory; the draws do not depend on it)
 
 
@@ -85,10 +86,13 @@ def paired_bootstrap(
     a, b = np.atleast_2d(np.asarray(correct_a, float)), np.atleast_2d(np.asarray(correct_b, float))
     if a.shape != b.shape or a.shape[1] == 0:
         raise ValueError(f"both arms need outcomes on the same examples, got {a.shape} and {b.shape}")
-    per_example = (a - b).mean(axis=0)  # (examples,): the gain on each example, averaged over seeds
-    observed = float(per_example.mean())
-    gains = bootstrap_gains(lambda index: per_example[index].mean(axis=1), per_example.size, resamples, seed)
-    return bootstrap_verdict(observed, gains, int(per_example.size), seed, confidence)
+    # Sums of 0s and 1s are exact; their mean over seeds (k/3, k/5) is not, and a resample whose
+    # gain is exactly 0 would come out as +-1e-17 on either side of the p-value's count.
+    per_example = (a - b).sum(axis=0)  # (examples,): the gain on each example, summed over seeds
+    scale = a.shape[0] * per_example.size
+    observed = float(per_example.sum()) / scale
+    gains = bootstrap_gains(lambda index: per_example[index].sum(axis=1), per_example.size, resamples, seed)
+    return bootstrap_verdict(observed, gains / scale, int(per_example.size), seed, confidence)
 
 
 def bootstrap_verdict(
@@ -101,6 +105,10 @@ def bootstrap_verdict(
     the central `confidence` of the resampled gains (percentile method).
     """
     resamples = int(gains.size)
+    # A score averaged over seeds in floating point leaves a gain that is exactly 0 at +-1e-14:
+    # zero it, so that it counts as the opposite sign on either side.
+    observed = 0.0 if abs(observed) <= SAME_SCORE else observed
+    gains = np.where(np.abs(gains) <= SAME_SCORE, 0.0, gains)
     if observed == 0:
         p_value = 1.0
     else:
