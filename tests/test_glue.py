@@ -37,7 +37,14 @@ from bertforge.glue import (
 )
 from bertforge.glue_data import TASKS, find_tasks, read_split, read_task
 from bertforge.glue_recipes import DEFAULT_RECIPES, Recipe, read_recipes, recipe_text
-from bertforge.glue_report import at_chance, chance_note, majority_class, plotted_series
+from bertforge.glue_report import (
+    at_chance,
+    chance_note,
+    comparison_cells,
+    majority_class,
+    paired_comparison,
+    plotted_series,
+)
 from bertforge.glue_scores import (
     PUBLISHED,
     glue_average,
@@ -361,6 +368,40 @@ def test_the_bootstrap_of_a_task_score_counts_a_resample_with_no_gain_against_ei
     arms = [[["1" if right else "0" for right in seed] for seed in arm] for arm in (a, b)]
     verdict = paired_bootstrap_score("SST-2", true, *arms, ["0", "1"], 2000)
     assert verdict["p_value"] == exact_p_value(summed, 2000, 0)
+
+
+def test_the_table_gives_the_bootstrap_mean_gain_where_its_sign_is_not_the_median_gain():
+    """Two seeds tie and one is 20 points behind: the median gain is 0, the mean that the bootstrap
+    tests is -6.7 (p about 0.04); a p-value beside +0.0 alone would read as a gain."""
+    true = ["1"] * 60 + ["0"] * 40
+    right, wrong = ["1"] * 100, ["0"] * 100  # 60% and 40%
+
+    def runs(predictions):
+        return [
+            {"seed": seed, "score": 60.0 if p is right else 40.0, "predicted": p} for seed, p in predictions
+        ]
+
+    scratch = runs([(1, right), (2, right), (3, right)])
+    one_far_off = paired_comparison(
+        "SST-2",
+        "classification",
+        true,
+        runs([(1, right), (2, right), (3, wrong)]),
+        scratch,
+        ("pretrained", "scratch"),
+    )
+    gain, p_sign, p_boot = comparison_cells(one_far_off)
+    assert gain == "+0.0" and p_sign == "1.000" and p_boot.endswith(" (mean -6.7)")
+    assert 0 < float(p_boot.split()[0]) < 0.1
+    all_behind = paired_comparison(
+        "SST-2",
+        "classification",
+        true,
+        runs([(1, wrong), (2, wrong), (3, wrong)]),
+        scratch,
+        ("pretrained", "scratch"),
+    )
+    assert comparison_cells(all_behind)[0] == "-20.0" and "mean" not in comparison_cells(all_behind)[2]
 
 
 def test_the_majority_class_is_what_a_model_at_chance_scores():

@@ -243,7 +243,7 @@ def test_a_difference_that_rounds_to_zero_reads_plus_zero_in_the_table():
                 "comparison": {
                     "difference": {"median": -0.04},
                     "sign_test": {"p_value": 1.0},
-                    "bootstrap": {"p_value": 0.9, "resamples": 1000},
+                    "bootstrap": {"gain": -0.03, "p_value": 0.9, "resamples": 1000},
                 },
             }
         },

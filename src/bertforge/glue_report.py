@@ -278,10 +278,20 @@ def median_range(stats: dict) -> str:
 
 
 def comparison_cells(comparison: dict) -> list[str]:
-    boot = comparison["bootstrap"]
+    """The gain (the median of the per-seed differences), p sign and p boot. The bootstrap tests the
+    seeds' mean gain, which one seed far off can turn against the median: then it is given beside."""
+    boot, median = comparison["bootstrap"], comparison["difference"]["median"]
     floor = 2 / boot["resamples"]
     p_boot = f"<{floor:.3f}" if boot["p_value"] == 0 else f"{boot['p_value']:.3f}"
-    return [signed(comparison["difference"]["median"]), f"{comparison['sign_test']['p_value']:.3f}", p_boot]
+    if direction(boot["gain"]) != direction(median):
+        p_boot += f" (mean {signed(boot['gain'])})"
+    return [signed(median), f"{comparison['sign_test']['p_value']:.3f}", p_boot]
+
+
+def direction(difference: float) -> int:
+    """-1, 0 or 1: the sign of a difference as the table shows it, to one decimal."""
+    shown = round(difference, 1)
+    return (shown > 0) - (shown < 0)
 
 
 def average_row(report: dict, arms: list[str], compare: bool, majority: bool) -> list[str]:
@@ -306,7 +316,8 @@ def notes(report: dict) -> list[str]:
         lines.append(
             "scratch: the same architecture and tokenizer from random weights, seed for seed; gain: the "
             "median of the per-seed differences in the task score (the average's: the difference of the two "
-            "averages); p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples"
+            "averages); p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples "
+            "of the seeds' mean gain, given beside it where its sign is not the median's"
         )
     if has_majority(report):
         lines.append(chance_note(report))

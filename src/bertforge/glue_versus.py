@@ -256,7 +256,8 @@ def notes(comparison: dict) -> list[str]:
     lines = [
         f"task score on the dev sets, median [min, max] over seeds {', '.join(map(str, seeds))}, in "
         f"percent; difference: the median of the per-seed differences ({names[0]} minus {names[1]}); "
-        "p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples",
+        "p sign: exact sign test over seeds; p boot: paired bootstrap over the dev examples of the seeds' "
+        "mean difference, given beside it where its sign is not the median's",
     ]
     for name, bench in comparison["benchmarks"].items():
         lines.append(f"{name}: the model {bench['model']} ({bench['folder']})")
