@@ -289,6 +289,20 @@ def test_a_file_of_another_layout_is_refused_with_the_columns_it_needs(glue_dir)
         read_split(TASKS["MRPC"], path)
 
 
+def test_a_damaged_first_row_of_a_file_without_header_is_named_as_any_other_row(glue_dir):
+    """CoLA's files have no header: a bad label on line 1 is the label's fault, as on line 2."""
+    path = glue_dir / "CoLA" / "train.tsv"
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for number in (1, 2):
+        damaged = lines.copy()
+        damaged[number - 1] = "gj04\t2\t\tA sentence."
+        path.write_text("\n".join(damaged), encoding="utf-8")
+        with pytest.raises(
+            BertforgeError, match=f"train.tsv line {number}: the label '2' is not one of CoLA's"
+        ):
+            read_split(TASKS["CoLA"], path)
+
+
 def test_a_missing_task_is_skipped_with_a_line(glue_dir, tmp_path):
     shutil.rmtree(glue_dir / "RTE")
     found, skipped = find_tasks([glue_dir], ["RTE", "WNLI"])

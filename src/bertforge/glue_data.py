@@ -278,12 +278,8 @@ def choose_layout(spec: TaskSpec, path: Path, first: list[str]) -> tuple[Layout 
         if layout.has_header and all(c in names for c in (layout.text, layout.pair, layout.label) if c):
             return layout, 1
     for layout in spec.layouts:
-        if (
-            not layout.has_header
-            and len(first) == layout.fields
-            and first[layout.label].strip() in spec.labels
-        ):
-            return layout, 0
+        if not layout.has_header and len(first) == layout.fields:
+            return layout, 0  # its label is checked as every row's is, with the line's number
     if any(layout.has_header and texts_named(layout, names) for layout in spec.layouts):
         return None, 1
     raise BertforgeError(
