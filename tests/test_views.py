@@ -27,7 +27,7 @@ from bertforge.cli import main
 from bertforge.config import ModelConfig
 from bertforge.config_rules import GPT_HIDDEN_ACT
 from bertforge.errors import BertforgeError
-from bertforge.gpt import GPTLMHeadModel
+from bertforge.gpt import GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.metrics_log import MetricsLog
 from bertforge.model import BertForPreTraining, BertSelfAttention
 from bertforge.plots import (
@@ -130,6 +130,18 @@ def test_weights_times_values_give_what_each_sublayer_outputs(kind):
         torch.testing.assert_close(out, expected, rtol=0, atol=TOL)
 
 
+@torch.no_grad()
+def test_a_gpt_classifier_maps_are_the_causal_maps_of_its_decoder():
+    """Its last block computes the read-out token's row alone; the map still has every causal row."""
+    lm = gpt()
+    classifier = GPTForSequenceClassification(lm.config, num_labels=2).eval()
+    classifier.gpt.load_state_dict(lm.gpt.state_dict())
+    ids, _, mask = padded_batch()
+    weights = attention_weights(classifier, ids, attention_mask=mask)
+    torch.testing.assert_close(weights, attention_weights(lm, ids, attention_mask=mask), rtol=0, atol=TOL)
+    assert weights.triu(diagonal=1).abs().max() == 0
+
+
 def test_the_model_runs_in_eval_mode_and_keeps_its_mode():
     model = bert(attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.5).train()
     ids = torch.randint(5, 99, (1, 8))
@@ -169,6 +181,14 @@ def test_gpt_maps_are_causal_and_read_the_text_as_a_prompt(tokenizer):
     torch.testing.assert_close(maps.weights.sum(-1), torch.ones(2, 4, T), rtol=1e-5, atol=1e-5)
     assert maps.weights.triu(diagonal=1).abs().max() == 0
     assert torch.all(maps.weights[:, :, 0, 0] == 1)  # the first token can only attend to itself
+
+
+def test_a_gpt_classifier_is_shown_the_text_as_it_reads_it(tokenizer):
+    """Fine-tuned on `[CLS] text [SEP]` (and pairs), as GPT-1's start and extract tokens."""
+    model = GPTForSequenceClassification(gpt(vocab_size=tokenizer.vocab_size).config, num_labels=2).eval()
+    maps = attention_maps(model, tokenizer, "The game was released in Japan .", "It sold well .")
+    assert maps.causal and maps.tokens[0] == "[CLS]" and maps.tokens.count("[SEP]") == 2
+    assert maps.weights.triu(diagonal=1).abs().max() == 0
 
 
 def test_impossible_texts_are_refused(tokenizer):

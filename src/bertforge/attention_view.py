@@ -6,7 +6,7 @@ Works for any bertforge model built of `model.BertSelfAttention` sublayers: BERT
 never materialises its weights, so they are recomputed: forward pre-hooks capture what each
 sublayer receives (its input and mask) during one forward pass in eval mode, and the weights are
 softmax(q k^T / sqrt(head_dim)) from the sublayer's own query and key projections, with the mask
-the sublayer applies (BERT's key-padding mask; for GPT its causal mask, implicit when none is passed).
+the sublayer applies (BERT's key-padding mask; for GPT the causal mask and any padding it is given).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
-from bertforge.gpt import CausalSelfAttention
+from bertforge.gpt import CausalSelfAttention, GPTForSequenceClassification
 from bertforge.model import BertSelfAttention, reading_length
 from bertforge.runtime import eval_mode
 from bertforge.tokenizer import BertTokenizer
@@ -39,17 +39,19 @@ def attention_maps(
 ) -> AttentionMaps:
     """The attention maps of every layer and head of `model` for one text (or a BERT sentence pair).
 
-    BERT reads `[CLS] text [SEP]` (`[CLS] text [SEP] pair [SEP]`, segments 0 then 1); GPT reads the
-    text's tokens as they are, as a prompt. A text longer than the model's maximum
+    BERT and a GPT classifier read `[CLS] text [SEP]` (`[CLS] text [SEP] pair [SEP]`, segments 0 then
+    1), as they were trained to; a pretrained GPT reads the text's tokens as they are, as a prompt.
+    A text longer than the model's maximum
     (`bertforge.model.reading_length`) is refused.
     """
     causal = is_causal(model)
-    if causal and pair is not None:
+    prompt = causal and not isinstance(model, GPTForSequenceClassification)
+    if prompt and pair is not None:
         raise BertforgeError("a GPT model reads one text, not a pair; give the text alone")
     for what, part in (("text", text), ("second text", pair)):
         if part is not None and not tokenizer.encode_batch([part])[0]:
             raise BertforgeError(f"the {what} is empty (no tokens); give some text")
-    if causal:
+    if prompt:
         ids, token_types = tokenizer.encode_batch([text])[0], None
     else:
         ids, token_types = tokenizer.encode_pair(text, pair)
@@ -57,7 +59,7 @@ def attention_maps(
     if len(ids) > limit:
         with_specials = "pair with [CLS] and two [SEP]" if pair is not None else "text with [CLS] and [SEP]"
         raise BertforgeError(
-            f"the {'text' if causal else with_specials} is {len(ids)} tokens long, more than the model's "
+            f"the {'text' if prompt else with_specials} is {len(ids)} tokens long, more than the model's "
             f"maximum of {limit}; shorten it"
         )
     device = next(model.parameters()).device
@@ -98,8 +100,11 @@ def recompute(module: BertSelfAttention, x: Tensor, mask: Tensor | None) -> Tens
         return module.heads(projection(x).float())  # (B, nh, T, hd)
 
     scores = heads(module.query) @ heads(module.key).transpose(-1, -2) / math.sqrt(module.head_dim)
-    if mask is None and isinstance(module, CausalSelfAttention):
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
+    if isinstance(module, CausalSelfAttention):
+        # A GPT classifier's last block gets the mask row of its read-out token alone (B, 1, 1, T):
+        # every query of the map needs the causal rows as well.
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
+        mask = causal if mask is None else mask & causal
     if mask is not None:  # True where a query may attend to a key; broadcasts to (B, nh, T, T)
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(-1)  # (B, nh, T, T)
