@@ -387,6 +387,17 @@ def test_sampling_never_leaves_the_top_k():
     )
 
 
+def test_sampling_at_a_tiny_temperature_is_greedy_decoding():
+    """The softmax of logits / 1e-40 is one-hot on the most likely token, not inf / inf."""
+    model = ours_model()
+    prompt = random_ids(2, 4)
+    greedy = generate(model, prompt, 12)
+    for temperature in (1e-40, 1e-300):
+        assert torch.equal(
+            generate(model, prompt, 12, do_sample=True, temperature=temperature, seed=0), greedy
+        )
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.tensor([[0.5, 0.2, 0.1, 0.15, 0.05]]).log()
     kept = lambda filtered: torch.isfinite(filtered[0]).nonzero().flatten().tolist()  # noqa: E731

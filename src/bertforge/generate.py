@@ -144,7 +144,11 @@ class _Picker:
         logits = logits[:, : self.vocab_size]  # (B, V): padded rows are no tokens
         if not self.do_sample:
             return logits.argmax(-1)  # (B,)
-        probs = filter_logits(logits / self.temperature, self.top_k, self.top_p).softmax(-1)  # (B, V)
+        # Shifted to a maximum of 0 first, and a temperature that the logits' dtype holds as no 0: a tiny
+        # one then sends the others to -inf, not all of them to inf.
+        temperature = max(self.temperature, torch.finfo(logits.dtype).tiny)
+        scaled = (logits - logits.amax(-1, keepdim=True)) / temperature  # (B, V)
+        probs = filter_logits(scaled, self.top_k, self.top_p).softmax(-1)  # (B, V)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (B,)
 
 
