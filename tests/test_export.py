@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -462,6 +463,24 @@ def edit_config(folder, **changes):
     config = json.loads((folder / "config.json").read_text())
     config.update(changes)
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_an_edited_checkpoint_is_refused_by_export_and_by_fine_tuning(tmp_path, capsys, tiny_pretrained_run):
+    """Each reader of a checkpoint checks its files against the hashes written with them."""
+    from bertforge.folders import open_encoder
+
+    run = broken_copy(tmp_path, tiny_pretrained_run, "edited")
+    checkpoint = sorted((run / "checkpoints").iterdir())[-1]
+    config = checkpoint / "config.json"
+    config.write_text(config.read_text().replace('"gelu"', '"relu"'))
+    assert '"relu"' in config.read_text()
+    message = "config.json differs from what was written (sha256 mismatch)"
+    assert_clean_failure(
+        capsys, ["export", "--model", str(checkpoint), "--out", str(tmp_path / "o")], message
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(BertforgeError, match=re.escape(message)):
+        open_encoder(checkpoint)
 
 
 def broken_copy(tmp_path, folder, name="broken"):

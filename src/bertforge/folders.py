@@ -274,8 +274,6 @@ def open_pretrained(
             f"{folder.path} holds {kind} (it has {LABELS}), not a pretrained model with its "
             f"pretraining heads; use `bertforge {command}` (or bertforge.folders.{opener}) for it"
         )
-    if folder.is_checkpoint:  # its files must be those that were written
-        verify_checkpoint(folder.path, (WEIGHTS, CONFIG))
     config, tokenizer = read_config_and_tokenizer(folder)
     model = pretraining_model(config.model)
     load_weights(model, folder.path / WEIGHTS)
@@ -442,7 +440,10 @@ def open_hf_folder(path: str | Path) -> tuple[PretrainingModel, BertTokenizer, R
 
 
 def read_config_and_tokenizer(folder: ModelFolder) -> tuple[RunConfig, BertTokenizer]:
-    """The run config and tokenizer of a model folder of ours, checked to fit each other."""
+    """The run config and tokenizer of a model folder of ours, checked to fit each other; a checkpoint's
+    weights and config checked against the hashes written with them, whoever goes on to read them."""
+    if folder.is_checkpoint:
+        verify_checkpoint(folder.path, (WEIGHTS, CONFIG))
     config = read_config(folder.path)
     tokenizer = load_tokenizer(folder.tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder.path)
