@@ -412,6 +412,19 @@ def classifier(tmp_path_factory, small_tokenizer_dir):
     return hf, folder
 
 
+@pytest.mark.parametrize("problem, labels", [("multi_label_classification", 3), ("regression", 2)])
+def test_a_hugging_face_classifier_of_another_problem_type_is_refused(
+    tmp_path, capsys, small_tokenizer_dir, problem, labels
+):
+    """A sigmoid per label, or several scores: not one softmax or one score, as bertforge reads them."""
+    names = {"id2label": {i: f"label {i}" for i in range(labels)}}
+    hf = transformers.BertForSequenceClassification(hf_config(problem_type=problem, **names))
+    folder = save_hf_folder(tmp_path / "hf", hf, small_tokenizer_dir)
+    capsys.readouterr()  # transformers' progress while saving
+    argv = ["classify", "--model", str(folder), "a text"]
+    assert_clean_failure(capsys, argv, f"has problem_type = {problem!r}")
+
+
 def test_classifier_export_loads_in_hugging_face_with_its_labels(classifier, tmp_path):
     hf, folder = classifier
     result = export_model(folder, tmp_path / "hf")

@@ -312,6 +312,19 @@ def test_export_is_a_token_classification_pipeline_with_equal_logits(tagger_run,
     torch.testing.assert_close(again.state_dict(), model.state_dict(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("tags, other", [(["O", "S-PER", "B-LOC", "E-LOC"], "S-PER"), (["O", "PER"], "PER")])
+def test_a_hugging_face_tagger_without_iob_tags_is_refused(
+    tmp_path, small_tokenizer_dir, capsys, tags, other
+):
+    """BIOES tags, or tags without B- and I-, hold no entities that IOB's rules read."""
+    config = transformers.BertConfig(**{**HF_TINY_SIZES, "vocab_size": 2000}, id2label=dict(enumerate(tags)))
+    transformers.BertForTokenClassification(config).save_pretrained(tmp_path / "hf")
+    load_tokenizer(small_tokenizer_dir).save(tmp_path / "hf")
+    capsys.readouterr()  # transformers' progress while saving
+    message = f"tags words with {other!r}, which is not a tag of the IOB schemes"
+    assert_clean_failure(capsys, ["tag", "--model", str(tmp_path / "hf"), "Rome"], message)
+
+
 def test_a_hugging_face_tagger_is_read_and_imported(tmp_path, small_tokenizer_dir, capsys):
     torch.manual_seed(0)
     config = transformers.BertConfig(

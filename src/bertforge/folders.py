@@ -66,6 +66,7 @@ from bertforge.checkpoint import (
 from bertforge.classifier import ENCODER, Classifier, read_labels, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
 from bertforge.config_rules import trains_nsp
+from bertforge.entities import is_tag
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
@@ -365,7 +366,14 @@ def open_tagger(path: str | Path) -> tuple[BertForTokenClassification, BertToken
             f"{folder.path} holds a sequence classifier, not a tagger; use `bertforge classify` for it, "
             "or fine-tune a tagger on a tagged file (CoNLL) with `bertforge finetune`"
         )
-    return open_labelled_model(folder, token_classifier)
+    model, tokenizer, tags, config = open_labelled_model(folder, token_classifier)
+    if not all(is_tag(tag) for tag in tags):
+        other = next(tag for tag in tags if not is_tag(tag))
+        raise BertforgeError(
+            f"{folder.path} tags words with {other!r}, which is not a tag of the IOB schemes (O, B-TYPE, "
+            "I-TYPE) that entities are read from; use a tagger trained on IOB tags, such as CoNLL-2003's"
+        )
+    return model, tokenizer, tags, config
 
 
 def open_any_model(path: str | Path) -> tuple[torch.nn.Module, BertTokenizer]:
@@ -468,6 +476,7 @@ def hf_classifier_parts(src: Path) -> tuple[RunConfig, BertTokenizer, dict[str, 
 
     The config is the fine-tuning run's where bertforge exported the folder, so that it is read at
     the length it was fine-tuned at; another's is read as `transformers` reads it, up to its positions."""
+    refuse_other_problem_types(src)
     model_config, tokenizer = hf_model_config_and_tokenizer(src)
     config = run_config_for(src, model_config, tokenizer)
     check_tokenizer_fits(tokenizer, config, src, recorded=False)
@@ -475,6 +484,21 @@ def hf_classifier_parts(src: Path) -> tuple[RunConfig, BertTokenizer, dict[str, 
     if model_config.objective == "clm":
         return config, tokenizer, gpt_convert.from_hf_state_dict(weights)
     return config, tokenizer, bert_convert.classifier_weights(weights)
+
+
+def refuse_other_problem_types(src: Path) -> None:
+    """A classifier's outputs are one softmax over its labels, or one score: refuse a Hugging Face
+    classifier made for another reading (a sigmoid per label, or several scores)."""
+    raw = read_hf_config(src)
+    problem, outputs = raw.get("problem_type"), len(raw.get("id2label") or {}) or raw.get("num_labels", 2)
+    if problem == "multi_label_classification" or (problem == "regression" and outputs > 1):
+        kind = (
+            "a multi-label classifier" if problem != "regression" else f"a regression with {outputs} scores"
+        )
+        raise BertforgeError(
+            f"{src / CONFIG} has problem_type = {problem!r}: {kind}, which bertforge does not read (its "
+            "classifiers give one label per text, or one score); use transformers for it"
+        )
 
 
 def read_hf_config(src: Path) -> dict:
