@@ -502,6 +502,23 @@ def broken_copy(tmp_path, folder, name="broken"):
     return copy
 
 
+def test_a_hugging_face_bert_of_one_segment_type_fills_masks_and_imports(
+    tmp_path, capsys, small_tokenizer_dir
+):
+    """type_vocab_size = 1 (no NSP head, no second segment): read as a masked language model."""
+    torch.manual_seed(2)
+    hf = transformers.BertForMaskedLM(hf_config(type_vocab_size=1)).eval()
+    folder = save_hf_folder(tmp_path / "hf", hf, small_tokenizer_dir)
+    from bertforge.cli import main
+
+    assert main(["fill-mask", "--model", str(folder), "the [MASK] was released ."]) == 0
+    assert main(["import-hf", "--from", str(folder), "--out", str(tmp_path / "imported")]) == 0
+    ours, tokenizer = bertforge.load(tmp_path / "imported")
+    ids = torch.tensor([tokenizer.encode_pair("the game was released .", None)[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0], hf(input_ids=ids).logits, rtol=0, atol=TOL)
+
+
 def test_import_refuses_what_is_not_a_bert(tmp_path, capsys, hf_pretraining, run):
     _, folder = hf_pretraining
 

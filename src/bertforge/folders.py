@@ -570,6 +570,8 @@ def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenize
     config.tokenizer.lowercase = tokenizer.lowercase
     config.tokenizer.vocab_size = tokenizer.vocab_size
     config.data.max_seq_length = min(config.data.max_seq_length, model_config.max_position_embeddings)
+    if model_config.type_vocab_size < 2:  # one segment (RoBERTa-like BERTs): no sentence pairs, no NSP
+        config.data.nsp = config.data.warmup_nsp = False
     validate(config)
     return config
 
