@@ -251,6 +251,7 @@ def test_the_shared_glue_files_read_as_they_are():
             "line 3 has 4 tab-separated fields, not 5 (as the header has)",
         ),
         ("SST-2", ["  ", "1"], "line 3: a text is empty"),
+        ("RTE", [], "line 3 is empty; GLUE's files have no blank lines"),
     ],
 )
 def test_a_damaged_row_is_one_error_naming_file_and_line(glue_dir, task, row, message):

@@ -254,9 +254,10 @@ def read_split(
 def row_fault(row: list[str], width: int, text: int, pair: int | None, shaped_by: str) -> str | None:
     """What is wrong with a row, to follow its file and line in a message: other than `width` fields
     (the count its header or task, `shaped_by`, has), or an empty text; None for a whole row."""
+    if row == [""]:
+        return " is empty; GLUE's files have no blank lines"
     if len(row) != width:
-        shown = "is empty" if row == [""] else f"has {len(row)} tab-separated fields, not {width}"
-        return f" {shown} (as the {shaped_by} has)"
+        return f" has {len(row)} tab-separated fields, not {width} (as the {shaped_by} has)"
     if not row[text].strip() or (pair is not None and not row[pair].strip()):
         return ": a text is empty; GLUE's files have a text in every row"
     return None
