@@ -419,6 +419,11 @@ def test_the_table_gives_the_bootstrap_mean_gain_where_its_sign_is_not_the_media
     assert comparison_cells(all_behind)[0] == "-20.0" and "mean" not in comparison_cells(all_behind)[2]
 
 
+def test_the_few_seeds_note_counts_one_seed_in_the_singular():
+    assert few_seeds_note(1).startswith("1 seed supports no claim about pretraining; use 5 or more")
+    assert few_seeds_note(3).startswith("3 seeds support no claim")
+
+
 def test_the_majority_class_is_what_a_model_at_chance_scores():
     assert majority_label(["1", "0", "1"]) == "1" and majority_label(["1", "0", "1", "0"]) == "0"
     rng = random.Random(2)

@@ -95,7 +95,8 @@ def compare_with_scratch(
 
 def few_seeds_note(count: int) -> str:
     return (
-        f"{count} seeds support no claim about pretraining; use {SEEDS_FOR_A_CLAIM} or more (even then "
+        f"{'1 seed supports' if count == 1 else f'{count} seeds support'} no claim about pretraining; use "
+        f"{SEEDS_FOR_A_CLAIM} or more (even then "
         "the exact sign test reaches p < 0.05 only from 6 seeds that all agree)"
     )
 
