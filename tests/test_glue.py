@@ -32,6 +32,7 @@ from bertforge.glue import (
     finetune_task,
     run_glue,
     run_tokens,
+    settled,
     sweep_points,
     write_task_files,
 )
@@ -725,6 +726,22 @@ def test_an_interrupted_benchmark_continues_without_running_finished_seeds(
             out,
             show_progress=False,
         )
+
+
+def test_a_rerun_may_name_the_tasks_that_ran_of_a_benchmark_saved_with_all_nine(tmp_path, glue_dir):
+    """Without --tasks all nine are saved, found or not: naming the ones that ran drops nothing."""
+    out = tmp_path / "b"
+    out.mkdir()
+    everything = benchmark(glue_dir, [glue_dir], seeds=[1, 2])
+    (out / "glue_task.json").write_text(json.dumps(asdict(everything)), encoding="utf-8")
+    for name in ("RTE", "STS-B"):  # the tasks whose runs started
+        (out / name).mkdir()
+    ran = replace(
+        everything, tasks=["RTE", "STS-B"], recipes={n: everything.recipes[n] for n in ("STS-B", "RTE")}
+    )
+    assert settled(ran, out, resume=False)[0].tasks == ["STS-B", "RTE"]  # the saved order
+    with pytest.raises(BertforgeError, match=r"other settings \(tasks\); a rerun may add"):
+        settled(replace(ran, tasks=["RTE"]), out, resume=False)
 
 
 @pytest.mark.filterwarnings("ignore:.*seeds support no claim")

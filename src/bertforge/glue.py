@@ -330,7 +330,7 @@ def settled(
         return bench, None
     saved = asdict(saved_bench)
     different = [key for key, value in asdict(bench).items() if not same_setting(key, value, saved.get(key))]
-    larger = grown(bench, saved) if set(different) <= set(GROWING) else None
+    larger = grown(bench, saved, out) if set(different) <= set(GROWING) else None
     if different and larger is None:
         raise BertforgeError(
             f"{out} holds a glue benchmark with other settings ({', '.join(different)}); a rerun may add "
@@ -380,11 +380,13 @@ def all_of(values, kind: type) -> bool:
     return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
 
 
-def grown(bench: GlueBenchmark, saved: dict) -> GlueBenchmark | None:
+def grown(bench: GlueBenchmark, saved: dict, out: Path) -> GlueBenchmark | None:
     """The saved benchmark with what `bench` adds: tasks, seeds (after the saved ones, so that the sweep
-    keeps its first seed), the scratch arm; None where `bench` drops any of it. (A changed recipe of a
-    saved task is refused before: `same_setting`.)"""
-    saved_tasks, saved_seeds = saved.get("tasks", []), saved.get("seeds", [])
+    keeps its first seed), the scratch arm; None where `bench` drops any of it. A saved task that never
+    started (no folder in `out`: all nine are saved when --tasks is not given, found or not) is no loss.
+    (A changed recipe of a saved task is refused before: `same_setting`.)"""
+    saved_tasks = [name for name in saved.get("tasks", []) if name in bench.tasks or (out / name).is_dir()]
+    saved_seeds = saved.get("seeds", [])
     kept = (
         set(saved_tasks) <= set(bench.tasks)
         and set(saved_seeds) <= set(bench.seeds)
