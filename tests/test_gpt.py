@@ -360,6 +360,16 @@ def test_no_padded_output_row_is_ever_chosen():
         assert generate(model, prompt, 20, vocab_size=tokens, **settings).max() < tokens
 
 
+def test_the_window_defaults_to_the_length_the_model_was_trained_at():
+    """A model opened from a folder carries that length (`max_length`); positions past it never trained."""
+    model = ours_model()
+    model.max_length = 10
+    prompt = random_ids(1, 6)
+    out = generate(model, prompt, 12)
+    assert torch.equal(out, generate(model, prompt, 12, window=10))
+    assert not torch.equal(out, generate(model, prompt, 12, window=MAX_POSITIONS))
+
+
 def test_sampling_with_a_seed_is_reproducible():
     model = ours_model()
     prompt = random_ids(1, 4)[0]

@@ -2,7 +2,7 @@
 
 One token at a time, left to right. Each step feeds only the new token and reads the keys and
 values of the earlier ones from a `KVCache`; once the sequence outgrows the window (by default
-`max_position_embeddings`; `bertforge generate` gives the length the model was trained on), each
+the length the model was trained on, or without a record of it `max_position_embeddings`), each
 step recomputes the last window of tokens (the positions shift, so a cache no longer applies).
 Greedy decoding picks the most likely token, as `transformers`' `generate(do_sample=False)`;
 sampling draws from the softmax after, in Hugging Face's order, temperature, top-k and top-p
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel, KVCache
+from bertforge.model import reading_length
 from bertforge.progress import Progress, progress_bar
 from bertforge.runtime import eval_mode
 
@@ -47,13 +48,14 @@ def generate(
     finished: it is filled with `pad_token_id` (default: the end token) until every row is, and
     generation stops early when all are. `top_k` 0 and `top_p` 1 turn those filters off. The
     model runs in eval mode (no dropout) and is put back in its former mode afterwards. `window`: the
-    most tokens a prediction reads (default and at most the model's positions). `vocab_size`: the
+    most tokens a prediction reads (default: the length it was trained at, where its folder recorded
+    it, as `bertforge.load` marks it; at most the model's positions). `vocab_size`: the
     tokenizer's tokens, the only ids chosen (default: every output row; an import may have padded rows).
     `show_progress`: a bar over the new tokens on standard error.
     """
     check_settings(input_ids, max_new_tokens, temperature, top_k, top_p)
     positions = model.config.max_position_embeddings
-    window = positions if window is None else min(window, positions)
+    window = reading_length(model) if window is None else min(window, positions)
     ids = input_ids if input_ids.dim() == 2 else input_ids[None]  # (B, T)
     pick = _Picker(do_sample, temperature, top_k, top_p, seed, ids.device, vocab_size)
     bar = progress_bar(total=max_new_tokens, unit="token", desc="generate", disable=not show_progress)
