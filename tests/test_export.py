@@ -231,6 +231,15 @@ def assert_same_logits(hf_model, folder, tokenizer_dir):
     torch.testing.assert_close(out.seq_relationship_logits, nsp, rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "gelu_fast", "swish"])
+def test_import_reads_hugging_faces_other_names_of_an_activation(tmp_path, small_tokenizer_dir, activation):
+    torch.manual_seed(1)
+    model = transformers.BertForPreTraining(hf_config(initializer_range=0.2, hidden_act=activation)).eval()
+    folder = save_hf_folder(tmp_path / "bert", model, small_tokenizer_dir)
+    import_hf(folder, tmp_path / "imported")
+    assert_same_logits(model, tmp_path / "imported", small_tokenizer_dir)
+
+
 def test_import_gives_equal_logits(hf_pretraining, tmp_path, small_tokenizer_dir):
     model, folder = hf_pretraining
     result = import_hf(folder, tmp_path / "imported")

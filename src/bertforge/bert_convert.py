@@ -66,6 +66,11 @@ def hf_config(model_config: ModelConfig, architecture: str, labels: list[str] | 
     return {**config, **fields}
 
 
+# Hugging Face's other names of bertforge's activations: torch's tanh GELU, the tanh GELU's formula
+# written another way, and SiLU's older name.
+SAME_ACTIVATION = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new", "swish": "silu"}
+
+
 def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
     """The `ModelConfig` of the BERT config.json `raw` (read from folder `src`)."""
     if raw["model_type"] != "bert":
@@ -84,6 +89,7 @@ def model_config_from_hf(raw: dict, src: Path) -> ModelConfig:
         )
     values = {name: raw.get(name) for name in HF_DEFAULTS}
     values = {name: HF_DEFAULTS[name] if value is None else value for name, value in values.items()}
+    values["hidden_act"] = SAME_ACTIVATION.get(values["hidden_act"], values["hidden_act"])
     config = RunConfig.from_dict({"model": values})  # checks every type, naming the field
     validate_model(config.model, src / CONFIG)
     return config.model
