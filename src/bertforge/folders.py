@@ -66,7 +66,6 @@ from bertforge.checkpoint import (
 from bertforge.classifier import ENCODER, Classifier, read_labels, sequence_classifier
 from bertforge.config import ModelConfig, RunConfig, load_json, validate
 from bertforge.config_rules import trains_nsp
-from bertforge.entities import is_tag
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPTLMHeadModel
 from bertforge.io import read_json, write_json
@@ -366,14 +365,7 @@ def open_tagger(path: str | Path) -> tuple[BertForTokenClassification, BertToken
             f"{folder.path} holds a sequence classifier, not a tagger; use `bertforge classify` for it, "
             "or fine-tune a tagger on a tagged file (CoNLL) with `bertforge finetune`"
         )
-    model, tokenizer, tags, config = open_labelled_model(folder, token_classifier)
-    if not all(is_tag(tag) for tag in tags):
-        other = next(tag for tag in tags if not is_tag(tag))
-        raise BertforgeError(
-            f"{folder.path} tags words with {other!r}, which is not a tag of the IOB schemes (O, B-TYPE, "
-            "I-TYPE) that entities are read from; use a tagger trained on IOB tags, such as CoNLL-2003's"
-        )
-    return model, tokenizer, tags, config
+    return open_labelled_model(folder, token_classifier)
 
 
 def open_any_model(path: str | Path) -> tuple[torch.nn.Module, BertTokenizer]:

@@ -27,7 +27,7 @@ from bertforge.alignment import encode_words, regroup, text_words
 from bertforge.batches import pad_batch
 from bertforge.checkpoint import CONFIG, LABELS
 from bertforge.config import ModelConfig
-from bertforge.entities import entity_spans
+from bertforge.entities import entity_spans, is_tag
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json
 from bertforge.model import BertForTokenClassification, reading_length
@@ -80,6 +80,12 @@ def tag(
     longer than `max_length` pieces (default: the length it was fine-tuned at, `model.max_length` where
     `folders.open_tagger` opened it, else the model's positions) are tagged in windows.
     """
+    if not all(is_tag(label) for label in labels):
+        other = next(label for label in labels if not is_tag(label))
+        raise BertforgeError(
+            f"the tagger tags words with {other!r}, which is not a tag of the IOB schemes (O, B-TYPE, "
+            "I-TYPE) that entities are read from; use a tagger trained on IOB tags, such as CoNLL-2003's"
+        )
     model.eval()
     device = next(model.parameters()).device
     max_length = max_length or reading_length(model)
