@@ -105,6 +105,12 @@ def test_json_round_trip(tmp_path):
             ["train.embedding_init=window_model", "model.hidden_act=tanh", "data.max_seq_length=64"],
             "which tanh has not",
         ),
+        (["train.warmup_steps=20", "train.max_minutes=5"], r"give the warmup as train.warmup_ratio"),
+        (["train.warmup_steps=1000", "train.max_steps=1000"], r"warmup_steps \(1000\) must be below"),
+        (
+            ["train.schedule=wsd", "train.warmup_ratio=0.9", "train.decay_ratio=0.2"],
+            "overlap: together at most 1",
+        ),
     ],
 )
 def test_impossible_values_are_named(overrides, message):

@@ -438,8 +438,35 @@ TRAIN_RULES: list[Rule] = [
             "keeps its activations: set it to false"
         ),
     ),
+    Rule(
+        lambda c: not c.train.warmup_steps or not c.train.max_minutes,
+        lambda c: (
+            f"train.warmup_steps ({c.train.warmup_steps}) counts steps, but train.max_minutes ends the run "
+            "at a step no one knows ahead; give the warmup as train.warmup_ratio, a share of the run"
+        ),
+    ),
+    Rule(
+        lambda c: c.train.warmup_steps < c.train.max_steps,
+        lambda c: (
+            f"train.warmup_steps ({c.train.warmup_steps}) must be below train.max_steps "
+            f"({c.train.max_steps}), or the rate never comes down from its warmup"
+        ),
+    ),
+    Rule(
+        lambda c: c.train.schedule != "wsd" or warmup_share(c.train) + c.train.decay_ratio <= 1,
+        lambda c: (
+            f"the wsd schedule's warmup ({warmup_share(c.train):g} of the run) and decay "
+            f"(train.decay_ratio = {c.train.decay_ratio:g}) overlap: together at most 1"
+        ),
+    ),
     *window_model_rules(),
 ]
+
+
+def warmup_share(train) -> float:
+    """The share of the run's progress spent warming up (`optimizer.Schedule`)."""
+    return train.warmup_steps / train.max_steps if train.warmup_steps else train.warmup_ratio
+
 
 RUNTIME_RULES: list[Rule] = [
     *one_of_choices("runtime"),

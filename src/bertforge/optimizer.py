@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from bertforge.config import TrainConfig
+from bertforge.config_rules import warmup_share
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -54,10 +55,7 @@ class Schedule:
     def __init__(self, train: TrainConfig) -> None:
         self.train = train
         self.budget_s = train.max_minutes * 60.0
-        if train.warmup_steps:
-            self.warmup = min(train.warmup_steps / train.max_steps, 0.999)
-        else:
-            self.warmup = train.warmup_ratio
+        self.warmup = warmup_share(train)
 
     def progress(self, step: int, elapsed_s: float) -> float:
         by_steps = step / self.train.max_steps
