@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 
@@ -151,6 +152,35 @@ def test_undecodable_bytes_name_the_line(tmp_path):
     path = write(tmp_path, "latin1.csv", "text,label\nhello,a\ncaf\xe9,b\n".encode("latin-1"))
     refused(path, "not UTF-8 text: undecodable bytes on line 3")
     refused(path, f"`iconv -f latin1 -t utf-8 {path} > {tmp_path / 'latin1.utf8.csv'}`")  # this file's own
+
+
+def test_undecodable_bytes_after_a_byte_order_mark_name_their_own_line_and_offset(tmp_path):
+    raw = codecs.BOM_UTF8 + b"text,label\nab,1\n\xffcd,0\n"
+    path = write(tmp_path, "excel.csv", raw)
+    offset = raw.index(255)  # the 0xff, counted in the file, byte-order mark included
+    refused(path, f"undecodable bytes on line 3 (byte offset {offset})")
+
+
+def test_a_utf16_file_is_named_with_the_command_that_converts_it(tmp_path):
+    path = write(tmp_path, "unicode.tsv", "text\tlabel\nhello\t1\n".encode("utf-16"))
+    refused(path, f"is UTF-16 text, not UTF-8; convert it to UTF-8, e.g. `iconv -f utf-16 -t utf-8 {path}")
+
+
+def test_a_text_longer_than_csvs_default_field_limit_is_read(tmp_path):
+    long = "word " * 30_000  # 150,000 characters, past csv's 131,072
+    for name, separator in (("long.csv", ","), ("long.tsv", "\t")):
+        path = write(tmp_path, name, f"text{separator}label\n{long}{separator}1\nshort{separator}0\n")
+        assert read_labeled(path, "text", "label").texts == [long, "short"]
+
+
+def test_a_quote_left_open_in_a_csv_is_named(tmp_path):
+    path = write(tmp_path, "quotes.csv", 'text,label\n"a"b,1\nshort,0\n')
+    refused(path, "line 2 is not valid CSV")
+
+
+def test_a_column_number_past_the_last_column_is_named(tmp_path):
+    path = write(tmp_path, "pairs.csv", "hello world,1\ngood day,0\n")
+    refused(path, "has 2 columns (numbered 0 to 1); there is no column 5", text_column="5", label_column="1")
 
 
 def test_a_compressed_file_or_the_other_separator_is_named(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
-from bertforge.labeled import is_header_row
+from bertforge.labeled import LONGEST_FIELD, is_header_row
 from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
@@ -578,7 +578,7 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
     task's two sentences)."""
     kind = "TSV" if delimiter == "\t" else "CSV"
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL  # GLUE's TSVs hold bare quotes
-    csv.field_size_limit(_LONGEST_FIELD)  # a document may be far longer than csv's 128 KiB
+    csv.field_size_limit(LONGEST_FIELD)  # a document may be far longer than csv's 128 KiB
     rows = (line + "\n" for _, line in lines)
     reader = csv.reader(rows, delimiter=delimiter, quoting=quoting, strict=True)  # a quote left open: named
     try:
@@ -606,7 +606,6 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
         raise BertforgeError(f"{lines.path} line {reader.line_num} is not valid {kind} ({error})") from None
 
 
-_LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
 _HEADER_EVIDENCE_ROWS = 100  # rows read ahead to tell a header row from data (`labeled.is_header_row`)
 
 

@@ -17,17 +17,16 @@ class BertforgeError(Exception):
     """A problem with the user's input or settings; the message names it and says how to fix it."""
 
 
-def to_utf8(path: Path) -> str:
-    """The advice for a file that is not UTF-8: a command that converts it (a gzip file unpacked
-    first), written beside it."""
+def to_utf8(path: Path, encoding: str = "latin1") -> str:
+    """The advice for a file that is not UTF-8: a command that converts it from `encoding` (a gzip
+    file unpacked first), written beside it."""
     if path.suffix.lower() == ".gz":
         converted = path.with_suffix("").with_suffix(".utf8.txt")
-        command = (
-            f"gunzip -c {shlex.quote(str(path))} | iconv -f latin1 -t utf-8 > {shlex.quote(str(converted))}"
-        )
+        unpack = f"gunzip -c {shlex.quote(str(path))}"
+        command = f"{unpack} | iconv -f {encoding} -t utf-8 > {shlex.quote(str(converted))}"
     else:
         converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
-        command = f"iconv -f latin1 -t utf-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))}"
+        command = f"iconv -f {encoding} -t utf-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))}"
     return f"convert it to UTF-8, e.g. `{command}`"
 
 

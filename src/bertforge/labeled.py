@@ -18,6 +18,7 @@ TSV is read as GLUE writes it: tab-separated, no quoting (SST-2's sentences hold
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -109,17 +110,23 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
         raise BertforgeError(f"{path} is gzip-compressed; decompress it first, e.g. `{command}`")
 
 
+LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
+
+
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
     """The whole file as text, with a message naming the line of the first undecodable byte; an
     empty file or a folder is refused, naming `what` a file should hold."""
     check_data_file(path, what)
     raw = path.read_bytes()
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # a spreadsheet's "Unicode text"
+        raise BertforgeError(f"{path} is UTF-16 text, not UTF-8; {to_utf8(path, 'utf-16')}")
     try:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
     except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
+        offset = error.start + len(codecs.BOM_UTF8) * raw.startswith(codecs.BOM_UTF8)  # in the file
+        line = raw[:offset].count(b"\n") + 1
         raise BertforgeError(
-            f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {error.start}); "
+            f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {offset}); "
             f"{to_utf8(path)}"
         ) from None
     text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
@@ -156,10 +163,11 @@ def detect_labeled_format(path: Path, text: str) -> str:
 
 def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Iterator[tuple[int, list[str]]]:
     """(line, values of `columns`) for each data row of a CSV or TSV file."""
+    csv.field_size_limit(LONGEST_FIELD)  # a text may be far longer than csv's 128 KiB
     if format == "tsv":
         reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
-        reader = csv.reader(io.StringIO(text, newline=""))
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)  # a quote left open: named
     try:
         rows = [(reader.line_num, row) for row in reader]
     except csv.Error as error:
@@ -170,6 +178,11 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
         positions, rows = [first.index(column) for column in columns], rows[1:]
     elif all(column.isdigit() for column in columns):
         positions = [int(column) for column in columns]
+        if max(positions) >= len(first):
+            raise BertforgeError(
+                f"{path} has {len(first)} columns (numbered 0 to {len(first) - 1}); there is no column "
+                f"{max(positions)}"
+            )
         _refuse_header_read_as_data(path, rows, positions[1], first)
     else:
         missing = ", ".join(repr(column) for column in columns if column not in first)
