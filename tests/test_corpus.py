@@ -74,6 +74,10 @@ def test_wikitext_reader_on_a_small_file(tmp_path):
         ),
         ('called " Golden Age . " Meridian grew .', ['called " Golden Age . "', "Meridian grew ."]),
         ('it ends . " Quoted " start .', ["it ends .", '" Quoted " start .']),
+        # a quotation of several sentences: its closing quote is counted from the paragraph's start
+        ('He said " Stop . Now . " She left .', ['He said " Stop .', 'Now . "', "She left ."]),
+        ('He said " Stop . Now . "', ['He said " Stop .', 'Now . "']),
+        ('He said "Stop. Now." She left.', ['He said "Stop.', 'Now."', "She left."]),
         ("", []),
     ],
 )

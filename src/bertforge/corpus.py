@@ -29,8 +29,8 @@ from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 3  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
-# cached shards of every format key on it
+READER_VERSION = 4  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
+# 4: a quotation of several sentences ends with its closing quote; cached shards of every format key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
 _TABLE_SUFFIXES = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
@@ -148,8 +148,9 @@ def split_sentences(text: str) -> list[str]:
     Works on normal text and on WikiText's space-separated form ("the end . The next").
     """
     sentences, start = [], 0
+    quotes = _QuoteCount(text)
     for match in _BOUNDARY.finditer(text):
-        cut = _cut(text, match, start)
+        cut = _cut(match, quotes)
         if cut is not None:
             sentence = text[start:cut].strip()
             if sentence:
@@ -161,15 +162,31 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def _cut(text: str, match: re.Match, start: int) -> int | None:
+class _QuoteCount:
+    """The straight double quotes of a paragraph before a position, counted once, left to right.
+
+    From the paragraph's start, not the sentence's: a quotation of several sentences closes after
+    the last of them (WikiText: `" Stop . Now . " She left .`), and that quote is a closing one."""
+
+    def __init__(self, text: str):
+        self.text, self.counted_to, self.count = text, 0, 0
+
+    def open_before(self, position: int) -> bool:
+        """Whether a quotation is open at `position` (positions asked for never decrease)."""
+        self.count += self.text.count('"', self.counted_to, position)
+        self.counted_to = position
+        return self.count % 2 == 1
+
+
+def _cut(match: re.Match, quotes: _QuoteCount) -> int | None:
     """Where the sentence ending at `match` stops, or None when `match` is not a boundary."""
-    if _is_abbreviation(text, match.start()):
+    if _is_abbreviation(quotes.text, match.start()):
         return None
     if match["quote"]:
-        opening = text.count('"', start, match.start("quote")) % 2 == 0
+        opening = not quotes.open_before(match.start("quote"))
         return match.start("quote") if opening else match.end()
     follower = match["next"]
-    if follower == '"' and text.count('"', start, match.end()) % 2 == 1:
+    if follower == '"' and quotes.open_before(match.end()):
         return None  # a closing quote followed by a lower-case word: the sentence goes on
     if follower in "\"'“‘«":
         return match.end()
