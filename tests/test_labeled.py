@@ -142,6 +142,7 @@ def test_validation_labels_never_seen_in_training(tmp_path):
         ("array.json", '[{"text": "a", "label": "x"}]\n', "JSON array"),
         ("header_only.csv", "text,label\n", "holds a header but no examples"),
         ("empty.csv", "\n\n", "is empty"),
+        ("blank_first.csv", "\ntext,label\nhello,a\n", "line 1 is empty; the first line names the columns"),
     ],
 )
 def test_bad_rows_get_one_clear_message(tmp_path, name, content, message):

@@ -77,6 +77,12 @@ def test_docstart_lines_are_skipped_and_columns_can_be_named(tmp_path):
     assert read_tagged(path, token_column="1").sentences == [["NNP", "VBZ"], ["NNP"]]
 
 
+def test_a_short_tagged_file_without_a_last_line_break_is_recognised(tmp_path):
+    assert is_tagged_file(write(tmp_path / "short.data", "EU B-ORG\nrejects O\nGerman B-MISC"))
+    record = json.dumps({"tokens": ["Rome"], "tags": ["B-LOC"]})
+    assert is_tagged_file(write(tmp_path / "one.jsonl", record))
+
+
 def test_json_lines_of_tokens_and_tags(tmp_path):
     rows = [
         {"tokens": ["Ada", "Lovelace", "wrote"], "tags": ["B-PER", "I-PER", "O"]},

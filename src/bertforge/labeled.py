@@ -174,6 +174,11 @@ def _table_rows(path: Path, text: str, format: str, columns: list[str]) -> Itera
         where = f"{path} line {reader.line_num}"
         raise BertforgeError(f"{where} is not valid {format.upper()} ({error})") from None
     first = [field.strip() for field in rows[0][1]]
+    if not any(first):
+        raise BertforgeError(
+            f"{path} line 1 is empty; the first line names the columns (or, in a file without a header "
+            "row, holds the first example)"
+        )
     if all(column in first for column in columns):
         positions, rows = [first.index(column) for column in columns], rows[1:]
     elif all(column.isdigit() for column in columns):

@@ -190,7 +190,8 @@ def is_tagged_file(path: str | Path) -> bool:
             head = file.read(SNIFF_BYTES)
     except OSError:
         return False  # the reader of the file names the problem
-    lines = [line for line in head.split("\n")[:-1] if line.strip()][:SNIFF_LINES]
+    whole = head.split("\n")[:-1] if len(head) == SNIFF_BYTES else head.split("\n")  # a cut last line out
+    lines = [line for line in whole if line.strip()][:SNIFF_LINES]
     if not lines:
         return False
     if is_json_lines(path, head):
