@@ -70,8 +70,9 @@ def pretraining_loss(sums: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 class Summary(NamedTuple):
-    """Sums accumulated over batches, summarized: the loss training minimises (a log line's `loss`)
-    and the metrics reported beside it."""
+    """Sums accumulated over batches, summarized: the loss over every token and pair of the window (a
+    log line's `loss`; a step minimises its micro-batches' mean losses, each weighing the same, as
+    Google's BERT does across TPU cores) and the metrics reported beside it."""
 
     loss: float
     metrics: dict[str, float]
