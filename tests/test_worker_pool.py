@@ -154,6 +154,22 @@ def test_a_users_error_in_a_job_is_raised_with_its_message():
         pool.map(refuse, [(3,)], lambda i, value: None)
 
 
+def refuse_the_first(index: int) -> int:
+    if index == 0:
+        refuse(index)
+    time.sleep(1.0)  # the others still run when the first fails
+    return index
+
+
+def test_a_users_error_in_one_of_more_jobs_than_workers_is_raised_with_its_message():
+    """The jobs still queued when it fails are never run: no worker crashed."""
+    with (
+        WorkerPool(2, 1) as pool,
+        pytest.raises(BertforgeError, match="value 0 is not allowed; give another"),
+    ):
+        pool.map(refuse_the_first, [(index,) for index in range(5)], lambda i, value: None)
+
+
 def test_a_bug_in_a_job_is_raised_with_the_workers_traceback():
     with WorkerPool(1, 1) as pool, pytest.raises(RuntimeError, match="(?s)in divide.*ZeroDivisionError"):
         pool.map(divide, [(1,), (0,)], lambda i, value: None)

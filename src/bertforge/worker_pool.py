@@ -262,9 +262,11 @@ class Waiting:
     def values(self, signum: int, exit_codes: list) -> list:
         """The jobs' values in order, or the first failure raised: a bug, a user's error, a signal."""
         ended = sorted(self.outcomes.values(), key=lambda outcome: outcome.index)
+        unfinished = not self.complete() or any(outcome.kind == "skipped" for outcome in ended)
+        errors = any(outcome.kind == "error" for outcome in ended)
         if signum:
             ended.append(Outcome(self.count, "stopped", (signum, None, None)))
-        elif not self.complete() or any(outcome.kind == "skipped" for outcome in ended):
+        elif unfinished and not errors:  # after a job's error the pool stops: the queued jobs never run
             why = f"it ended before its job did (the workers' exit codes: {', '.join(map(str, exit_codes))})"
             ended.append(Outcome(self.count, "crash", why))
         for kind in ("crash", "error", "stopped"):
