@@ -209,13 +209,26 @@ def test_pruning_renames_a_checkpoint_before_deleting_it(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(io.shutil, "rmtree", killed_midway)
     with pytest.raises(KeyboardInterrupt):
-        prune_checkpoints(run, keep=2)
+        prune_checkpoints(run, keep=2, saved_step=3)
     monkeypatch.undo()
     assert [p.name for p in list_checkpoints(run)] == ["step_000002", "step_000003"]
     for path in list_checkpoints(run):  # what keeps a checkpoint's name is whole
         verify_files(path, read_state(path))
     with RunFolderLock(run):
         assert not list(checkpoints.glob(".*"))
+
+
+def test_pruning_keeps_the_checkpoint_just_written_over_a_later_damaged_one(tmp_path):
+    """A resume that went back past damaged checkpoints saves older steps than theirs: those count."""
+    run = tmp_path / "run"
+    for step in (3, 6, 9):  # 6 and 9: damaged, skipped by the resume from 3
+        (run / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    (run / "checkpoints" / "step_000004").mkdir()
+    prune_checkpoints(run, keep=1, saved_step=4)
+    assert [p.name for p in list_checkpoints(run)] == ["step_000004"]
+    (run / "checkpoints" / "step_000005").mkdir()
+    prune_checkpoints(run, keep=2, saved_step=5)
+    assert [p.name for p in list_checkpoints(run)] == ["step_000004", "step_000005"]
 
 
 def test_orphaned_cache_builds_are_removed_unless_a_live_process_builds_them(tmp_path):

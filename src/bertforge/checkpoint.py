@@ -335,9 +335,15 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints, each renamed aside first (see `remove_folder`)."""
-    for old in list_checkpoints(run_dir)[:-keep]:
+def prune_checkpoints(run_dir: Path, keep: int, saved_step: int) -> None:
+    """Delete all but the newest `keep` checkpoints up to `saved_step`, the one just written, each
+    renamed aside first (see `remove_folder`). Any later one is deleted too: a resume went back past
+    it (it was damaged), and kept, it would count as newer than the checkpoints the run goes on to save."""
+    checkpoints = list_checkpoints(run_dir)
+    step = {path: int(CHECKPOINT_PATTERN.match(path.name).group(1)) for path in checkpoints}
+    reached = [path for path in checkpoints if step[path] <= saved_step]
+    later = [path for path in checkpoints if step[path] > saved_step]
+    for old in reached[:-keep] + later:
         with contextlib.suppress(OSError):  # a checkpoint that cannot be deleted is merely kept
             remove_folder(old)
 

@@ -605,7 +605,7 @@ class Trainer:
                     kept = list_checkpoints(self.run_dir)
                     then = "then continue with `resume=True`" if kept else "start again"
                     raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
-                prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints)
+                prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints, step)
         distributed.barrier()
 
 
