@@ -294,3 +294,21 @@ def test_the_heartbeat_names_the_store_host_whose_process_ended():
         f"bertforge: error: lost rank 0 (process {ranks[0].pid}) of 2: it ended mid-run, so this process "
         "(rank 1) stops too; continue with: bertforge pretrain --out run --resume"
     ]
+
+
+@pytest.mark.parametrize("failure", ["lost", "bug"])
+def test_a_run_that_loses_a_process_before_its_first_checkpoint_keeps_its_folder_for_resume(
+    tmp_path, monkeypatch, wiki_slice, small_tokenizer_dir, failure
+):
+    """The lost-process line says `--resume`, which restarts a run without checkpoints in its folder;
+    any other failure before the first checkpoint leaves no half-made run."""
+    lost = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+
+    def fails(*args, **kwargs):
+        raise lost if failure == "lost" else RuntimeError("a bug")
+
+    monkeypatch.setattr("bertforge.pretrain.train_and_save", fails)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        pretrain(tiny_config(wiki_slice, max_steps=2), run, small_tokenizer_dir, show_progress=False)
+    assert run.is_dir() == (failure == "lost")

@@ -239,8 +239,10 @@ def run_pretraining(
         result = train_and_save(
             config, out, tokenizer, train_shards, held_out, resume, show_progress, init_state=init_state
         )
-    except BaseException:
-        if created and world.is_main and not list_checkpoints(out):
+    except BaseException as error:
+        # A lost process's line says to continue with --resume, which restarts a run without checkpoints.
+        lost = isinstance(error, RuntimeError) and distributed.communication_failed(error)
+        if created and world.is_main and not list_checkpoints(out) and not lost:
             remove_folder(out)  # nothing resumable yet: leave no half-made run behind
         raise
     return {**result, **held_out.reference}
