@@ -267,6 +267,24 @@ def outcome(ranks: list[subprocess.Popen], watched: int, timeout: float) -> tupl
             process.wait()
 
 
+def test_a_whole_run_suspended_longer_than_the_silence_limit_is_no_loss():
+    """Every process stopped for 130 s (a scheduler's suspend, SIGSTOP to all): the first to wake
+    must not take the others for lost before they beat; one that then stays silent still is."""
+    store, now = CountingStore(), [0.0]
+    watch, other = (Heartbeat(store, rank, 2, on_lost=print, clock=lambda: now[0]) for rank in (0, 1))
+    for second in (5, 10, 15):
+        now[0] = float(second)
+        other.beat()
+        assert watch.beat() == []
+    now[0] += 130.0  # all stopped, then continued: rank 0's thread runs first
+    assert watch.beat() == []
+    for _ in range(int(SILENCE_LIMIT_S // 5)):  # rank 1 never beats again
+        now[0] += 5.0
+        assert watch.beat() == []
+    now[0] += 5.0
+    assert watch.beat() == [1]
+
+
 @pytest.mark.parametrize("finish_early", [False, True])
 @pytest.mark.slow
 def test_a_silent_process_stops_the_others_with_one_line(finish_early):

@@ -20,6 +20,9 @@ from collections.abc import Callable
 
 HEARTBEAT_S = 5.0  # how often a process counts up its key and reads the others'
 SILENCE_LIMIT_S = 120.0  # a process whose key has not moved for this long is taken as lost
+# A gap this long between this process's own beats means it was stopped too (a whole job suspended,
+# SIGSTOP then SIGCONT): the others' silence is counted from then, not taken for a loss.
+OWN_GAP_S = 6 * HEARTBEAT_S
 DONE = 1 << 40  # added to a key by a process that left the run on its own
 
 
@@ -40,6 +43,7 @@ class Heartbeat:
         now = clock()
         self.counts = [0] * world_size  # each process's count when it last moved
         self.moved = [now] * world_size  # when each count last moved
+        self.last_beat = now
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="bertforge-heartbeat", daemon=True)
 
@@ -65,6 +69,9 @@ class Heartbeat:
         """Count up this process's key and read the others'; return the ranks silent too long."""
         self.store.add(key(self.rank), 1)
         now, silent = self.clock(), []
+        if now - self.last_beat > OWN_GAP_S:  # this process did not run either: nobody's silence counts
+            self.moved = [max(moved, now) for moved in self.moved]
+        self.last_beat = now
         for rank in range(self.world_size):
             if rank == self.rank:
                 continue
