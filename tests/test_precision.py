@@ -112,6 +112,33 @@ def test_the_probe_takes_each_precisions_fastest_pass_on_one_thread(monkeypatch)
         torch.set_num_threads(before)
 
 
+def counted_passes(monkeypatch, times: list[float]) -> list[float]:
+    """`time_pass` stubbed to return `times` in turn; the passes it gave, warm-ups included."""
+    given = []
+
+    def time_pass(operands):
+        given.append(times[len(given)])
+        return given[-1]
+
+    monkeypatch.setattr(precision, "time_pass", time_pass)
+    return given
+
+
+def test_a_first_round_with_bf16_far_slower_ends_the_probe(monkeypatch):
+    """A CPU without bf16 units: more rounds could not lift 0.1x past the threshold of 1.15x."""
+    given = counted_passes(monkeypatch, [1.0, 10.0] + [1.0, 10.0] * precision.PROBE_ROUNDS)
+    assert precision.measure_bf16_speedup(ModelConfig(hidden_size=64, intermediate_size=256)) == 0.1
+    assert len(given) == 4  # the warm-up pass of each, then one round
+
+
+def test_long_passes_end_the_probe_after_three_rounds(monkeypatch):
+    given = counted_passes(monkeypatch, [1.0, 1.0] * (precision.PROBE_ROUNDS + 1))
+    clock = iter(range(0, 1000, 10))  # 10 s between readings: the budget is spent at once
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: float(next(clock)))
+    precision.measure_bf16_speedup(ModelConfig(hidden_size=64, intermediate_size=256))
+    assert len(given) == 2 + 2 * 3
+
+
 def test_run_records_the_precision_it_used(tmp_path, wiki_slice, small_tokenizer_dir, stub_speedup, capsys):
     from bertforge.pretrain import pretrain
 

@@ -32,7 +32,11 @@ CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
 PROBE_ROUNDS = 15  # alternating fp32 and bf16 passes; the fastest of each is taken
-PROBE_VERSION = 2  # in the cache key: measurements of another probe version are taken again
+# A first round with bf16 below this share of fp32's speed ends the probe: no later round lifts it
+# to BF16_MIN_SPEEDUP (a CPU without bf16 units runs a GPT's vocabulary matmul at 0.02x, 4 s a pass).
+CLEARLY_SLOWER = 0.3
+PROBE_BUDGET_S = 5.0  # rounds after the third stop once the probe has run this long
+PROBE_VERSION = 3  # in the cache key: measurements of another probe version are taken again
 
 
 @dataclass
@@ -124,7 +128,8 @@ def probe_shapes(model: ModelConfig) -> list[tuple[int, int, int]]:
 
 def measure_bf16_speedup(model: ModelConfig) -> float:
     """fp32 time / bf16 time for one pass over the model's matmul shapes (`probe_shapes`), on one
-    thread, the fastest of `PROBE_ROUNDS` alternating passes of each.
+    thread, the fastest of up to `PROBE_ROUNDS` alternating passes of each (fewer where bf16 is clearly
+    slower, or the passes are long: `CLEARLY_SLOWER`, `PROBE_BUDGET_S`).
 
     On a machine busy with other work, the threads of a multi-threaded matmul wait for each other at
     every barrier, both precisions alike, and the ratio drifts towards 1: on two threads a 2-core Xeon
@@ -137,7 +142,14 @@ def measure_bf16_speedup(model: ModelConfig) -> float:
         shapes = probe_shapes(model)
         fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
         time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
-        rounds = [(time_pass(fp32), time_pass(bf16)) for _ in range(PROBE_ROUNDS)]
+        rounds, began = [], time.perf_counter()
+        while len(rounds) < PROBE_ROUNDS:
+            rounds.append((time_pass(fp32), time_pass(bf16)))
+            first_fp32, first_bf16 = rounds[0]
+            if first_fp32 < CLEARLY_SLOWER * first_bf16:
+                break
+            if len(rounds) >= 3 and time.perf_counter() - began > PROBE_BUDGET_S:
+                break
     finally:
         torch.set_num_threads(threads)
     return min(fp32 for fp32, _ in rounds) / min(bf16 for _, bf16 in rounds)
