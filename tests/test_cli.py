@@ -160,6 +160,14 @@ def test_each_subcommand_has_help(capsys, argv, expected):
             ["tokenizer", "train", "--corpus", "c", "--out", "o", "--bogus"],
             "unrecognized arguments: --bogus; see `bertforge tokenizer train --help`",
         ),
+        (
+            ["pretrain", "--corpas", "README.md", "--out", "o"],
+            "unrecognized arguments: --corpas README.md (did you mean --corpus?); see `bertforge pretrain",
+        ),
+        (
+            ["tokenizer", "train", "--corpus", "c", "--out", "o", "--vocab-sise=8000"],
+            "(did you mean --vocab-size?); see `bertforge tokenizer train --help`",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_pointing_at_help(capsys, argv, message):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import re
 import select
@@ -66,15 +67,37 @@ def run() -> int:
     return status
 
 
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> str:
+    """What the command did not take: a flag with the command's nearest one, or paths a glob left."""
+    given = f"unrecognized arguments: {' '.join(unknown)}"
+    flags = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
+    if flags:
+        names = {flag[2:]: flag for flag in command_flags(parser, args)}  # compared without the dashes
+        near = difflib.get_close_matches(flags[0][2:], list(names), n=1)
+        return f"{given} (did you mean {names[near[0]]}?)" if near else given
+    if any(Path(arg).exists() for arg in unknown):
+        return f"{given} (a glob the shell expanded? quote it, or repeat the flag before each path)"
+    return given
+
+
+def command_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The long flags of the command (and action, as `tokenizer train`) that `args` ran."""
+    for name in (args.command, getattr(args, "action", None)):
+        choices = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        if name not in choices:
+            break
+        parser = choices[name]
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            break
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own help lists what it takes
         command = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
-        given = " ".join(unknown)
-        paths = [arg for arg in unknown if not arg.startswith("-") and Path(arg).exists()]
-        shell = " (a glob the shell expanded? quote it, or repeat the flag before each path)" if paths else ""
-        parser.exit(2, usage_line(f"unrecognized arguments: {given}{shell}", f"bertforge {command}"))
+        parser.exit(2, usage_line(unrecognized(parser, args, unknown), f"bertforge {command}"))
     with one_line_warnings(), left_process_group(), sigterm_unwinds():
         try:
             status = args.handler(args)
