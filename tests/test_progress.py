@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from bertforge import progress
-from bertforge.progress import PlainProgress, duration, plural, progress_bar
+from bertforge.progress import PlainProgress, duration, metrics_text, plural, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -123,3 +123,8 @@ def test_units_in_the_plural():
         plural(unit, n) for unit, n in [("step", 2), ("batch", 3), ("epoch", 2), ("epoch", 1), ("s", 9)]
     ]
     assert counts == ["steps", "batches", "epochs", "epoch", "s"]
+
+
+def test_a_held_out_line_gives_figures_to_four_decimals_and_an_epoch_as_its_number():
+    line = metrics_text({"epoch": 2.0, "classification_loss": 0.51234567, "accuracy": 0.8})
+    assert line == "epoch 2, classification_loss 0.5123, accuracy 0.8000"

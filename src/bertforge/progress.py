@@ -177,8 +177,11 @@ def clock(seconds: float) -> str:
 
 
 def metrics_text(metrics: dict[str, float]) -> str:
-    """`mlm_loss 5.1234, mlm_accuracy 0.3081`: every held-out line, during a run and after it, alike."""
-    return ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
+    """`mlm_loss 5.1234, mlm_accuracy 0.3081`: every held-out line, during a run and after it, alike;
+    a fine-tuning epoch as its number (`epoch 2`)."""
+    return ", ".join(
+        f"{key} {value:g}" if key == "epoch" else f"{key} {value:.4f}" for key, value in metrics.items()
+    )
 
 
 def duration(seconds: float) -> str:
