@@ -85,9 +85,14 @@ def add_tokenizer_command(commands) -> None:
         default=TokenizerConfig.kind,
         help="the vocabulary's model (default %(default)s)",
     )
-    p.add_argument("--vocab-size", type=int, default=TokenizerConfig.vocab_size)
     p.add_argument(
-        "--min-freq", type=int, default=TokenizerConfig.min_frequency, help="minimum word frequency"
+        "--vocab-size", type=int, default=TokenizerConfig.vocab_size, help="pieces (default %(default)s)"
+    )
+    p.add_argument(
+        "--min-freq",
+        type=int,
+        default=TokenizerConfig.min_frequency,
+        help="minimum word frequency (default %(default)s)",
     )
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
@@ -114,7 +119,7 @@ def add_prepare_command(commands) -> None:
     p.add_argument("--tokenizer", type=Path, required=True, help="a folder written by `tokenizer train`")
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="a new folder for the shards")
     p.set_defaults(handler=run_prepare, setting_flags=READER_FLAGS)
 
 
@@ -216,8 +221,8 @@ def add_evaluate_command(commands) -> None:
     p.add_argument(
         "--model", type=Path, required=True, help="a run folder, final/, checkpoint or exported folder"
     )
-    p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--format", default="auto", choices=FORMATS)
+    p.add_argument("--corpus", type=Path, required=True, help="held-out text (the run's --valid)")
+    p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument(
         "--max-pairs",
         type=int,
@@ -249,7 +254,7 @@ def add_evaluate_command(commands) -> None:
         type=Path,
         help="tokenized text cache (default $BERTFORGE_CACHE, else ~/.cache/bertforge)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(handler=run_evaluate, setting_flags=EVALUATE_FLAGS)
 
 
