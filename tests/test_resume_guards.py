@@ -65,7 +65,10 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     other = run.parent / "other.txt"
     shutil.copy(corpus, other)  # the same text under another name is another corpus
     argv = [*resume[:-3], "--max-steps", "5", "--corpus", str(other)]
-    assert_clean_failure(capsys, argv, f"{other}, {corpus}, {valid};")  # sorted
+    message = f"started: {valid}; the run in {run} started on {corpus}, not on {other};"
+    assert_clean_failure(capsys, argv, message)
+    argv = [*resume[:-3], "--max-steps", "5", "--corpus", str(corpus), "--corpus", str(other)]
+    assert_clean_failure(capsys, argv, f"the run in {run} did not start on {other};")
 
 
 def test_resume_refuses_text_read_by_another_sentence_splitter(

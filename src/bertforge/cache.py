@@ -57,9 +57,21 @@ def content_hash(path: Path) -> str:
 def refuse_changed_data(saved: dict[str, str], current: dict[str, str], run: Path, fix: str) -> None:
     """Refuse to resume the run in `run` on other data than it started on. `saved` and `current` map
     each data file (a role or a path) to its sha256; a file in only one of them has changed too."""
-    changed = sorted(name for name in saved.keys() | current.keys() if saved.get(name) != current.get(name))
-    if changed:
-        raise BertforgeError(f"data changed since the run in {run} started: {', '.join(changed)}; {fix}")
+    edited = sorted(name for name in saved.keys() & current.keys() if saved[name] != current[name])
+    added, dropped = (
+        ", ".join(sorted(names)) for names in (current.keys() - saved.keys(), saved.keys() - current.keys())
+    )
+    parts = [f"data changed since the run in {run} started: {', '.join(edited)}"] if edited else []
+    if added and dropped:
+        parts.append(f"the run in {run} started on {dropped}, not on {added}")
+    elif added or dropped:
+        parts.append(
+            f"the run in {run} did not start on {added}"
+            if added
+            else f"the run in {run} started on {dropped} too"
+        )
+    if parts:
+        raise BertforgeError(f"{'; '.join(parts)}; {fix}")
 
 
 def remove_orphans(cache_dir: Path) -> None:
