@@ -61,6 +61,7 @@ def test_wikitext_reader_on_a_small_file(tmp_path):
         ),
         ("J. K. Rowling wrote it. It sold.", ["J. K. Rowling wrote it.", "It sold."]),
         ("The U.S. Army came. Then more.", ["The U.S. Army came.", "Then more."]),
+        ("Sault Ste. Marie grew. It is old.", ["Sault Ste. Marie grew.", "It is old."]),
         ("Fruit, e.g. Apples, i.e. Pears. No. 5 won.", ["Fruit, e.g. Apples, i.e. Pears.", "No. 5 won."]),
         ("It is 3.5 m long. 42 is a number.", ["It is 3.5 m long.", "42 is a number."]),
         ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),

@@ -30,7 +30,7 @@ from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 READER_VERSION = 4  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
-# 4: a quotation of several sentences ends with its closing quote; cached shards of every format key on it
+# 4: a quotation of several sentences ends with its closing quote, Ste. goes on; cached shards key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
 _TABLE_SUFFIXES = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
@@ -51,8 +51,8 @@ _LAST_WORD = re.compile(r"[^\s\"'“‘«(\[]+\Z")
 # Words whose period is theirs, as written (lower-case "no." ends a sentence, "No. 5" does not)
 _ABBREVIATIONS = frozenset(
     {
-        *("Mr", "Mrs", "Ms", "Dr", "St", "Prof", "Sr", "Jr", "Mt", "Ft", "Gen", "Col", "Lt", "Capt", "Sgt"),
-        *("Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co", "Corp"),
+        *("Mr", "Mrs", "Ms", "Dr", "St", "Ste", "Prof", "Sr", "Jr", "Mt", "Ft", "Gen", "Col", "Lt", "Capt"),
+        *("Sgt", "Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co", "Corp"),
         *("Jan", "Feb", "Aug", "Sept", "Oct", "Nov", "Dec"),
         *("e.g", "i.e", "etc", "vs", "cf", "approx", "ca", "E.g", "I.e", "Etc", "Vs", "Cf"),
     }
