@@ -32,7 +32,7 @@ CACHE_FILE = "precision.json"
 BF16_MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this factor: autocast adds casts the probe does not time
 PROBE_TOKENS = 1024  # rows of the probe's matmuls: enough to reach the steady GEMM rate
 PROBE_ROUNDS = 15  # alternating fp32 and bf16 passes; the fastest of each is taken
-# A first round with bf16 below this share of fp32's speed ends the probe: no later round lifts it
+# bf16 below this share of fp32's speed in the opening round ends the probe: no later round lifts it
 # to BF16_MIN_SPEEDUP (a CPU without bf16 units runs a GPT's vocabulary matmul at 0.02x, 4 s a pass).
 CLEARLY_SLOWER = 0.3
 PROBE_BUDGET_S = 5.0  # rounds after the third stop once the probe has run this long
