@@ -64,12 +64,10 @@ def refuse_changed_data(saved: dict[str, str], current: dict[str, str], run: Pat
     parts = [f"data changed since the run in {run} started: {', '.join(edited)}"] if edited else []
     if added and dropped:
         parts.append(f"the run in {run} started on {dropped}, not on {added}")
-    elif added or dropped:
-        parts.append(
-            f"the run in {run} did not start on {added}"
-            if added
-            else f"the run in {run} started on {dropped} too"
-        )
+    elif added:
+        parts.append(f"the run in {run} did not start on {added}")
+    elif dropped:
+        parts.append(f"the run in {run} started on {dropped} too")
     if parts:
         raise BertforgeError(f"{'; '.join(parts)}; {fix}")
 

@@ -332,7 +332,12 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint folder `step_NNNNNN` (one `list_checkpoints` found)."""
+    return int(CHECKPOINT_PATTERN.match(path.name).group(1))
 
 
 def prune_checkpoints(run_dir: Path, keep: int, saved_step: int) -> None:
@@ -340,9 +345,8 @@ def prune_checkpoints(run_dir: Path, keep: int, saved_step: int) -> None:
     renamed aside first (see `remove_folder`). Any later one is deleted too: a resume went back past
     it (it was damaged), and kept, it would count as newer than the checkpoints the run goes on to save."""
     checkpoints = list_checkpoints(run_dir)
-    step = {path: int(CHECKPOINT_PATTERN.match(path.name).group(1)) for path in checkpoints}
-    reached = [path for path in checkpoints if step[path] <= saved_step]
-    later = [path for path in checkpoints if step[path] > saved_step]
+    reached = [path for path in checkpoints if checkpoint_step(path) <= saved_step]
+    later = checkpoints[len(reached) :]  # oldest first: the rest are past `saved_step`
     for old in reached[:-keep] + later:
         with contextlib.suppress(OSError):  # a checkpoint that cannot be deleted is merely kept
             remove_folder(old)

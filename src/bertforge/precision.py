@@ -142,14 +142,13 @@ def measure_bf16_speedup(model: ModelConfig) -> float:
         shapes = probe_shapes(model)
         fp32, bf16 = matmul_operands(shapes, torch.float32), matmul_operands(shapes, torch.bfloat16)
         time_pass(fp32), time_pass(bf16)  # warm the kernels and caches
-        rounds, began = [], time.perf_counter()
-        while len(rounds) < PROBE_ROUNDS:
-            rounds.append((time_pass(fp32), time_pass(bf16)))
-            first_fp32, first_bf16 = rounds[0]
-            if first_fp32 < CLEARLY_SLOWER * first_bf16:
-                break
+        began = time.perf_counter()
+        rounds = [(time_pass(fp32), time_pass(bf16))]
+        clearly_slower = rounds[0][0] < CLEARLY_SLOWER * rounds[0][1]
+        while not clearly_slower and len(rounds) < PROBE_ROUNDS:
             if len(rounds) >= 3 and time.perf_counter() - began > PROBE_BUDGET_S:
                 break
+            rounds.append((time_pass(fp32), time_pass(bf16)))
     finally:
         torch.set_num_threads(threads)
     return min(fp32 for fp32, _ in rounds) / min(bf16 for _, bf16 in rounds)

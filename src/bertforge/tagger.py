@@ -80,8 +80,8 @@ def tag(
     longer than `max_length` pieces (default: the length it was fine-tuned at, `model.max_length` where
     `folders.open_tagger` opened it, else the model's positions) are tagged in windows.
     """
-    if not all(is_tag(label) for label in labels):
-        other = next(label for label in labels if not is_tag(label))
+    other = next((label for label in labels if not is_tag(label)), None)
+    if other is not None:
         raise BertforgeError(
             f"the tagger tags words with {other!r}, which is not a tag of the IOB schemes (O, B-TYPE, "
             "I-TYPE) that entities are read from; use a tagger trained on IOB tags, such as CoNLL-2003's"
