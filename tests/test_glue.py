@@ -22,7 +22,7 @@ from conftest import SHARED_DATA, assert_clean_failure
 from test_stats import exact_p_value, five_seeds_with_many_tied_resamples
 
 from bertforge import glue_data
-from bertforge.comparison import few_seeds_note
+from bertforge.comparison import ARMS, few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.finetune import EpochEvaluator, task_data
@@ -397,27 +397,16 @@ def test_the_table_gives_the_bootstrap_mean_gain_where_its_sign_is_not_the_media
             {"seed": seed, "score": 60.0 if p is right else 40.0, "predicted": p} for seed, p in predictions
         ]
 
-    scratch = runs([(1, right), (2, right), (3, right)])
-    one_far_off = paired_comparison(
-        "SST-2",
-        "classification",
-        true,
-        runs([(1, right), (2, right), (3, wrong)]),
-        scratch,
-        ("pretrained", "scratch"),
-    )
-    gain, p_sign, p_boot = comparison_cells(one_far_off)
+    def cells_against_right(*pretrained):
+        scratch = runs([(1, right), (2, right), (3, right)])
+        arms = runs(list(enumerate(pretrained, 1)))
+        return comparison_cells(paired_comparison("SST-2", "classification", true, arms, scratch, ARMS))
+
+    gain, p_sign, p_boot = cells_against_right(right, right, wrong)
     assert gain == "+0.0" and p_sign == "1.000" and p_boot.endswith(" (mean -6.7)")
     assert 0 < float(p_boot.split()[0]) < 0.1
-    all_behind = paired_comparison(
-        "SST-2",
-        "classification",
-        true,
-        runs([(1, wrong), (2, wrong), (3, wrong)]),
-        scratch,
-        ("pretrained", "scratch"),
-    )
-    assert comparison_cells(all_behind)[0] == "-20.0" and "mean" not in comparison_cells(all_behind)[2]
+    all_behind = cells_against_right(wrong, wrong, wrong)
+    assert all_behind[0] == "-20.0" and "mean" not in all_behind[2]
 
 
 def test_the_few_seeds_note_counts_one_seed_in_the_singular():
