@@ -12,13 +12,35 @@ import pytest
 
 from bertforge.evaluate import unigram_entropy
 
+# ids 0-4 are special: [PAD], [UNK], [CLS], [SEP], [MASK]
+SPECIAL = SimpleNamespace(special_ids=(0, 1, 2, 3, 4), unk_id=1, sep_id=3)
+
+
+def entropy(*counts: int) -> float:
+    total = sum(counts)
+    return -sum(c / total * math.log(c / total) for c in counts)
+
 
 def test_unigram_entropy_of_known_counts_ignores_special_tokens():
-    # ids 0-4 are special; 5 occurs twice, 6 and 7 once each: p = (1/2, 1/4, 1/4).
+    # 5 occurs twice, 6 and 7 once each: p = (1/2, 1/4, 1/4).
     tokens = np.array([2, 5, 6, 3, 5, 7, 3, 0, 0], dtype=np.uint16)
     shards = SimpleNamespace(tokens=tokens, num_tokens=len(tokens), vocab_size=10)
-    expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
-    assert unigram_entropy(shards, (0, 1, 2, 3, 4)) == pytest.approx(expected)
+    assert unigram_entropy(shards, SPECIAL) == pytest.approx(entropy(2, 1, 1))
+
+
+def test_a_gpts_unigram_reference_counts_what_its_windows_predict():
+    # Two documents, [5 6] and [UNK 5]: a GPT's stream is 5 6 [SEP] [UNK] 5 [SEP], and it predicts the
+    # [UNK] and both [SEP]s too; masking never picks them.
+    tokens = np.array([5, 6, 1, 5], dtype=np.uint16)
+    shards = SimpleNamespace(
+        tokens=tokens,
+        num_tokens=4,
+        vocab_size=10,
+        sentence_offsets=np.array([0, 2, 4]),
+        document_offsets=np.array([0, 1, 2]),
+    )
+    assert unigram_entropy(shards, SPECIAL, "clm") == pytest.approx(entropy(2, 1, 1, 2))
+    assert unigram_entropy(shards, SPECIAL, "mlm") == pytest.approx(entropy(2, 1))
 
 
 def test_evaluate_reads_the_named_text_column(tmp_path, tiny_pretrained_run, wiki_valid_slice, capsys):
@@ -117,3 +139,66 @@ def test_a_loss_not_below_the_unigram_reference_is_called_untrained(capsys, loss
     assert lines[1].startswith("          reference: unigram entropy 6.7000, the MLM loss")
     note = " " * 10 + "the MLM loss is not below it yet: the model has not learned to use context"
     assert (f"{note}; train longer" in lines) == says and len(lines) == 2 + says
+
+
+def test_evaluation_masks_and_pairs_do_not_follow_the_runs_training_settings(
+    tmp_path, tiny_pretrained_run, wiki_valid_slice, capsys
+):
+    reference = evaluate_json(capsys, tiny_pretrained_run / "final", wiki_valid_slice)
+    windows = evaluate_json(capsys, tiny_pretrained_run / "final", wiki_valid_slice, "--no-nsp")
+    trained_otherwise = {"whole_word_masking": True, "short_seq_prob": 0.6, "cross_documents": False}
+    for key, value in trained_otherwise.items():
+        model = tmp_path / key
+        shutil.copytree(tiny_pretrained_run / "final", model)
+        config = json.loads((model / "config.json").read_text())
+        config["data"][key] = value
+        (model / "config.json").write_text(json.dumps(config))
+        assert evaluate_json(capsys, model, wiki_valid_slice) == reference, key
+        assert evaluate_json(capsys, model, wiki_valid_slice, "--no-nsp") == windows, key
+
+
+def test_a_text_the_tokenizer_reads_as_unknown_is_refused(tmp_path, tiny_pretrained_run, capsys):
+    from bertforge.cli import main
+
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text("\n\n".join("\u6f22\u5b57\u304b\u306a \u6587\u7ae0 \u3002" * 20 for _ in range(6)))
+    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(unknown), "--quiet"]
+    assert main(argv) == 2  # it would read as a perfect MLM loss of 0: nothing could be masked
+    error = capsys.readouterr().err
+    assert "nothing but [UNK]" in error and "Traceback" not in error
+
+
+def expected_top1(logits, labels) -> float:
+    """argmax's accuracy with its tie-break drawn at random: 1/k for a label among k tied maxima."""
+    total = 0.0
+    for row, label in zip(logits.tolist(), labels.tolist(), strict=True):
+        tied = [i for i, value in enumerate(row) if value == max(row)]
+        total += (label in tied) / len(tied)
+    return total
+
+
+def test_a_tie_for_the_top_logit_counts_as_its_share_of_a_hit():
+    import torch
+
+    from bertforge.gpt import next_token_sums
+    from bertforge.losses import NO_LABEL, pretraining_sums
+
+    torch.manual_seed(0)
+    logits = (torch.randn(400, 12) * 0.2).round(decimals=1).bfloat16()  # many rows tie
+    labels = logits.float().argmax(-1)
+    labels[::3] = torch.randint(0, 12, (134,))
+    nsp = torch.zeros(2, 2)
+    sums = pretraining_sums(logits, labels, nsp, torch.full((2,), NO_LABEL), 12)
+    assert float(sums["mlm_correct"]) == pytest.approx(expected_top1(logits.float(), labels), abs=1e-3)
+    assert expected_top1(logits.float(), labels) < int((logits.float().argmax(-1) == labels).sum())
+    unlabelled = labels.clone()
+    unlabelled[:200] = NO_LABEL
+    sums = pretraining_sums(logits, unlabelled, nsp, torch.full((2,), NO_LABEL), 12)
+    assert float(sums["mlm_correct"]) == pytest.approx(
+        expected_top1(logits[200:].float(), labels[200:]), abs=1e-3
+    )
+
+    ids = torch.randint(0, 12, (4, 101))  # position t predicts token t + 1
+    clm = next_token_sums(logits.view(4, 100, 12).repeat(1, 2, 1)[:, :101], ids)
+    scores = logits.view(4, 100, 12).repeat(1, 2, 1)[:, :100].flatten(0, 1).float()
+    assert float(clm["clm_correct"]) == pytest.approx(expected_top1(scores, ids[:, 1:].flatten()), abs=1e-3)

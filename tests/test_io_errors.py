@@ -140,6 +140,15 @@ def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):
         MetricsLog(path).truncate_after(2)
 
 
+def test_a_metrics_line_without_its_split_is_named_by_plot(tmp_path, capsys, tiny_pretrained_run):
+    run = copy_run(tiny_pretrained_run, tmp_path)
+    first, *rest = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join([first, '{"step": 5}\n', *rest]))
+    assert_clean_failure(
+        capsys, ["plot", str(run), "--out", str(tmp_path / "p.png")], "line 2 is not a metrics record"
+    )
+
+
 def test_a_truncated_optimizer_state_is_named(tmp_path, capsys, tiny_pretrained_run):
     run = copy_run(tiny_pretrained_run, tmp_path)
     (checkpoint,) = list_checkpoints(run)

@@ -2,14 +2,17 @@
 accuracy; for GPT (`model.objective = "clm"`) next-token loss, perplexity and top-1 accuracy; and
 the text's unigram entropy as the reference a loss must get below.
 
-Evaluation always masks 15% of the tokens and draws its pairs (or a GPT's packed windows) with
-fixed seeds, whatever the training settings, so two evaluations of one model on one text agree
-exactly and the numbers of different runs compare. On a GPU it runs in the GPU's mixed precision
-unless told otherwise (`evaluation_precision`); on a CPU in fp32.
+Evaluation always masks 15% of the tokens, one token at a time, and draws its pairs (Google's
+short-pair rate, or windows across documents) or a GPT's packed windows with fixed seeds, whatever
+the training settings, so two evaluations of one model on one text agree exactly and the numbers of
+different runs compare. What it takes from the run is what shapes the model's input: the sequence
+length, pairs or windows (NSP or not), and the cap on pairs. On a GPU it runs in the GPU's mixed
+precision unless told otherwise (`evaluation_precision`); on a CPU in fp32.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ from bertforge.folders import open_pretrained
 from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
 from bertforge.masking import pretraining_collator
-from bertforge.packing import packed_batches
+from bertforge.packing import end_positions, packed_batches
 from bertforge.pairs import PairDataset, build_pairs
 from bertforge.precision import native_bf16
 from bertforge.progress import passing_bar, progress_bar
@@ -35,6 +38,7 @@ from bertforge.tokenizer import BertTokenizer
 EVAL_SEED = 20181011  # the date of the BERT paper, for a seed nobody tunes
 EVAL_MASK_RATE = 0.15
 EVAL_BATCH_SIZE = 64
+EVAL_SHORT_SEQ_PROB = DataConfig.short_seq_prob  # Google's 0.1, whatever the run trained with
 
 
 def evaluation_batches(
@@ -48,29 +52,40 @@ def evaluation_batches(
     """The fixed pairs and masks every evaluation of this text uses (at most `data.eval_max_pairs`);
     for "clm", the fixed packed windows (as many at most). `text` names the text in the errors, and
     `otherwise` what else the caller can do about one too small."""
-    check_evaluation_text(shards, data, objective, text, otherwise)
+    check_evaluation_text(shards, tokenizer, data, objective, text, otherwise)
     if objective == "clm":
         length, limit = data.max_seq_length, data.eval_max_pairs
         windows = packed_batches(
             shards, length, tokenizer.sep_id, EVAL_BATCH_SIZE, EVAL_SEED, 0, limit, drop_last=False
         )
         return [windows[i] for i in range(len(windows))]
-    pairs = build_pairs(
-        shards, data.max_seq_length, data.short_seq_prob, data.nsp, EVAL_SEED, 0, data.cross_documents
-    )
+    length, nsp = data.max_seq_length, data.nsp
+    pairs = build_pairs(shards, length, EVAL_SHORT_SEQ_PROB, nsp, EVAL_SEED, 0, cross_documents=True)
     if data.eval_max_pairs:
         pairs = pairs[: data.eval_max_pairs]
     examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)
-    collate = pretraining_collator(tokenizer, data, mlm_probability=EVAL_MASK_RATE)
+    token_masking = replace(data, whole_word_masking=False)
+    collate = pretraining_collator(tokenizer, token_masking, mlm_probability=EVAL_MASK_RATE)
     batches = SeededBatches(examples, EVAL_BATCH_SIZE, collate, EVAL_SEED, epoch=0, drop_last=False)
     return [batches[i] for i in range(len(batches))]
 
 
 def check_evaluation_text(
-    shards: TokenShards, data: DataConfig, objective: str, text: str, otherwise: str = ""
+    shards: TokenShards,
+    tokenizer: BertTokenizer,
+    data: DataConfig,
+    objective: str,
+    text: str,
+    otherwise: str = "",
 ) -> None:
-    """Refuse a text too small to evaluate on, naming it (the training text's messages would
-    speak of the corpus and its settings)."""
+    """Refuse a text too small to evaluate on, or one the tokenizer reads as nothing but `[UNK]`
+    (no token could be masked, and a GPT would score by predicting `[UNK]` after `[UNK]`), naming it
+    (the training text's messages would speak of the corpus and its settings)."""
+    if not token_counts(shards, exclude=tokenizer.special_ids).any():
+        raise BertforgeError(
+            f"the tokenizer reads {text} as nothing but [UNK]: its characters are not in the vocabulary; "
+            "evaluate on text in the language and script the tokenizer was trained on"
+        )
     documents = int(np.count_nonzero(np.diff(np.asarray(shards.document_offsets)) > 0))
     if objective == "clm" and shards.num_tokens + documents < data.max_seq_length:
         raise BertforgeError(
@@ -85,13 +100,19 @@ def check_evaluation_text(
         )
 
 
-def unigram_entropy(shards: TokenShards, special_ids: tuple[int, ...]) -> float:
-    """Entropy (nats) of the text's token frequencies, special tokens excluded.
+def unigram_entropy(shards: TokenShards, tokenizer: BertTokenizer, objective: str = "mlm") -> float:
+    """Entropy (nats) of the frequencies of the tokens the objective predicts: for MLM the text's
+    tokens but the special ones (masking never picks them); for a GPT ("clm") the stream its windows
+    are cut from, `[UNK]` and one `[SEP]` after each document included.
 
-    The held-out MLM loss of a model that knows only how often each token occurs: a loss below it
-    means the model uses the context around a masked token.
+    The held-out loss of a model that knows only how often each token occurs: a loss below it means
+    the model uses the context.
     """
-    counts = token_counts(shards, exclude=special_ids).astype(np.float64)
+    if objective == "clm":
+        counts = token_counts(shards).astype(np.float64)
+        counts[tokenizer.sep_id] += end_positions(shards).size
+    else:
+        counts = token_counts(shards, exclude=tokenizer.special_ids).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
@@ -215,4 +236,4 @@ def evaluate_model(
     metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision, show_progress)
     if not trained_nsp:  # its NSP head kept its random weights
         metrics = {key: value for key, value in metrics.items() if not key.startswith("nsp_")}
-    return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer.special_ids)}
+    return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer, config.model.objective)}

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from bertforge.config import ModelConfig
 from bertforge.fast_ops import Dropout, attention, cross_entropy_sum, fused_attention_pays
-from bertforge.losses import Summary, token_prediction_metrics
+from bertforge.losses import Summary, token_prediction_metrics, top1_hits
 from bertforge.model import (
     BertIntermediate,
     BertOutput,
@@ -312,8 +312,8 @@ def next_token_sums(
     """Summed next-token cross-entropy, correct top-1 predictions and target count (0-d tensors).
 
     logits: (B, T, V) from `GPTLMHeadModel`; the last position has no target and is dropped.
-    Without a mask there is no host synchronisation. A tie for the top logit counts as correct,
-    as `losses.pretraining_sums` does for MLM.
+    Without a mask there is no host synchronisation. A tie for the top logit counts its share
+    (`losses.top1_hits`), as for MLM.
     """
     targets, counted = next_token_targets(input_ids, attention_mask)  # (B, T-1)
     scores = logits[:, :-1].flatten(0, 1)  # (N, V)
@@ -321,10 +321,9 @@ def next_token_sums(
     if counted is not None:
         keep = counted.flatten()  # (N,)
         scores, targets = scores[keep], targets[keep]  # (M, V), (M,)
-    target_scores = scores.gather(-1, targets[:, None]).squeeze(-1)  # (M,)
     return {
         "clm_loss_sum": cross_entropy_sum(scores, targets),
-        "clm_correct": (target_scores >= scores.amax(-1)).sum(),
+        "clm_correct": top1_hits(scores, targets).sum(),
         "clm_count": torch.full((), targets.numel(), device=logits.device),  # filled there: no host copy
     }
 

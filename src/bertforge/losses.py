@@ -36,6 +36,17 @@ def real_token_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits if logits.shape[-1] == vocab_size else logits[..., :vocab_size]
 
 
+def top1_hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(N,) float: 1 where the label's logit is the largest of its row, 1/k where k logits tie for the
+    largest (the chance that argmax's tie-break picks the label; bf16 logits tie often), else 0.
+    logits (N, V); labels (N,), negative ones read as 0. Max reductions are far cheaper than argmax
+    over bf16 logits on CPU."""
+    top = logits.amax(-1, keepdim=True)  # (N, 1)
+    label_logits = logits.gather(-1, labels.clamp(min=0)[:, None])  # (N, 1)
+    ties = (logits == top).sum(-1)  # (N,), at least 1
+    return (label_logits >= top).squeeze(-1).float() / ties
+
+
 def pretraining_sums(
     mlm_logits: torch.Tensor,
     masked_labels: torch.Tensor,
@@ -48,13 +59,10 @@ def pretraining_sums(
     mlm_logits = real_token_logits(mlm_logits, vocab_size)  # (M, V)
     nsp_logits = nsp_logits.float()  # (B, 2)
     has_mlm = masked_labels != NO_LABEL  # (M,)
-    label_logits = mlm_logits.gather(-1, masked_labels.clamp(min=0)[:, None]).squeeze(-1)  # (M,)
     has_nsp = nsp_labels != NO_LABEL  # (B,)
     return {
         "mlm_loss_sum": cross_entropy_sum(mlm_logits, masked_labels),
-        # Correct when the label's logit is the largest (argmax, except that a tie counts as correct):
-        # a max reduction is far cheaper than argmax over bf16 logits on CPU.
-        "mlm_correct": ((label_logits >= mlm_logits.amax(-1)) & has_mlm).sum(),
+        "mlm_correct": (top1_hits(mlm_logits, masked_labels) * has_mlm).sum(),
         "mlm_count": has_mlm.sum(),
         "nsp_loss_sum": F.cross_entropy(nsp_logits, nsp_labels, ignore_index=NO_LABEL, reduction="sum"),
         "nsp_correct": ((nsp_logits.argmax(-1) == nsp_labels) & has_nsp).sum(),

@@ -52,7 +52,11 @@ class MetricsLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 record = None
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
+            if (
+                isinstance(record, dict)
+                and isinstance(record.get("step"), int)
+                and isinstance(record.get("split"), str)
+            ):
                 records.append(record)
             elif not (repair and number == len(lines)):
                 raise BertforgeError(

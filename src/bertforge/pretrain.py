@@ -325,7 +325,7 @@ def validation_data(
         warmup_batches=evaluation_batches(valid_shards, tokenizer, warmup, objective, text)
         if data.warmup_seq_length
         else [],
-        reference={"unigram_entropy": unigram_entropy(valid_shards, tokenizer.special_ids)},
+        reference={"unigram_entropy": unigram_entropy(valid_shards, tokenizer, objective)},
     )
 
 
