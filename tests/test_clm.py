@@ -34,7 +34,7 @@ from bertforge.errors import BertforgeError
 from bertforge.folders import open_classifier, open_pretrained
 from bertforge.gpt import GPT_TIED_KEYS, GPTForSequenceClassification, GPTLMHeadModel
 from bertforge.gpt_convert import from_hf_state_dict, hf_config, to_hf_state_dict
-from bertforge.packing import PackedWindows, packed_batches, window_starts
+from bertforge.packing import PackedWindows, fewest_windows, packed_batches, window_starts
 from bertforge.precision import PROBE_TOKENS, machine_key, probe_shapes
 from bertforge.pretrain import pretrain
 from bertforge.tokenizer import load_tokenizer
@@ -101,6 +101,13 @@ def test_windows_are_the_stream_of_documents_and_ends_cut_at_a_moving_offset():
     assert len(offsets) > 1  # the boundaries move between epochs
     with pytest.raises(BertforgeError, match="fewer than one sequence"):
         window_starts(shards, 13, seed=1, epoch=0)
+
+
+@pytest.mark.parametrize("length", [2, 3, 4, 5, 7, 12])
+def test_the_fewest_windows_of_any_epoch_are_counted_before_training(length):
+    shards = toy_shards()  # a stream of 12 tokens
+    counts = {len(window_starts(shards, length, seed=1, epoch=epoch)) for epoch in range(200)}
+    assert fewest_windows(shards, length) == min(counts)
 
 
 def test_packed_batches_of_a_real_corpus_have_no_padding_and_full_windows(wiki_slice, small_tokenizer_dir):

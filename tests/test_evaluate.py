@@ -1,4 +1,4 @@
-"""The unigram-entropy reference line: the MLM loss of a model that knows only token frequencies."""
+"""Held-out evaluation: fixed masks and pairs, the metrics, and the unigram-entropy reference."""
 
 from __future__ import annotations
 

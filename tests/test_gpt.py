@@ -173,6 +173,30 @@ def test_hugging_face_folder_round_trip(tmp_path):
         save_hf_folder(model, tmp_path / "ours")
 
 
+def test_a_double_heads_model_is_read_as_its_language_model(tmp_path):
+    config = ours_model().config
+    raw = {
+        key: value for key, value in hf_config(config).items() if key not in ("architectures", "model_type")
+    }
+    torch.manual_seed(3)
+    double = transformers.OpenAIGPTDoubleHeadsModel(transformers.OpenAIGPTConfig(**raw)).eval()
+    double.save_pretrained(tmp_path / "double")
+    weights = load_file(str(tmp_path / "double" / "model.safetensors"))
+    assert any(name.startswith("multiple_choice_head.") for name in weights)
+    raw = json.loads((tmp_path / "double" / "config.json").read_text())
+    loaded, dropped = language_model_from_hf(model_config_from_hf(raw), weights, tmp_path / "double")
+    assert dropped and all(name.startswith("multiple_choice_head.") for name in dropped)
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), double(input_ids=ids).logits, rtol=0, atol=1e-5)
+
+
+def test_an_embedding_dropout_of_its_own_is_read_with_a_warning():
+    raw = {**hf_config(tiny_config(hidden_dropout_prob=0.1)), "embd_pdrop": 0.0}
+    with pytest.warns(UserWarning, match="embd_pdrop"):
+        assert model_config_from_hf(raw).hidden_dropout_prob == 0.1
+
+
 def test_config_round_trip_and_refusals():
     config = tiny_config(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.05, pad_token_id=3)
     raw = hf_config(config, eos_token_id=4)

@@ -442,6 +442,16 @@ def test_bad_tagged_input_gives_one_error_line(tmp_path, capsys, tiny_pretrained
         capsys, finetune_argv(*conll, "--task", "regression"), "looks like a tagged file (a token and its tag"
     )
     assert_clean_failure(capsys, finetune_argv(*conll, "--reinit-pooler"), "drop --reinit-pooler")
+    assert_clean_failure(
+        capsys, [*finetune_argv(*conll)[:-2], "--max-length", "2"], "--max-length must be between 3 and"
+    )  # [CLS] a word [SEP], not NSP's pair
+    ids = tmp_path / "ids.jsonl"  # as a datasets export writes them: the tags as numbers
+    ids.write_text(json.dumps({"tokens": ["EU", "rejects"], "ner_tags": [3, 0]}) + "\n", encoding="utf-8")
+    assert_clean_failure(capsys, finetune_argv(ids, ids), "or --task ner for words tagged one a line")
+    named = ["--text-column", "tokens", "--label-column", "ner_tags"]
+    assert_clean_failure(capsys, finetune_argv(ids, ids, *named), "'ner_tags' holds numbers (tag ids)")
+    as_table = [*named, "--task", "classification"]
+    assert_clean_failure(capsys, finetune_argv(ids, ids, *as_table), "'tokens' holds a list, as tagged")
     assert not any(path.name.startswith("run") for path in tmp_path.iterdir())
 
     tagger = biased_tagger([0.0, 5.0, 0.0])

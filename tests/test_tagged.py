@@ -77,6 +77,13 @@ def test_docstart_lines_are_skipped_and_columns_can_be_named(tmp_path):
     assert read_tagged(path, token_column="1").sentences == [["NNP", "VBZ"], ["NNP"]]
 
 
+@pytest.mark.parametrize("column", ["--1", "\u00b2", "one"])
+def test_a_column_that_is_not_a_number_is_named(tmp_path, column):
+    path = write(tmp_path / "x.txt", "EU B-ORG\nrejects O\n")
+    with pytest.raises(BertforgeError, match="given by number, counting from 0"):
+        read_tagged(path, tag_column=column)
+
+
 def test_a_short_tagged_file_without_a_last_line_break_is_recognised(tmp_path):
     assert is_tagged_file(write(tmp_path / "short.data", "EU B-ORG\nrejects O\nGerman B-MISC"))
     record = json.dumps({"tokens": ["Rome"], "tags": ["B-LOC"]})
@@ -95,6 +102,10 @@ def test_json_lines_of_tokens_and_tags(tmp_path):
     assert not is_tagged_file(write(tmp_path / "y.jsonl", '{"text": "a b", "label": "O"}\n'))
     named = write(tmp_path / "z.jsonl", '{"words": ["Rome"], "ner": ["B-LOC"]}\n')
     assert read_tagged(named, "words", "ner").tags == [["B-LOC"]]
+    assert is_tagged_file(named, "words", "ner") and not is_tagged_file(named)
+    with_mark = tmp_path / "bom.jsonl"  # a byte-order mark, as some editors write
+    with_mark.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8-sig")
+    assert is_tagged_file(with_mark) and read_tagged(with_mark).sentences == data.sentences
 
 
 @pytest.mark.parametrize(
@@ -116,6 +127,10 @@ def test_json_lines_of_tokens_and_tags(tmp_path):
         ('{"tokens": [], "tags": []}\n', "line 1: 'tokens' is empty; remove the line"),
         ('{"tokens": "EU", "tags": ["B-ORG"]}\n', "line 1: 'tokens' must be a list of strings"),
         ('{"tokens": ["a"]}\n', "needs the fields 'tokens' and 'tags'"),
+        (
+            '{"tokens": ["EU"], "tags": [3]}\n',
+            "line 1: 'tags' holds numbers (tag ids); give the tags by name",
+        ),
     ],
 )
 def test_bad_tagged_files_are_refused_naming_the_file_and_line(tmp_path, text, message):

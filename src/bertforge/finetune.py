@@ -220,6 +220,7 @@ def finetuning_config(
         group_by_length=True,
     )
     config.data.max_seq_length = 128
+    config.data.nsp = False  # a classifier's or tagger's sequences are its texts, not NSP pairs
     return config
 
 
@@ -449,7 +450,8 @@ def refuse_changed_task_data(out: Path, saved: dict, hashes: dict[str, str]) -> 
 
 def is_tagging(task: FinetuneTask) -> bool:
     """Whether `task` tags words (`task_type = "ner"`, or "auto" and a training file that looks tagged)."""
-    return task.task_type == TAGGING or (task.task_type == "auto" and is_tagged_file(task.train))
+    detected = task.task_type == "auto" and is_tagged_file(task.train, task.text_column, task.label_column)
+    return task.task_type == TAGGING or detected
 
 
 def check_tagging_task(task: FinetuneTask, config: RunConfig) -> None:

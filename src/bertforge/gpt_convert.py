@@ -27,6 +27,7 @@ feed-forward width is 4 x hidden, and its activations are "gelu" (the tanh appro
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from bertforge.tokenizer import TOKENIZER_FILE, BertTokenizer
 ARCHITECTURE = "OpenAIGPTLMHeadModel"
 CLASSIFIER_ARCHITECTURE = "OpenAIGPTForSequenceClassification"
 CLASSIFIER_HEAD = ("score.weight",)  # a classifier's own tensors, left out when a language model is read
+MULTIPLE_CHOICE_HEAD = "multiple_choice_head."  # `OpenAIGPTDoubleHeadsModel`'s second head, left out too
 MODEL_TYPE = "openai-gpt"
 WORD_EMBEDDINGS = GPT_TIED_KEYS["lm_head.weight"]
 
@@ -124,7 +126,8 @@ def to_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 def from_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`OpenAIGPTLMHeadModel`'s (or `OpenAIGPTModel`'s, unprefixed) state dict -> ours.
 
-    Saved buffers (the causal mask, position ids) are dropped; `lm_head.weight` is kept when present.
+    Saved buffers (the causal mask, position ids) are dropped; `lm_head.weight` and a double-heads
+    model's multiple-choice head are kept when present.
     """
     bare = not any(name.startswith("transformer.") for name in weights)  # a bare OpenAIGPTModel's
     ours = {hf: our for our, hf in GLOBAL_KEYS.items()}
@@ -133,6 +136,9 @@ def from_hf_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     for given, tensor in weights.items():
         name = _prefixed(given) if bare else given
         if HF_BUFFERS.match(name):
+            continue
+        if name.startswith(MULTIPLE_CHOICE_HEAD):
+            out[name] = tensor
             continue
         if name in ours:
             out[ours[name]] = tensor.contiguous()
@@ -250,9 +256,11 @@ def model_config_from_hf(raw: dict, source: str = "config.json") -> ModelConfig:
         objective="clm",
     )
     if hf["embd_pdrop"] != hf["resid_pdrop"]:
-        raise BertforgeError(
+        warnings.warn(
             f"{source}: embd_pdrop ({hf['embd_pdrop']}) differs from resid_pdrop ({hf['resid_pdrop']}); "
-            "bertforge uses model.hidden_dropout_prob for both"
+            "bertforge's one rate for both (model.hidden_dropout_prob) takes resid_pdrop's, which only "
+            "training reads",
+            stacklevel=2,
         )
     validate_model(config, source)
     return config
@@ -316,11 +324,18 @@ def language_model_from_hf(
     config: ModelConfig, weights: dict[str, torch.Tensor], source: Path
 ) -> tuple[GPTLMHeadModel, list[str]]:
     """Our GPT language model holding an `OpenAIGPTLMHeadModel`'s (or `OpenAIGPTModel`'s) state dict
-    read from `source`, in eval mode, and the classifier head it left out (`score.weight`, when the
-    weights were a classifier's)."""
+    read from `source`, in eval mode, and the task heads it left out (`score.weight`, when the
+    weights were a classifier's; `multiple_choice_head.*`, a double-heads model's)."""
     weights = from_hf_state_dict(weights)
-    dropped = [name for name in CLASSIFIER_HEAD if weights.pop(name, None) is not None]
-    embeddings, head = weights.get(WORD_EMBEDDINGS), weights.pop("lm_head.weight", None)
+    dropped = sorted(
+        name for name in weights if name in CLASSIFIER_HEAD or name.startswith(MULTIPLE_CHOICE_HEAD)
+    )
+    for name in dropped:
+        del weights[name]
+    head = weights.pop("lm_head.weight", None)
+    if head is not None:  # a save may keep either of the tied pair
+        weights.setdefault(WORD_EMBEDDINGS, head)
+    embeddings = weights.get(WORD_EMBEDDINGS)
     if embeddings is not None:
         if head is not None and not torch.equal(head, embeddings):
             raise BertforgeError(f"{source}: lm_head.weight is not the token embeddings; GPT-1 ties them")

@@ -273,6 +273,11 @@ def _add_example(examples: LabeledExamples, line: int, columns: list[str], value
 
 
 def _text(value, column: str, where: str) -> str:
+    if isinstance(value, list):
+        raise BertforgeError(
+            f"{where}: {column!r} holds a list, as tagged sentences' tokens do; to tag words, give "
+            "--task ner (and the tags' field with --label-column)"
+        )
     if not isinstance(value, str):
         raise BertforgeError(f"{where}: {column!r} must be text, got {json.dumps(value)}")
     if not value.strip():

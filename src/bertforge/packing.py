@@ -33,17 +33,34 @@ def end_positions(shards: Any) -> np.ndarray:
     return document_ends + np.arange(document_ends.size)  # (D,): one [SEP] more before each later one
 
 
-def window_starts(shards: Any, length: int, seed: int, epoch: int) -> np.ndarray:
-    """The stream positions where the windows of one epoch start, in the epoch's order: (N,) int64."""
+def stream_length(shards: Any, length: int) -> int:
+    """The stream's tokens (the text's and one [SEP] per document), refused below one window."""
     ends = end_positions(shards)
-    total = int(ends[-1]) + 1 if ends.size else 0  # stream length: tokens and one [SEP] per document
+    total = int(ends[-1]) + 1 if ends.size else 0
     if total < length:
         raise BertforgeError(
             f"the corpus has {total} tokens (with one [SEP] per document), fewer than one sequence of "
             f"data.max_seq_length = {length}; add text or lower data.max_seq_length"
         )
+    return total
+
+
+def offsets_below(total: int, length: int) -> int:
+    """An epoch's random offset is below this: under one window, and leaving at least one."""
+    return min(length, total - length + 1)
+
+
+def fewest_windows(shards: Any, length: int) -> int:
+    """The windows of the epoch whose offset leaves fewest: what every epoch has at least."""
+    total = stream_length(shards, length)
+    return (total - offsets_below(total, length) + 1) // length
+
+
+def window_starts(shards: Any, length: int, seed: int, epoch: int) -> np.ndarray:
+    """The stream positions where the windows of one epoch start, in the epoch's order: (N,) int64."""
+    total = stream_length(shards, length)
     rng = np.random.default_rng([seed, epoch])
-    offset = int(rng.integers(0, min(length, total - length + 1)))  # leaves at least one window
+    offset = int(rng.integers(0, offsets_below(total, length)))
     starts = offset + length * np.arange((total - offset) // length)  # (N,)
     return starts[rng.permutation(starts.size)]
 

@@ -86,7 +86,7 @@ from bertforge.losses import pretraining_loss, summarize_pretraining
 from bertforge.masking import PretrainingCollator, pretraining_collator, subsampling_weights
 from bertforge.model import BertForPreTraining
 from bertforge.optimizer import Schedule
-from bertforge.packing import packed_batches, window_starts
+from bertforge.packing import fewest_windows, packed_batches
 from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs, document_ends
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
@@ -422,10 +422,11 @@ SHORT_FILL = 0.5  # sequences filled below this share on average are worth a war
 
 
 def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> None:
-    """Draw epoch 0's sequences once, so that an unusable corpus is refused before anything is written."""
+    """Draw epoch 0's sequences once (a GPT's: count the fewest windows of any epoch), so that an
+    unusable corpus is refused before anything is written."""
     data, seed = config.data, config.runtime.seed
     if config.model.objective == "clm":
-        refuse_less_than_a_batch(len(window_starts(shards, data.max_seq_length, seed, 0)), config)
+        refuse_less_than_a_batch(fewest_windows(shards, data.max_seq_length), config)
         return
     nsp = trains_nsp(config)  # BERT here: in the warmup or all along
     pairs = build_pairs(shards, data.max_seq_length, data.short_seq_prob, nsp, seed, 0, data.cross_documents)

@@ -90,11 +90,12 @@ def is_json_lines(path: Path, text: str) -> bool:
 def _column(value: str | None, default: int) -> int:
     if value is None:
         return default
-    if not value.lstrip("-").isdigit():
+    try:
+        return int(value.strip())
+    except ValueError:
         raise BertforgeError(
             f"a CoNLL file's columns are given by number, counting from 0 (-1: the last), got {value!r}"
-        )
-    return int(value)
+        ) from None
 
 
 def _read_conll(path: Path, text: str, token_column: int, tag_column: int) -> TaggedExamples:
@@ -164,6 +165,11 @@ def _read_json_lines(path: Path, text: str, token_field: str, tag_field: str) ->
 def _sentence_problem(words, tags, token_field: str, tag_field: str) -> str | None:
     """What is wrong with one JSON line's tokens and tags, or None."""
     for field, values in ((token_field, words), (tag_field, tags)):
+        if isinstance(values, list) and any(isinstance(v, int) for v in values) and field == tag_field:
+            return (
+                f"{field!r} holds numbers (tag ids); give the tags by name, such as B-PER and O, which "
+                "name the tagger's labels"
+            )
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             return f"{field!r} must be a list of strings"
         if not values:
@@ -178,15 +184,15 @@ def _sentence_problem(words, tags, token_field: str, tag_field: str) -> str | No
     return None
 
 
-def is_tagged_file(path: str | Path) -> bool:
+def is_tagged_file(path: str | Path, token_field: str | None = None, tag_field: str | None = None) -> bool:
     """Whether `path` looks like a tagged file: a CoNLL suffix; JSON lines whose first object has
-    lists `tokens` and `tags`; or text starting with `-DOCSTART-` or with lines whose last column is
-    a tag (`O`, `B-PER`)."""
+    lists in its token and tag fields (`tokens` and `tags` unless named); or text starting with
+    `-DOCSTART-` or with lines whose last column is a tag (`O`, `B-PER`)."""
     path = Path(path)
     if path.suffix.lower() in CONLL_SUFFIXES:
         return True
     try:
-        with open(path, encoding="utf-8", errors="replace") as file:
+        with open(path, encoding="utf-8-sig", errors="replace") as file:
             head = file.read(SNIFF_BYTES)
     except OSError:
         return False  # the reader of the file names the problem
@@ -199,7 +205,8 @@ def is_tagged_file(path: str | Path) -> bool:
             record = json.loads(lines[0])
         except json.JSONDecodeError:
             return False
-        return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in JSON_FIELDS)
+        fields = (token_field or JSON_FIELDS[0], tag_field or JSON_FIELDS[1])
+        return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in fields)
     return looks_tagged(lines)
 
 

@@ -249,13 +249,16 @@ def finetune_inputs(args):
     ]
     columns = [flag for flag in missing if flag in ("--text-column", "--label-column")]
     chosen_table = args.task in ("classification", "regression") and args.train is not None
-    if columns and chosen_table and is_tagged_file(args.train):
+    if columns and chosen_table and is_tagged_file(args.train, args.text_column, args.label_column):
         raise BertforgeError(
             f"{args.train} looks like a tagged file (a token and its tag a line), which --task "
             f"{args.task} does not read; drop --task, or give a table with {', '.join(columns)}"
         )
     if missing:
-        raise BertforgeError(f"finetune needs {', '.join(missing)} (or --resume to continue a run)")
+        tagged_hint = ", or --task ner for words tagged one a line" if columns and args.task is None else ""
+        raise BertforgeError(
+            f"finetune needs {', '.join(missing)} (or --resume to continue a run{tagged_hint})"
+        )
     task = FinetuneTask(
         model=str(args.model),
         train=str(args.train),
@@ -339,7 +342,11 @@ def tagged_task(args) -> bool:
     """`--task ner`, or no --task (or auto) and a training file that looks tagged."""
     from bertforge.tagged import is_tagged_file
 
-    detected = args.task in (None, "auto") and args.train is not None and is_tagged_file(args.train)
+    detected = (
+        args.task in (None, "auto")
+        and args.train is not None
+        and is_tagged_file(args.train, args.text_column, args.label_column)
+    )
     return args.task == TAGGING or detected
 
 

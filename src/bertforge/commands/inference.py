@@ -153,7 +153,12 @@ def add_generate_command(commands) -> None:
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default 50)")
     p.add_argument("--greedy", action="store_true", help="always the most likely token (no sampling)")
     p.add_argument("--temperature", type=float, default=1.0, help="below 1: safer, above 1: bolder")
-    p.add_argument("--top-k", type=int, default=50, help="draw among the k most likely tokens (0: all)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=50,
+        help="draw among the k most likely tokens (default 50, as transformers; 0: all)",
+    )
     p.add_argument(
         "--top-p", type=float, default=1.0, help="draw among the most likely tokens holding p (1: all)"
     )
