@@ -19,6 +19,7 @@ from bertforge.config import (
     load_json,
     load_toml,
     save_json,
+    settle_gpt_config,
     validate,
 )
 from bertforge.config_rules import RANGES, SEED, check_numbers, count
@@ -192,6 +193,35 @@ def test_missing_and_invalid_toml(tmp_path):
         load_toml(binary)
     with pytest.raises(BertforgeError, match="unknown preset"):
         apply_preset(RunConfig(), "huge")
+    huge = tmp_path / "huge.toml"
+    huge.write_text('preset = "huge"\n')
+    with pytest.raises(BertforgeError, match=r"huge.toml: unknown preset 'huge'"):
+        apply_mapping(RunConfig(), load_toml(huge), origin=str(huge))
+    marked = tmp_path / "marked.toml"  # a byte-order mark, as some Windows editors write
+    marked.write_text("[train]\nbatch_size = 8\n", encoding="utf-8-sig")
+    assert load_toml(marked) == {"train": {"batch_size": 8}}
+
+
+def test_a_gpt_set_in_a_file_or_with_set_takes_gpt_1s_defaults_as_the_flag_gives_them():
+    flag = RunConfig()
+    apply_objective(flag, "clm")
+    for source in ({"model": {"objective": "clm"}}, {"model": {"objective": "clm"}, "data": {"nsp": True}}):
+        config = RunConfig()
+        apply_mapping(config, source, origin="a file")
+        settle_gpt_config(config)
+        assert config == flag
+        validate(config)
+    chosen = RunConfig()
+    apply_mapping(chosen, {"model": {"objective": "clm", "layer_norm_eps": 1e-6}}, origin="a file")
+    settle_gpt_config(chosen)
+    assert chosen.model.layer_norm_eps == 1e-6 and chosen.model.hidden_act == flag.model.hidden_act
+
+
+def test_a_saved_config_names_its_file_in_errors(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"train": {"batch_size": "x"}}')
+    with pytest.raises(BertforgeError, match=re.escape(f"{path}: train.batch_size must be int")):
+        load_json(path)
 
 
 # configs/glue.toml holds `bertforge glue`'s fine-tuning recipes, not a run's settings (test_glue reads it).

@@ -71,6 +71,55 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     assert_clean_failure(capsys, argv, f"the run in {run} did not start on {other};")
 
 
+def test_resume_refuses_the_text_read_as_another_format_or_field(own_corpus_run, capsys):
+    resume = ["pretrain", "--out", str(own_corpus_run), "--resume", "--max-steps", "3", "--quiet"]
+    for flags in (["--format", "jsonl"], ["--text-column", "body"], ["--set", "data.format=text"]):
+        err = assert_clean_failure(
+            capsys, [*resume, *flags], "read its text as format 'auto', text field or column 'text';"
+        )
+        assert "--allow-changed-data" in err
+    assert main([*resume, "--set", "data.format=auto"]) == 0  # as it started
+    assert "trained 3 steps" in capsys.readouterr().out
+
+
+def test_saved_settings_a_model_cannot_be_read_with_are_named(
+    tmp_path, capsys, tiny_pretrained_run, wiki_valid_slice
+):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_pretrained_run / "final", model)
+    config = json.loads((model / "config.json").read_text())
+    config["data"]["max_seq_length"] = 0
+    (model / "config.json").write_text(json.dumps(config))
+    argv = ["evaluate", "--model", str(model), "--corpus", str(wiki_valid_slice)]
+    err = assert_clean_failure(capsys, argv, f"{model / 'config.json'}: data.max_seq_length must be")
+    assert "edited or is damaged" in err
+
+
+def test_a_given_tokenizer_is_what_the_run_config_records(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
+    run = tmp_path / "run"
+    argv = ["pretrain", "--corpus", str(wiki_slice), "--tokenizer", str(small_tokenizer_dir),
+            "--out", str(run), "--preset", "tiny", "--max-steps", "1", "--quiet"]  # fmt: skip
+    assert_clean_failure(capsys, [*argv, "--set", "tokenizer.kind=wordlevel"], "drop one")
+    assert not run.exists()
+    assert main([*argv, "--set", "data.max_seq_length=32", "--set", "train.batch_size=4"]) == 0
+    recorded = json.loads((run / "config.json").read_text())["tokenizer"]
+    given = json.loads((small_tokenizer_dir / "bertforge_tokenizer.json").read_text())
+    assert recorded["vocab_size"] == 2000 and recorded["kind"] == given["kind"] == "wordpiece"
+    assert recorded["lowercase"] is given["lowercase"]
+
+
+def test_finetune_refuses_settings_that_start_a_pretraining(tmp_path, capsys, tiny_pretrained_run):
+    argv = ["finetune", "--model", str(tiny_pretrained_run), "--train", "t.tsv", "--valid", "v.tsv",
+            "--out", str(tmp_path / "ft"), "--text-column", "s", "--label-column", "label"]  # fmt: skip
+    for setting in ("train.embedding_init=normal", "train.mlm_bias_init=zero"):
+        assert_clean_failure(capsys, [*argv, "--set", setting], "the encoder's weights come from --model")
+
+
+def test_tokenizer_train_names_its_own_flags(tmp_path, capsys, wiki_slice):
+    argv = ["tokenizer", "train", "--corpus", str(wiki_slice), "--out", str(tmp_path / "tok")]
+    assert_clean_failure(capsys, [*argv, "--vocab-size", "0"], "--vocab-size must be positive")
+
+
 def test_resume_refuses_text_read_by_another_sentence_splitter(
     tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, capsys
 ):

@@ -191,6 +191,56 @@ def test_a_tokenizer_folder_loads_in_transformers_with_its_own_casing(tmp_path, 
     assert ("The" in hf.tokenize(text)) is not lowercase
 
 
+def cased_tokenizer(tmp_path) -> Path:
+    config = TokenizerConfig(kind="wordpiece", vocab_size=3000, min_frequency=2, lowercase=False)
+    train_tokenizer([VALID], config, tmp_path / "cased", show_progress=False)
+    return tmp_path / "cased"
+
+
+def test_a_hugging_face_vocab_folder_keeps_the_casing_its_config_gives(tmp_path, trained):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    cased = load_tokenizer(cased_tokenizer(tmp_path))
+    vocab = sorted(cased.backend.get_vocab(), key=cased.backend.get_vocab().get)
+    (folder / "vocab.txt").write_text("\ufeff" + "\n".join(vocab) + "\n", encoding="utf-8")  # with a BOM
+    assert load_tokenizer(folder).lowercase is True  # no tokenizer_config.json: BertTokenizer's default
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    tokenizer = load_tokenizer(folder)
+    assert tokenizer.lowercase is False and "The" in tokenizer.backend.encode("The Album").tokens
+
+
+def test_a_tokenizer_json_is_read_without_padding_or_truncation(tmp_path):
+    from tokenizers import Tokenizer
+
+    folder = cased_tokenizer(tmp_path)
+    plain = load_tokenizer(folder)
+    saved = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    saved.enable_padding(length=40)
+    saved.enable_truncation(max_length=6)
+    padded = tmp_path / "padded"
+    padded.mkdir()
+    saved.save(str(padded / "tokenizer.json"))  # a Hugging Face folder's, without bertforge's settings
+    text = "The Album sold Millions of copies in Ireland ."
+    assert load_tokenizer(padded).encode_pair(text, None) == plain.encode_pair(text, None)
+    assert load_tokenizer(padded).fingerprint == plain.fingerprint
+
+
+def test_a_tokenizer_json_lower_cases_only_where_its_normalizer_does(tmp_path):
+    from tokenizers import Tokenizer, normalizers
+
+    folder = cased_tokenizer(tmp_path)
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for name, normalizer, lowercase in [
+        ("nfc", normalizers.Sequence([normalizers.NFC()]), False),
+        ("lower", normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()]), True),
+        ("bert", normalizers.BertNormalizer(lowercase=True), True),
+    ]:
+        backend.normalizer = normalizer
+        (tmp_path / name).mkdir()
+        backend.save(str(tmp_path / name / "tokenizer.json"))
+        assert load_tokenizer(tmp_path / name).lowercase is lowercase, name
+
+
 def test_bad_training_inputs(tmp_path):
     config = TokenizerConfig()
     with pytest.raises(BertforgeError, match="tokenizer.kind"):

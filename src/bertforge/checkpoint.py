@@ -39,7 +39,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_model
+from bertforge.config import ModelConfig, RunConfig, load_json, save_json, validate_saved
 from bertforge.errors import BertforgeError
 from bertforge.gpt import GPT_TIED_KEYS, GPTLMHeadModel
 from bertforge.io import atomic_directory, file_sha256, read_json, remove_folder, write_json
@@ -419,10 +419,11 @@ def is_count(value, least: int = 0) -> bool:
 
 
 def read_config(folder: Path) -> RunConfig:
-    """A run, checkpoint or model folder's config, its model section checked (an edited or damaged
-    one is named as such, not reported later as weights that do not fit)."""
+    """A run, checkpoint or model folder's config, its model, tokenizer and data sections checked (an
+    edited or damaged one is named as such, not reported later as weights that do not fit or a
+    sequence that the model cannot read)."""
     config = load_json(folder / CONFIG)
-    validate_model(config.model, folder / CONFIG, "the file was edited or is damaged")
+    validate_saved(config, folder / CONFIG, "the file was edited or is damaged")
     return config
 
 

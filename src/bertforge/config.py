@@ -204,9 +204,10 @@ class RunConfig:
         return min(self.data.max_seq_length, self.model.max_position_embeddings)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> RunConfig:
-        """A saved config (a run's `config.json`); retired settings (`RETIRED`) are dropped, and a
-        setting it lacks takes the value its run trained with (`WHEN_ABSENT`)."""
+    def from_dict(cls, raw: dict, origin: str = "config") -> RunConfig:
+        """A saved config (a run's `config.json`, named by `origin` in errors); retired settings
+        (`RETIRED`) are dropped, and a setting it lacks takes the value its run trained with
+        (`WHEN_ABSENT`)."""
         config = cls()
         current = {
             section: {key: value for key, value in values.items() if f"{section}.{key}" not in RETIRED}
@@ -218,7 +219,7 @@ class RunConfig:
             section, key = name.split(".")
             if isinstance(current.get(section), dict) and key not in current[section]:
                 current[section][key] = value
-        apply_mapping(config, current, origin="config")
+        apply_mapping(config, current, origin=origin)
         return config
 
 
@@ -286,11 +287,19 @@ def apply_objective(config: RunConfig, objective: str) -> None:
         config.data.nsp = False
 
 
-def drop_pairs_for_a_gpt(config: RunConfig) -> None:
-    """A GPT reads no sentence pairs: clear `data.nsp` and `data.warmup_nsp`, which a config file
-    written for BERT may set, so that the run's config.json says what it trains."""
-    if config.model.objective == "clm":
-        config.data.nsp = config.data.warmup_nsp = False
+def settle_gpt_config(config: RunConfig) -> None:
+    """A GPT (`model.objective = "clm"`, from a flag, a config file or --set) reads no sentence pairs:
+    clear `data.nsp` and `data.warmup_nsp`, which a config file written for BERT may set, so that the
+    run's config.json says what it trains; and take GPT-1's activation and LayerNorm epsilon where
+    BERT's defaults remain, as `--objective clm` gives them."""
+    if config.model.objective != "clm":
+        return
+    config.data.nsp = config.data.warmup_nsp = False
+    bert = ModelConfig()
+    if config.model.hidden_act == bert.hidden_act:
+        config.model.hidden_act = GPT_HIDDEN_ACT
+    if config.model.layer_norm_eps == bert.layer_norm_eps:
+        config.model.layer_norm_eps = GPT_LAYER_NORM_EPS
 
 
 def load_toml(path: str | Path) -> dict:
@@ -300,7 +309,7 @@ def load_toml(path: str | Path) -> dict:
     if not path.is_file():
         raise BertforgeError(f"config file {path} does not exist; check the path")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except UnicodeDecodeError:
         raise BertforgeError(f"config file {path} is not UTF-8 text; give a TOML file") from None
     except tomllib.TOMLDecodeError as error:
@@ -314,6 +323,8 @@ def apply_mapping(config: RunConfig, raw: dict, origin: str) -> None:
     """
     raw = dict(raw)
     preset = raw.pop("preset", None)
+    if preset is not None and str(preset) not in PRESETS:
+        raise BertforgeError(f"{origin}: unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     if preset is not None:
         apply_preset(config, str(preset))
     for section_name, values in raw.items():
@@ -400,6 +411,17 @@ def validate(config: RunConfig) -> None:
     check_rules(config, GPT_RULES + TOKENIZER_RULES + DATA_RULES + TRAIN_RULES + RUNTIME_RULES)
 
 
+def validate_saved(config: RunConfig, source: str | Path, advice: str) -> None:
+    """Raise `BertforgeError` naming the file `source`, then `advice`, for the first impossible setting
+    of what reading a saved model takes: its model, tokenizer and data sections (a resume validates
+    the rest)."""
+    validate_model(config.model, source, advice)
+    try:
+        check_rules(config, TOKENIZER_RULES + DATA_RULES)
+    except BertforgeError as error:
+        raise BertforgeError(f"{source}: {error}; {advice}") from None
+
+
 def check_openai_gpt(model: ModelConfig) -> None:
     """Refuse a GPT that Hugging Face's OpenAIGPT cannot hold: its activations and a 4 x hidden
     feed-forward only."""
@@ -419,5 +441,6 @@ def save_json(config: RunConfig, path: str | Path) -> None:
 
 def load_json(path: str | Path) -> RunConfig:
     return RunConfig.from_dict(
-        read_json(Path(path), missing="is this a bertforge run, checkpoint or model folder?")
+        read_json(Path(path), missing="is this a bertforge run, checkpoint or model folder?"),
+        origin=str(path),
     )

@@ -77,6 +77,7 @@ from bertforge.tokenizer import (
     VOCAB_FILE,
     BertTokenizer,
     bert_form,
+    hf_lowercase,
     load_tokenizer,
 )
 
@@ -527,8 +528,6 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
         if backend is not None:
-            backend.no_truncation()
-            backend.no_padding()
             backend.save(str(staged / TOKENIZER_FILE))
         else:
             shutil.copyfile(src / VOCAB_FILE, staged / VOCAB_FILE)
@@ -540,13 +539,6 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
             return load_tokenizer(staged)
         except BertforgeError as error:
             raise BertforgeError(str(error).replace(str(staged), str(src))) from None
-
-
-def hf_lowercase(src: Path) -> bool:
-    path = src / "tokenizer_config.json"
-    if not path.is_file():
-        return True  # BertTokenizer's default
-    return bool(read_json(path, damaged="fix it or remove it").get("do_lower_case", True))
 
 
 def run_config_for(src: Path, model_config: ModelConfig, tokenizer: BertTokenizer) -> RunConfig:

@@ -65,7 +65,7 @@ from bertforge.checkpoint import (
     pretraining_model,
     save_model_folder,
 )
-from bertforge.config import DataConfig, RunConfig, drop_pairs_for_a_gpt, max_predictions, save_json, validate
+from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, settle_gpt_config, validate
 from bertforge.config_rules import trains_nsp
 from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
@@ -195,7 +195,7 @@ def run_pretraining(
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
     absolute_data_paths(config.data)
     if not resume:
-        drop_pairs_for_a_gpt(config)
+        settle_gpt_config(config)
     validate(config)
     apply_threads(config.runtime)
     # Under torchrun every rank reads the cache (one builds each entry, the others wait on its lock),
@@ -207,7 +207,9 @@ def run_pretraining(
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
         warn_valid_in_training(corpus_files, config.data.valid, hashes, resume, prepared)
         if resume and not allow_changed_data:
-            refuse_changed_corpus(out, hashes, reads_text=bool(corpus_files) or bool(config.data.valid))
+            refuse_changed_corpus(
+                out, hashes, config.data, reads_text=bool(corpus_files) or bool(config.data.valid)
+            )
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
@@ -233,7 +235,12 @@ def run_pretraining(
     if world.is_main and (not resume or allow_changed_data):
         write_json(
             out / DATA,
-            {"sha256": hashes, "tokenizer": tokenizer.fingerprint, "text_reader": READER_VERSION},
+            {
+                "sha256": hashes,
+                "tokenizer": tokenizer.fingerprint,
+                "text_reader": READER_VERSION,
+                "reading": text_reading(config.data),
+            },
         )
     try:
         result = train_and_save(
@@ -607,13 +614,26 @@ def warn_valid_in_training(
         )
 
 
-def refuse_changed_corpus(out: Path, hashes: dict[str, str], reads_text: bool) -> None:
-    """Refuse to resume on text other than the run started on, or on text read by another version of the
-    reader (`corpus.READER_VERSION`; data.json without `text_reader`: version 1), whose sentences may
-    differ; a run folder without data.json is not checked."""
+def text_reading(data: DataConfig) -> dict[str, str]:
+    """How the corpus files are read into documents: their format and the text's field or column."""
+    return {"format": data.format, "text_column": data.text_column}
+
+
+def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, reads_text: bool) -> None:
+    """Refuse to resume on text other than the run started on: other files, files read otherwise
+    (another format or text field), or by another version of the reader (`corpus.READER_VERSION`;
+    data.json without `text_reader`: version 1), whose sentences may differ; a run folder without
+    data.json is not checked."""
     if not (out / DATA).is_file():
         return
     saved = read_json(out / DATA)
+    reading = saved.get("reading", text_reading(data))  # a data.json without it: not checked
+    if reads_text and reading != text_reading(data):
+        raise BertforgeError(
+            f"the run in {out} read its text as format {reading['format']!r}, text field or column "
+            f"{reading['text_column']!r}; resume reading it so (drop --format, --text-column or their "
+            "--set), pass `allow_changed_data=True` to train on the text read otherwise, or start a new run"
+        )
     refuse_changed_data(
         saved.get("sha256", {}),
         hashes,
@@ -644,7 +664,15 @@ def run_tokenizer(
     if resume:
         return run_own_tokenizer(out, config)
     if tokenizer_dir:
-        return load_given_tokenizer(Path(tokenizer_dir))
+        tokenizer = load_given_tokenizer(Path(tokenizer_dir))
+        config.tokenizer = replace(  # what the run's config.json says is the tokenizer it trains with
+            config.tokenizer,
+            kind=tokenizer.kind,
+            vocab_size=tokenizer.vocab_size,
+            lowercase=tokenizer.lowercase,
+            min_frequency=tokenizer.min_frequency or config.tokenizer.min_frequency,
+        )
+        return tokenizer
     if not corpus_files:
         raise BertforgeError(
             "training on prepared shards (data.shards) needs the tokenizer that prepared them: "

@@ -229,7 +229,7 @@ def train_tokenizer(
     if backend.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):
         raise BertforgeError(
             f"the corpus gave no words seen at least tokenizer.min_frequency = {config.min_frequency} "
-            "times; use a larger corpus or lower min_frequency"
+            "times; use a larger corpus or lower tokenizer.min_frequency"
         )
     tokenizer = BertTokenizer(backend, config.kind, config.lowercase, config.min_frequency)
     if config.kind == "wordpiece" and tokenizer.vocab_size > config.vocab_size:
@@ -333,7 +333,7 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
         lowercase = settings.get("lowercase", _normalizer_lowercase(described))
     elif (path / VOCAB_FILE).is_file():
         source = path / VOCAB_FILE
-        kind, lowercase = "wordpiece", settings.get("lowercase", True)
+        kind, lowercase = "wordpiece", settings.get("lowercase", hf_lowercase(path))
         backend = _new_backend(kind, lowercase, _read_vocab(source))
     else:
         run = f"; a run's tokenizer is in its tokenizer/ folder, {path / 'tokenizer'}"
@@ -379,18 +379,32 @@ def _read_settings(path: Path) -> dict:
     return settings
 
 
+def hf_lowercase(folder: Path) -> bool:
+    """Whether a Hugging Face folder's `vocab.txt` is read lower-cased: its tokenizer_config.json's
+    `do_lower_case`, else BertTokenizer's default (yes)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return True
+    return bool(read_json(path, damaged="fix it or remove it").get("do_lower_case", True))
+
+
 def _read_tokenizer_json(path: Path) -> Tokenizer:
+    """The tokenizer in `path`, without padding or truncation: a saved setting of either would put
+    [PAD]s into shards and predictions, or cut texts that bertforge cuts or windows itself."""
     try:
-        return Tokenizer.from_file(str(path))
+        backend = Tokenizer.from_file(str(path))
     except Exception as error:  # the Rust side raises a bare Exception for any parse problem
         raise BertforgeError(
             f"{path} is not a valid tokenizer file ({error}); retrain the tokenizer"
         ) from None
+    backend.no_padding()
+    backend.no_truncation()
+    return backend
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
     try:
-        tokens = path.read_text(encoding="utf-8").splitlines()
+        tokens = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
         raise BertforgeError(
             f"{path} is not UTF-8 text; give a BERT vocab.txt (one token per line)"
@@ -418,8 +432,13 @@ def _model_kind(described: dict, source: Path) -> str:
 
 
 def _normalizer_lowercase(described: dict) -> bool:
+    """Whether a tokenizer.json's normalizer lower-cases: a BertNormalizer set to, or a Lowercase step
+    (alone or in a Sequence); no normalizer does not."""
     normalizer = described.get("normalizer") or {}
-    return bool(normalizer.get("lowercase", True))
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        return any(_normalizer_lowercase({"normalizer": step}) for step in normalizer.get("normalizers", []))
+    return kind == "Lowercase" or (kind == "BertNormalizer" and bool(normalizer.get("lowercase", True)))
 
 
 def _special_ids(backend: Tokenizer, source: str) -> tuple[int, ...]:

@@ -294,6 +294,9 @@ def finetune_inputs(args):
     return task, config
 
 
+PRETRAINING_ONLY = ("train.embedding_init", "train.mlm_bias_init")  # how a pretraining run's weights start
+
+
 def check_settable(overrides: list[str]) -> None:
     """Refuse a `--set` that fine-tuning would ignore, rather than train as if it were taken."""
     from bertforge.finetune import EPOCH_SETTINGS
@@ -306,6 +309,10 @@ def check_settable(overrides: list[str]) -> None:
             raise BertforgeError(
                 f"--set {item}: finetune trains whole epochs and evaluates and checkpoints after each; "
                 "set --epochs instead"
+            )
+        if key in PRETRAINING_ONLY:
+            raise BertforgeError(
+                f"--set {item}: the encoder's weights come from --model; {key} starts a pretraining"
             )
         if key.startswith("data.") and key != "data.max_seq_length":
             raise BertforgeError(

@@ -30,8 +30,8 @@ from bertforge.config import (
     apply_objective,
     apply_overrides,
     apply_preset,
-    drop_pairs_for_a_gpt,
     load_toml,
+    settle_gpt_config,
     validate,
 )
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
@@ -53,6 +53,11 @@ TEXT_COLUMN_HELP = (
 # --set or --config, since argparse checks the flags' own values.
 CORPUS_FLAGS = {"data.corpus": "--corpus", "data.shards": "--shards", "data.text_column": "--text-column"}
 READER_FLAGS = {**CORPUS_FLAGS, "data.format": "--format"}
+TOKENIZER_FLAGS = {
+    **READER_FLAGS,
+    "tokenizer.vocab_size": "--vocab-size",
+    "tokenizer.min_frequency": "--min-freq",
+}
 EVALUATE_FLAGS = {**READER_FLAGS, "runtime.precision": "--precision", "`max_length`": "--max-length"}
 
 
@@ -98,7 +103,7 @@ def add_tokenizer_command(commands) -> None:
     p.add_argument("--format", default="auto", choices=FORMATS, help=FORMAT_HELP)
     p.add_argument("--text-column", default=DEFAULT_TEXT_COLUMN, help=TEXT_COLUMN_HELP)
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and vocab.txt")
-    p.set_defaults(handler=run_tokenizer_train, setting_flags=READER_FLAGS)
+    p.set_defaults(handler=run_tokenizer_train, setting_flags=TOKENIZER_FLAGS)
 
 
 def add_prepare_command(commands) -> None:
@@ -355,7 +360,7 @@ def pretrain_config(args) -> RunConfig:
     if args.resume:
         refuse_reshaping(saved, config, args.out)
     else:
-        drop_pairs_for_a_gpt(config)
+        settle_gpt_config(config)
     validate(config)
     warn_unread_by_a_gpt(config, args)
     return config
@@ -453,6 +458,12 @@ def run_pretrain(args) -> int:
     reshaping = [name for name in names if name.startswith(("model.", "tokenizer."))]
     if args.init and reshaping:
         raise BertforgeError(f"--init brings its own model and tokenizer: drop --set {', '.join(reshaping)}")
+    retokenizing = [name for name in names if name.startswith("tokenizer.")]
+    if args.tokenizer and retokenizing:
+        raise BertforgeError(
+            f"--tokenizer brings a trained tokenizer, which --set {', '.join(retokenizing)} would not "
+            "change: drop one"
+        )
     restarted = restarted_by_torchrun(args)
     config = read_config(args.out) if restarted else pretrain_config(args)
     with reporting_to(args.out, args.report_to):
