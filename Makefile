@@ -1,6 +1,6 @@
 # The two commands: `make demo` (a short real pretraining run) and `make test` (the whole suite).
-# Both create or reuse the virtual environment in $(VENV), installing the CPU build of torch first
-# so that no unpinned requirement pulls CUDA packages.
+# Both create or reuse the virtual environment in $(VENV), installing torch==2.13.0 first (the build pip
+# finds: a local CPU wheel where the machine provides one) so that no unpinned requirement pulls another.
 
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -55,7 +55,7 @@ bench: $(STAMP)
 
 # The device check (benchmarks/gpu_check.py): the GPU tests, the step against Hugging Face and a minute
 # of pretraining, in at most 8 minutes on one H100 or H200, with the machine's own python3 and torch
-# ($(VENV) holds the CPU build), into $OUT when set, else runs/gpu-check. ARGS=--smoke: on a CPU.
+# ($(VENV) may hold a CPU build), into $OUT when set, else runs/gpu-check. ARGS=--smoke: on a CPU.
 GPU_OUT ?= $(if $(filter environment command,$(origin OUT)),$(OUT),runs/gpu-check)
 gpu-check:
 	PYTHONPATH=src $(PYTHON) -m benchmarks.gpu_check --out $(GPU_OUT) $(ARGS)

@@ -19,7 +19,6 @@ from bertforge.config import (
     load_json,
     load_toml,
     save_json,
-    settle_gpt_config,
     validate,
 )
 from bertforge.config_rules import RANGES, SEED, check_numbers, count
@@ -202,19 +201,24 @@ def test_missing_and_invalid_toml(tmp_path):
     assert load_toml(marked) == {"train": {"batch_size": 8}}
 
 
-def test_a_gpt_set_in_a_file_or_with_set_takes_gpt_1s_defaults_as_the_flag_gives_them():
-    flag = RunConfig()
-    apply_objective(flag, "clm")
-    for source in ({"model": {"objective": "clm"}}, {"model": {"objective": "clm"}, "data": {"nsp": True}}):
-        config = RunConfig()
-        apply_mapping(config, source, origin="a file")
-        settle_gpt_config(config)
-        assert config == flag
-        validate(config)
-    chosen = RunConfig()
-    apply_mapping(chosen, {"model": {"objective": "clm", "layer_norm_eps": 1e-6}}, origin="a file")
-    settle_gpt_config(chosen)
-    assert chosen.model.layer_norm_eps == 1e-6 and chosen.model.hidden_act == flag.model.hidden_act
+def test_a_gpt_set_in_a_file_or_with_set_takes_gpt_1s_defaults_as_the_flag_gives_them(tmp_path):
+    from bertforge.cli import build_parser
+    from bertforge.commands.pretraining import pretrain_config
+
+    def config_of(*flags: str) -> RunConfig:
+        return pretrain_config(build_parser().parse_args(["pretrain", "--out", str(tmp_path / "r"), *flags]))
+
+    gpt_file = tmp_path / "gpt.toml"
+    gpt_file.write_text('[model]\nobjective = "clm"\n')
+    flag = config_of("--objective", "clm")
+    assert (flag.model.hidden_act, flag.model.layer_norm_eps) == ("gelu_new", 1e-5)
+    assert config_of("--set", "model.objective=clm") == flag
+    assert config_of("--set", 'model.objective="clm"') == flag
+    assert config_of("--config", str(gpt_file)) == flag
+    chosen = config_of("--config", str(gpt_file), "--set", "model.layer_norm_eps=1e-6")
+    assert chosen.model.layer_norm_eps == 1e-6 and chosen.model.hidden_act == "gelu_new"
+    with pytest.raises(BertforgeError, match="gelu_new"):  # an activation given is kept, and refused
+        config_of("--set", "model.objective=clm", "--set", "model.hidden_act=gelu")
 
 
 def test_a_saved_config_names_its_file_in_errors(tmp_path):

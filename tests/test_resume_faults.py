@@ -267,9 +267,13 @@ def kinds(tiny_pretrained_run: Path, finetuned: Path, exported: Path, tmp_path: 
     seeds = tmp_path / "seeds"
     shutil.copytree(finetuned, seeds / "seed_1")
     shutil.move(seeds / "seed_1" / "finetune.json", seeds / "finetune.json")
+    compared = tmp_path / "compared"  # --compare-scratch: RUN/pretrained/seed_N and RUN/scratch/seed_N
+    shutil.copytree(finetuned, compared / "scratch" / "seed_2")
+    shutil.move(compared / "scratch" / "seed_2" / "finetune.json", compared / "finetune.json")
     return {
         "fine-tuning run": (finetuned, "holds a fine-tuning run (it has finetune.json)"),
         "its seed": (seeds / "seed_1", f"holds one seed of the fine-tuning run in {seeds}"),
+        "an arm's seed": (compared / "scratch" / "seed_2", f"one seed of the fine-tuning run in {compared}"),
         "classifier": (finetuned / "final", "holds a fine-tuned classifier (it has labels.json)"),
         "GLUE benchmark": (glue, "holds a GLUE benchmark (it has glue_task.json)"),
         "Hugging Face": (exported, "holds a Hugging Face model (its config.json has a model_type)"),
@@ -291,6 +295,14 @@ def test_pretrain_resume_refuses_a_folder_of_another_kind_before_touching_it(
         assert snapshot(folder) == before, name
     err = assert_clean_failure(capsys, ["pretrain", "--out", str(finetuned), "--resume"], "fine-tuning run")
     assert err.rstrip().endswith(f"continue it with: bertforge finetune --out {finetuned} --resume")
+    again = tmp_path / "again"
+    again.mkdir()
+    found = kinds(tiny_pretrained_run, finetuned, exported, again)
+    for name in ("its seed", "an arm's seed"):  # finetune --resume points from a seed to its run
+        seed, words = found[name]
+        err = assert_clean_failure(capsys, ["finetune", "--out", str(seed), "--resume"], words)
+        run = seed.parent if name == "its seed" else seed.parent.parent
+        assert err.rstrip().endswith(f"continue it with: bertforge finetune --out {run} --resume")
 
 
 def test_finetune_and_glue_resume_refuse_a_pretraining_run_and_leave_it_alone(

@@ -82,6 +82,17 @@ def test_resume_refuses_the_text_read_as_another_format_or_field(own_corpus_run,
     assert "trained 3 steps" in capsys.readouterr().out
 
 
+def test_a_resume_at_the_runs_end_writes_nothing(tmp_path, capsys, tiny_pretrained_run):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    before = snapshot(run)
+    argv = ["pretrain", "--out", str(run), "--resume", "--lr", "7e-4", "--max-steps", "3", "--quiet"]
+    assert main(argv) == 0
+    assert "already reached its end" in capsys.readouterr().out
+    changed = {name for name, data in snapshot(run).items() if before.get(name) != data}
+    assert not {"config.json", "final/config.json", "final/model.safetensors"} & changed, changed
+
+
 def test_saved_settings_a_model_cannot_be_read_with_are_named(
     tmp_path, capsys, tiny_pretrained_run, wiki_valid_slice
 ):

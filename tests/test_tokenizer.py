@@ -160,6 +160,15 @@ def test_wordlevel_min_frequency(tmp_path):
     )
 
 
+def test_a_wordlevel_vocabulary_has_the_size_asked_for_when_the_text_holds_unk(tmp_path):
+    corpus = tmp_path / "words.txt"  # 30 words seen twice and [UNK] (WikiText's <unk>): room for 20
+    corpus.write_text(" ".join(f"w{i} w{i} [UNK]" for i in range(30)) + "\n", encoding="utf-8")
+    config = TokenizerConfig(kind="wordlevel", vocab_size=25, min_frequency=2)
+    tokenizer = train_tokenizer([corpus], config, tmp_path / "wl", show_progress=False)
+    assert tokenizer.vocab_size == 25
+    assert sorted(tokenizer.backend.get_vocab().values()) == list(range(25))
+
+
 def test_wordpiece_on_text_of_single_characters(tmp_path):
     """Chinese characters are words of one character each: the survey finds no `##` pieces, and the
     vocabulary is still learned from the whole text."""

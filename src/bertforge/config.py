@@ -287,19 +287,24 @@ def apply_objective(config: RunConfig, objective: str) -> None:
         config.data.nsp = False
 
 
-def settle_gpt_config(config: RunConfig) -> None:
-    """A GPT (`model.objective = "clm"`, from a flag, a config file or --set) reads no sentence pairs:
-    clear `data.nsp` and `data.warmup_nsp`, which a config file written for BERT may set, so that the
-    run's config.json says what it trains; and take GPT-1's activation and LayerNorm epsilon where
-    BERT's defaults remain, as `--objective clm` gives them."""
-    if config.model.objective != "clm":
-        return
-    config.data.nsp = config.data.warmup_nsp = False
-    bert = ModelConfig()
-    if config.model.hidden_act == bert.hidden_act:
-        config.model.hidden_act = GPT_HIDDEN_ACT
-    if config.model.layer_norm_eps == bert.layer_norm_eps:
-        config.model.layer_norm_eps = GPT_LAYER_NORM_EPS
+def drop_pairs_for_a_gpt(config: RunConfig) -> None:
+    """A GPT reads no sentence pairs: clear `data.nsp` and `data.warmup_nsp`, which a config file
+    written for BERT may set, so that the run's config.json says what it trains."""
+    if config.model.objective == "clm":
+        config.data.nsp = config.data.warmup_nsp = False
+
+
+def objective_named(raw: dict, overrides: list[str]) -> str | None:
+    """The objective that a config file's settings `raw` or a `--set model.objective=...` (the last
+    wins) names, else None: `apply_objective` takes it first, as for `--objective`, so that a GPT set
+    there also starts from GPT-1's activation and LayerNorm epsilon."""
+    model = raw.get("model")
+    named = model.get("objective") if isinstance(model, dict) else None
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        if sep and name.strip() == "model.objective":
+            named = override_value(text)
+    return named if isinstance(named, str) else None
 
 
 def load_toml(path: str | Path) -> dict:
@@ -342,11 +347,16 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> None:
         section_name, dot, key = name.strip().partition(".")
         if not sep or not dot or not key:
             raise BertforgeError(f"--set {item!r}: expected section.key=value, e.g. train.learning_rate=1e-3")
-        try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text.strip()
+        value = override_value(text)
         _set_field(_section(config, section_name, "--set"), section_name, key, value, "--set")
+
+
+def override_value(text: str):
+    """A `--set` value: a TOML scalar (1e-3, true, "quoted"), else the text as it is."""
+    try:
+        return tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text.strip()
 
 
 def _section(config: RunConfig, name: str, origin: str):

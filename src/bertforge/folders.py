@@ -214,8 +214,8 @@ def check_model_files(path: Path, hint: str) -> None:
 class FolderKind:
     """What a folder holds (see `folder_kind`)."""
 
-    name: str  # "pretraining run", "fine-tuning run", "GLUE benchmark", "checkpoint", "classifier",
-    # "model folder" (what `pretrain --init` starts from)
+    name: str  # "pretraining run", "fine-tuning run", "fine-tuning seed", "GLUE benchmark", "checkpoint",
+    # "classifier", "model folder" (what `pretrain --init` starts from)
     what: str  # for a message: "a fine-tuning run (it has finetune.json)"
     resume: str = ""  # the command that continues it; "" for a model folder, which nothing resumes
 
@@ -231,9 +231,9 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if (path / FINETUNE_TASK).is_file():
         resume = f"bertforge finetune --out {quoted} --resume"
         return FolderKind("fine-tuning run", f"a fine-tuning run (it has {FINETUNE_TASK})", resume)
-    if path.name.startswith("seed_") and (path.parent / FINETUNE_TASK).is_file():
-        resume = f"bertforge finetune --out {shlex.quote(str(path.parent))} --resume"
-        return FolderKind("fine-tuning run", f"one seed of the fine-tuning run in {path.parent}", resume)
+    if (run := seeds_run(path)) is not None:
+        resume = f"bertforge finetune --out {shlex.quote(str(run))} --resume"
+        return FolderKind("fine-tuning seed", f"one seed of the fine-tuning run in {run}", resume)
     if (path / STATE).is_file():
         run = path.parent.parent
         owner = folder_kind(run) if path.parent.name == "checkpoints" else None
@@ -250,6 +250,17 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if (path / CONFIG).is_file() and (path / RUN_TOKENIZER).is_dir():
         resume = f"bertforge pretrain --out {quoted} --resume"
         return FolderKind("pretraining run", "a pretraining run", resume)
+    return None
+
+
+def seeds_run(path: Path) -> Path | None:
+    """The fine-tuning run a `seed_N` folder belongs to: `RUN/seed_N` (`--seeds`), or with
+    `--compare-scratch` `RUN/pretrained/seed_N` and `RUN/scratch/seed_N`; None for any other folder."""
+    if not path.name.startswith("seed_"):
+        return None
+    for run in (path.parent, path.parent.parent):
+        if (run / FINETUNE_TASK).is_file():
+            return run
     return None
 
 

@@ -248,7 +248,7 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
         raise BertforgeError(f"{run_dir} {state}; give run folders written by bertforge pretrain")
     for folder in (Path(run_dir), Path(run_dir).parent):  # the run, or one arm of it (pretrained/, scratch/)
         kind = folder_kind(folder)
-        if kind is not None and kind.name in ("fine-tuning run", "GLUE benchmark"):
+        if kind is not None and kind.name in ("fine-tuning run", "fine-tuning seed", "GLUE benchmark"):
             what = kind.what if folder == Path(run_dir) else f"one arm of {kind.what}"
             raise BertforgeError(
                 f"{run_dir} is {what}, whose seeds draw their curves in their curves.png; `plot` compares "

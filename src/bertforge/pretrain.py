@@ -65,7 +65,7 @@ from bertforge.checkpoint import (
     pretraining_model,
     save_model_folder,
 )
-from bertforge.config import DataConfig, RunConfig, max_predictions, save_json, settle_gpt_config, validate
+from bertforge.config import DataConfig, RunConfig, drop_pairs_for_a_gpt, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
 from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files
 from bertforge.embedding_init import cooccurrence_embeddings
@@ -195,7 +195,7 @@ def run_pretraining(
         resume, tokenizer_dir = False, out / "tokenizer"  # the run's own tokenizer
     absolute_data_paths(config.data)
     if not resume:
-        settle_gpt_config(config)
+        drop_pairs_for_a_gpt(config)
     validate(config)
     apply_threads(config.runtime)
     # Under torchrun every rank reads the cache (one builds each entry, the others wait on its lock),
@@ -384,7 +384,7 @@ def train_and_save(
         show_progress=show_progress,
         on_resume=functools.partial(save_json, config, out / CONFIG),  # the settings it continues with
     )
-    if distributed.launched().is_main:
+    if distributed.launched().is_main and (result["steps_run"] or not (out / "final").is_dir()):
         save_model_folder(out / "final", model.cpu(), tokenizer, config)
         masking = (config.data.mlm_probability, EVAL_MASK_RATE) if mlm else None
         plot_pretraining(out / "metrics.jsonl", out / "loss.png", masking)

@@ -18,6 +18,7 @@ import json
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,12 @@ def train_tokenizer(
     pieces = _continuation_pieces(sentences(), config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
     backend.train_from_iterator(sentences(), trainer=_trainer(config, rust_bars, pieces))
+    if config.kind == "wordlevel" and (holes := _id_holes(backend)):
+        # A special token seen as a word (WikiText's [UNK]) took a slot of the size asked for: again,
+        # with that many more, so that the vocabulary has the size asked for once the holes close.
+        backend = _new_backend(config.kind, config.lowercase)
+        wider = replace(config, vocab_size=config.vocab_size + holes)
+        backend.train_from_iterator(sentences(), trainer=_trainer(wider, rust_bars))
     if config.kind == "wordlevel":
         _close_id_gaps(backend)
     else:  # the pieces were the trainer's special tokens; in the tokenizer they are plain vocabulary
@@ -289,6 +296,12 @@ def _trainer(config: TokenizerConfig, show_progress: bool, pieces: Sequence[str]
     if config.kind == "wordpiece":
         return trainers.WordPieceTrainer(**options, continuing_subword_prefix="##")
     return trainers.WordLevelTrainer(**options)
+
+
+def _id_holes(backend: Tokenizer) -> int:
+    """How many ids below the largest no token has."""
+    ids = backend.get_vocab(with_added_tokens=True).values()
+    return max(ids) + 1 - len(ids)
 
 
 def _close_id_gaps(backend: Tokenizer) -> None:

@@ -142,11 +142,13 @@ def train(
     """Run the loop until the step or time budget is spent; return the last validation metrics.
 
     `on_resume`: called by rank 0 once a resumed run's checkpoint is restored and accepted, before
-    its first step (where `pretrain` records the settings the run now continues with).
+    its first step (where `pretrain` records the settings the run now continues with); not for a run
+    resumed at its end, which trains nothing with them.
     Raises `Interrupted` after checkpointing when SIGINT or SIGTERM arrives meanwhile.
     """
     trainer = Trainer(objective, config, run_dir, resume)
-    if resume and on_resume is not None and trainer.world.is_main:
+    at_end = trainer.schedule.progress(trainer.state.step, trainer.state.elapsed_s) >= 1.0
+    if resume and on_resume is not None and trainer.world.is_main and not at_end:
         on_resume()
     with trainer.signals:
         return trainer.run(show_progress)

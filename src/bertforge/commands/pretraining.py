@@ -30,8 +30,9 @@ from bertforge.config import (
     apply_objective,
     apply_overrides,
     apply_preset,
+    drop_pairs_for_a_gpt,
     load_toml,
-    settle_gpt_config,
+    objective_named,
     validate,
 )
 from bertforge.corpus import DEFAULT_TEXT_COLUMN, FORMATS
@@ -336,10 +337,11 @@ def pretrain_config(args) -> RunConfig:
         config = RunConfig()
         if args.preset:
             apply_preset(config, args.preset)
-        if args.objective:
-            apply_objective(config, args.objective)
+        settings = load_toml(args.config) if args.config else {}
+        if objective := args.objective or objective_named(settings, args.set):
+            apply_objective(config, objective)
         if args.config:
-            apply_mapping(config, load_toml(args.config), origin=str(args.config))
+            apply_mapping(config, settings, origin=str(args.config))
     flags = {
         "data.corpus": args.corpus,  # every --corpus value; `pretrain` saves them absolute
         "data.shards": args.shards,
@@ -360,7 +362,7 @@ def pretrain_config(args) -> RunConfig:
     if args.resume:
         refuse_reshaping(saved, config, args.out)
     else:
-        settle_gpt_config(config)
+        drop_pairs_for_a_gpt(config)
     validate(config)
     warn_unread_by_a_gpt(config, args)
     return config
