@@ -10,8 +10,8 @@ presets apply (`type_vocab_size` and `pad_token_id` are unused by the network).
 The blocks are BERT's (`bertforge.model`): the attention output, feed-forward and LayerNorm modules
 are reused as they are, so the parameter names follow BERT's (`gpt.layer.0.attention.self.query`);
 `bertforge.gpt_convert` maps them to Hugging Face's (`transformer.h.0.attn.c_attn`). Only the
-attention itself differs: `CausalSelfAttention` runs `scaled_dot_product_attention` with
-`is_causal=True` when there is no padding mask, and can extend a `KVCache` for generation.
+attention itself differs: `CausalSelfAttention` masks the later positions (SDPA's `is_causal=True`
+where that kernel is the faster path, `causal_attention`), and can extend a `KVCache` for generation.
 
 GPT-1's activation is the tanh approximation of GELU, bertforge's `hidden_act = "gelu_new"`
 (`bertforge.config_rules.GPT_HIDDEN_ACT`; Hugging Face's OpenAIGPT calls it "gelu"); `hidden_act =
