@@ -162,13 +162,25 @@ def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# Which SDPA kernel ran, by the names of the operators and GPU kernels a step launched.
+# Which SDPA kernel ran, by the names of the operators and GPU kernels a step launched; a name is
+# taken by the first kind whose mark it holds (cuDNN's kernels have "flash" and "fmha" in their names).
 ATTENTION_KERNELS = (
+    ("cuDNN", ("cudnn",)),
     ("flash", ("flash",)),
     ("memory-efficient", ("efficient_attention", "mem_efficient", "fmha")),
-    ("cuDNN", ("cudnn_attention", "cudnn_fmha")),
     ("math", ("_scaled_dot_product_attention_math",)),
 )
+KIND_ORDER = ("flash", "memory-efficient", "cuDNN", "math")  # as the labels read
+
+
+def kernel_kinds(names: set[str]) -> str:
+    """The SDPA kernel kinds among lower-case operator and kernel `names`, joined by " + "; "other"
+    for none."""
+    found = {
+        next((kind for kind, marks in ATTENTION_KERNELS if any(m in name for m in marks)), None)
+        for name in names
+    }
+    return " + ".join(kind for kind in KIND_ORDER if kind in found) or "other"
 
 
 def attention_kernels(step: Callable[[], None], device: torch.device) -> str:
@@ -180,9 +192,7 @@ def attention_kernels(step: Callable[[], None], device: torch.device) -> str:
     with profile(activities=activities) as profiler:
         step()
         synchronize(device)
-    names = {event.key.lower() for event in profiler.key_averages()}
-    found = [kind for kind, marks in ATTENTION_KERNELS if any(m in name for name in names for m in marks)]
-    return " + ".join(found) or "other"
+    return kernel_kinds({event.key.lower() for event in profiler.key_averages()})
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:

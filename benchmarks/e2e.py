@@ -22,7 +22,7 @@ from benchmarks.data import prepared, wikitext
 from bertforge.batches import real_tokens
 from bertforge.config import RunConfig, apply_preset
 from bertforge.pretrain import epoch_batches, pretrain
-from bertforge.runtime import data_workers
+from bertforge.runtime import data_workers, size_embeddings
 from bertforge.shards import TokenShards
 
 LOG_EVERY = 5
@@ -63,10 +63,13 @@ def measure(preset: str, precision: str, batch_size: int, steps: int, workers: i
     tokenizer, shards, _ = prepared(bench.quick, bench.workdir, bench.cache_dir)  # what pretrain() reads
     corpus = wikitext("train", bench.quick, bench.workdir)
     config = run_config(corpus, preset, precision, batch_size, steps, workers, bench.device)
+    config.runtime.compile = bench.compile  # the step it is divided by is compiled as well
+    sized = RunConfig()
+    size_embeddings(sized, tokenizer.vocab_size, bench.device)  # on CUDA, rows padded as pretrain() pads them
 
     def step_reference(when: str) -> float:
         bench.log(f"e2e: {preset} {precision}, step reference {when}")
-        vocab = tokenizer.vocab_size  # as the model pretrain() builds
+        vocab = sized.model.vocab_size  # as the model pretrain() builds
         row = step.measure(
             preset, precision, batch_size, bench, (1, 2, 2), False, vocab_size=vocab, kernels=False
         )

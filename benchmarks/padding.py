@@ -9,7 +9,8 @@ a quarter), eager and compiled, by each path attention can take for it:
 
 - `varlen`: each sequence's real tokens attend among themselves through torch's jagged nested
   tensors (`bertforge.varlen`), which send SDPA to its variable-length flash kernel;
-- `key mask`: a (B, 1, 1, T) key-padding mask, which SDPA runs with its memory-efficient kernel;
+- `key mask`: a (B, 1, 1, T) key-padding mask, which SDPA runs with one of its kernels that take a mask
+  (each row names the one it ran);
 - `no padding`: the same model on a full-length batch of the same shape, the ceiling;
 - `hf`: `transformers.BertForPreTraining` (SDPA) on the padded batch with its attention mask.
 

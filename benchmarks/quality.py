@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.common import Bench, HFAdapter, hf_labels, hf_loss, hf_model, model_config, synchronize
 from benchmarks.data import prepared
+from bertforge.batches import real_tokens
 from bertforge.config import DataConfig, RunConfig, TrainConfig
 from bertforge.evaluate import evaluation_batches, pretraining_metrics
 from bertforge.model import BertForPreTraining
@@ -54,7 +55,7 @@ class Contender:
     def step(self) -> None:
         start = time.perf_counter()
         batch = self.next_batch()
-        self.tokens += int(batch["attention_mask"].sum())
+        self.tokens += real_tokens(batch)  # a batch without padding has no attention_mask
         if self.loss_fn is hf_loss:
             batch["hf_labels"], _ = hf_labels(batch)
         batch = to_device(batch, self.device)
@@ -76,16 +77,26 @@ def ours_loss(model, batch):
     return masked_lm_and_nsp_loss(model, batch, model.config.vocab_size)[0]  # as many rows as tokens
 
 
+TRAINED_PRECISIONS = ("fp32", "bf16")  # fp16 would need loss scaling, which neither contender here has
+
+
 def default_precision(device: torch.device) -> str:
     """bf16 where the hardware has it (what the step benchmark finds fastest there), else fp32."""
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
 
 
 def fastest(step_rows: list[dict], preset: str, name: str, device: torch.device) -> str:
-    """The precision in which `name` ran fastest in this run's step benchmark, else the default."""
-    rows = [row for row in step_rows if row["preset"] == preset and f"{name}_tokens_per_s" in row]
+    """The precision (fp32 or bf16) in which `name` ran fastest in this run's step benchmark, else
+    the default."""
+    rows = [
+        row
+        for row in step_rows
+        if row["preset"] == preset
+        and f"{name}_tokens_per_s" in row
+        and row["precision"] in TRAINED_PRECISIONS
+    ]
     if not rows:
         return default_precision(device)
     return max(rows, key=lambda row: row[f"{name}_tokens_per_s"])["precision"]

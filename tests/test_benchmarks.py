@@ -138,3 +138,28 @@ def test_the_padding_benchmark_times_every_attention_path_on_the_same_batch(tmp_
     padded = {row["path"]: row["padding"] for row in rows}
     assert padded["no padding"] == 0 and padded["varlen"] == padded["key mask"] > 0.1
     assert (tmp_path / "padding.md").read_text(encoding="utf-8").startswith("# Attention for a padded batch")
+
+
+def test_attention_kernels_are_told_apart_by_their_names():
+    from benchmarks.common import kernel_kinds
+
+    cudnn = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1"
+    assert kernel_kinds({cudnn, "aten::_scaled_dot_product_cudnn_attention"}) == "cuDNN"
+    assert kernel_kinds({"aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel"}) == "flash"
+    assert kernel_kinds({"fmha_cutlassf_f16_aligned_64x64_rf_sm80"}) == "memory-efficient"
+    assert kernel_kinds({"flash_fwd_kernel", cudnn}) == "flash + cuDNN"
+    assert kernel_kinds({"aten::mm", "aten::softmax"}) == "other"
+
+
+def test_the_quality_benchmark_never_trains_in_fp16():
+    import torch
+
+    from benchmarks.quality import fastest
+
+    rows = [
+        {"preset": "mini", "precision": "fp16", "bertforge_tokens_per_s": 900.0},
+        {"preset": "mini", "precision": "bf16", "bertforge_tokens_per_s": 800.0},
+        {"preset": "mini", "precision": "fp32", "bertforge_tokens_per_s": 500.0},
+    ]
+    assert fastest(rows, "mini", "bertforge", torch.device("cpu")) == "bf16"
+    assert fastest(rows[:1], "mini", "bertforge", torch.device("cpu")) in ("bf16", "fp32")

@@ -126,3 +126,9 @@ def test_cross_entropy_sum_rounds_a_confident_rows_gradient_once_in_bf16():
     assert (expected < -1e-4).all()  # confident, not certain: the test would show nothing otherwise
     got = logits.grad.float()[at_label]
     torch.testing.assert_close(got, expected, rtol=2**-7, atol=0)  # a bf16 rounding, and float32 noise
+
+
+def test_a_dropout_rate_within_a_draw_of_one_drops_everything():
+    x = torch.ones(1000)
+    out = dropout(x, 1 - 1e-8)  # round(p * 65536) == 65536: no 16-bit draw may keep a value
+    assert torch.isfinite(out).all() and (out == 0).float().mean() > 0.99

@@ -83,6 +83,8 @@ def test_mfu_against_the_gpu_s_dense_bf16_peak():
     assert flops.peak_bf16_flops("NVIDIA A10") == 125e12
     assert flops.peak_bf16_flops("NVIDIA A10G") is None  # not the A10's figure
     assert flops.peak_bf16_flops("Tesla V100-SXM2-16GB") is None
+    assert flops.peak_bf16_flops("NVIDIA RTX A1000 Laptop GPU") is None  # not an A100
+    assert flops.peak_bf16_flops("NVIDIA H800 PCIe") == 756e12
     assert flops.mfu(4.945e14, 1.0, 989e12) == pytest.approx(0.5)
     assert flops.mfu(4.945e14, 2.0, 989e12) == pytest.approx(0.25)
     # BERT-base at 128 tokens: 256 rows, 15% masked.

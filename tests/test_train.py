@@ -631,7 +631,7 @@ def test_time_budget_schedules_follow_the_clock_not_the_steps(
     for line in metrics_lines(run, "train"):
         step = line["step"]
         before = step - 1.0 if step <= 16 else 15.0 + 1.5 * (step - 16)  # seconds when the step began
-        progress = max(before / 30.0, step / 1_000_000)
+        progress = max(before / 30.0, (step - 1) / 1_000_000)  # at the step's start
         expected = peak * (progress / 0.25 if progress < 0.25 else (1 - progress) / 0.75)
         assert line["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-12), step
         assert line["lr"] == pytest.approx(schedule.learning_rate(progress), rel=1e-9, abs=1e-12)
@@ -640,6 +640,22 @@ def test_time_budget_schedules_follow_the_clock_not_the_steps(
     assert lrs.index(max(lrs)) == 8
     assert lrs[:9] == sorted(lrs[:9]) and lrs[8:] == sorted(lrs[8:], reverse=True)
     assert len(lrs) == 25 and lrs[-1] == pytest.approx(peak * (1 - 28.5 / 30) / 0.75)
+
+
+@pytest.mark.parametrize("warmup", [0.0, 0.25])
+def test_each_step_takes_the_rate_at_its_start_as_google_and_hugging_face(
+    tmp_path, wiki_slice, small_tokenizer_dir, warmup
+):
+    config = tiny_config(wiki_slice, max_steps=8, eval_every=8, warmup_ratio=warmup)
+    pretrain(config, tmp_path / "run", tokenizer_dir=small_tokenizer_dir, show_progress=False)
+    peak, warmup_steps = config.train.learning_rate, round(warmup * 8)
+    # transformers' get_linear_schedule_with_warmup, step s of 0..7 (Google's optimization.py too)
+    expected = [
+        peak * s / warmup_steps if s < warmup_steps else peak * (8 - s) / (8 - warmup_steps) for s in range(8)
+    ]
+    lrs = [line["lr"] for line in metrics_lines(tmp_path / "run", "train")]
+    assert lrs == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert min(lrs[1:]) > 0  # every step after the first updates the weights, the last one too
 
 
 def test_a_time_budget_that_runs_out_between_two_steps_still_ends_with_its_last_steps_records(

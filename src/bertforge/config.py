@@ -116,8 +116,8 @@ class DataConfig:
     warmup_seq_fraction: float = 0.5
     short_seq_prob: float = 0.1
     nsp: bool = True
-    # with nsp = false: windows run on into the next document after a [SEP] (RoBERTa's FULL-SENTENCES),
-    # so short documents fill whole sequences; false: each window within one document
+    # with nsp = false: windows run on into the next document after a [SEP] (as RoBERTa's FULL-SENTENCES,
+    # cut at any token), so short documents fill whole sequences; false: each window within one document
     cross_documents: bool = True
     # with nsp = false: the sequence-length warmup trains on NSP pairs all the same (both heads), MLM
     # alone on contiguous text after it. NSP leads out of the MLM plateau reliably; MLM alone transfers better
@@ -125,7 +125,7 @@ class DataConfig:
     mlm_probability: float = 0.15
     # 0: the rate stays mlm_probability. Otherwise it moves linearly from mlm_probability at the start
     # to this at the end of the run (Ankner et al. 2023 decay 30% to 15%); each epoch is masked at
-    # the rate of the progress where it starts
+    # the rate of the progress where it starts, so a run within one epoch keeps mlm_probability
     final_mlm_probability: float = 0.0
     max_predictions_per_seq: int = 0  # 0: ceil(mlm_probability * max_seq_length)
     whole_word_masking: bool = False

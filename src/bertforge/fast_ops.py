@@ -42,6 +42,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     dropped = round(p * _DRAWS)
+    if dropped >= _DRAWS:  # p within 2**-17 of 1: the 16-bit draws would keep nothing
+        return F.dropout(x, p, training)
     keep = _uniform_int16(x.shape) >= dropped - _DRAWS // 2  # P(keep) = 1 - dropped / 65536
     return x.mul(keep).mul_(_DRAWS / (_DRAWS - dropped))
 

@@ -23,11 +23,11 @@ import re
 # Dense (not sparse) bf16 tensor-core peak, TFLOP/s, from the vendor's data sheets; the first
 # pattern that matches `torch.cuda.get_device_name()` wins, so the more specific ones come first.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    (r"H100.*PCIe", 756.0),
+    (r"H100.*PCIe|H800.*PCIe", 756.0),
     (r"H100.*NVL|H200.*NVL", 835.0),
     (r"GH200|H200|H100|H800", 989.0),  # SXM
     (r"B200", 2250.0),
-    (r"A100|A800", 312.0),
+    (r"\bA100\b|\bA800\b", 312.0),
     (r"L40S", 362.0),
     (r"L40\b", 181.0),
     (r"\bL4\b", 121.0),

@@ -12,7 +12,9 @@ tokens, [UNK] among them since predicting it teaches nothing, nor padding; Googl
 counts [CLS] and [SEP] in n) are chosen uniformly; of those, 80% become [MASK], 10% a random
 non-special token (Google's may be any of the vocabulary) and 10% stay unchanged. Google's whole-word variant
 takes words (a head token and its `##` continuations) in random order and skips any word that
-would take the count past k. With token weights (`subsampling_weights`), the words are drawn
+would take the count past k; here a `##` piece with no head before it in its segment (after
+`[SEP]`, `[UNK]` or a truncation) is a word of its own, where Google's joins it to the word before
+the `[SEP]`. With token weights (`subsampling_weights`), the words are drawn
 without replacement in proportion to their head token's weight instead of uniformly (weighted
 sampling by exponential keys, Efraimidis & Spirakis 2006); k does not change.
 

@@ -50,7 +50,9 @@ def layer_depth(name: str, layers: int) -> int:
 
 
 class Schedule:
-    """Progress in [0, 1] from steps or the time budget, whichever is further; LR follows progress."""
+    """Progress in [0, 1] from steps or the time budget, whichever is further; LR follows progress.
+    A step takes the rate at its start, as Google's `optimization.py` and Hugging Face's schedules do:
+    with a warmup the first step's rate is 0, and the last step's is above 0."""
 
     def __init__(self, train: TrainConfig) -> None:
         self.train = train

@@ -13,16 +13,16 @@ length (usually `max_seq_length - 3`, with probability `short_seq_prob` a shorte
 drawn once per document as Google does); A is a random prefix of the chunk's sentences; half the
 time B is a span from a *different* document and the unused sentences are put back, otherwise B
 is the rest of the chunk; then the longer side is trimmed one token at a time from a random end.
-Three departures, all deliberate: the random document is always another document (Google gives up
-after ten tries); a one-sentence chunk that draws "IsNext" takes a neighbouring sentence so that B
-really is the continuation half the time (Google makes such chunks always random, which skews the
-labels); and labels follow Hugging Face (0 = B is the true continuation, 1 = B is random) rather
-than Google's `is_random_next` flag.
+Two departures, both deliberate: the random document is always another document (Google gives up
+after ten tries); and a one-sentence chunk that draws "IsNext" takes a neighbouring sentence so that
+B really is the continuation half the time (Google makes such chunks always random, which skews the
+labels). The labels are Google's and Hugging Face's: 0 = B is the true continuation, 1 = B is random.
 
 Without NSP (RoBERTa-style MLM only) the label is -1 and A is a window of `max_seq_length - 2`
 tokens whose boundaries shift every epoch. By default the windows are cut from the corpus read as
 one stream, a `[SEP]` between documents, so a window runs on into the next document as RoBERTa's
-FULL-SENTENCES inputs do (Liu et al. 2019, section 4.2) and short documents fill whole sequences;
+FULL-SENTENCES inputs do (Liu et al. 2019, section 4.2) and short documents fill whole sequences
+(unlike those, a window starts and ends at any token, not at a sentence's edge);
 such a row's token range spans documents, and `PairDataset` puts the `[SEP]` back at each document
 end inside it. With `cross_documents` off, each document is cut on its own.
 

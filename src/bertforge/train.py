@@ -291,7 +291,7 @@ class Trainer:
             progress = self.progress = self.schedule.progress(self.state.step, now)
             if self.warming_up() and progress >= self.objective.warmup_fraction:
                 stream = self.end_warmup(stream)
-            lr = self.schedule.learning_rate(self.schedule.progress(self.state.step + 1, now))
+            lr = self.schedule.learning_rate(progress)  # at the step's start, as Google's and HF's
             self.optimizer_step(stream, lr)
             stop = self.agreed_stop()
             done = self.after_step(lr, bar, checkpoint_now=bool(stop))
