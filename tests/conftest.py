@@ -97,10 +97,13 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: order within kept
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path_factory, monkeypatch):
-    """Keep the tokenizer and shard cache out of the user's home during tests (shared per session)."""
-    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """Keep the tokenizer and shard cache out of the user's home during tests (shared per session;
+    session-wide, so that the session fixtures that pretrain use it too)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
 
 
 # Where ../shared is not beside the checkout (a GPU machine), the device check generates text

@@ -200,7 +200,7 @@ def pipeline(tmp_path_factory, wiki_slice, wiki_valid_slice) -> Pipeline:
     folder = tmp_path_factory.mktemp("pipeline")
     corpus, valid, run = str(wiki_slice), str(wiki_valid_slice), str(folder / "run")
     cache = ("--cache-dir", str(folder / "cache"))
-    with pytest.MonkeyPatch.context() as patch:  # module scope: before the autouse `private_cache`
+    with pytest.MonkeyPatch.context() as patch:  # its own cache, which the commands below fill
         patch.setenv("BERTFORGE_CACHE", str(folder / "cache"))
         tok = run_cli(
             "tokenizer", "train", "--corpus", corpus, "--vocab-size", "2000", "--out", str(folder / "tok")

@@ -184,6 +184,7 @@ def error_message(path, format="auto") -> str:
         ("table.dat", b"PAR1\x15\x04 rest", "is a Parquet file, not UTF-8 text; give it the .parquet ending"),
         ("img.txt", b"\x89PNG\r\n\x1a\n data", "is a PNG image, not UTF-8 text; leave it out of the corpus"),
         ("text.bz2", b"BZh91AY&SY data", "is bzip2-compressed, not UTF-8 text; decompress it"),
+        ("packed.txt", b"\x1f\x8b\x08\x00 data", "is gzip-compressed, not UTF-8 text; give it a .gz ending"),
         ("nul.txt", b"the\x00European union\n", "holds NUL bytes on line 1: a binary file or an archive"),
     ],
 )
@@ -498,3 +499,16 @@ def test_corpus_specs_that_name_no_file(tmp_path, monkeypatch, specs, message):
         write(Path(name), "{}\n")
     with pytest.raises(BertforgeError, match=re.escape(message)):
         resolve_corpus_files(specs)
+
+
+def test_a_glob_skips_broken_links_and_link_loops_as_a_folder_does(tmp_path):
+    from bertforge.corpus import resolve_corpus_files
+
+    folder = tmp_path / "d"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("One sentence here .\n")
+    (folder / "broken.txt").symlink_to(tmp_path / "gone.txt")
+    (folder / "sub" / "loop").symlink_to(tmp_path)  # back up: a glob's ** would follow it round
+    assert resolve_corpus_files(str(folder / "*.txt")) == [folder / "a.txt"]
+    assert resolve_corpus_files(str(folder / "**")) == [folder / "a.txt"]
+    assert resolve_corpus_files(str(folder)) == [folder / "a.txt"]

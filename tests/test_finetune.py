@@ -18,7 +18,7 @@ import torch
 from conftest import HF_TINY_SIZES, metrics_lines
 
 from bertforge import reporting
-from bertforge.checkpoint import read_weights
+from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.classifier import classify
 from bertforge.comparison import compare_with_scratch
 from bertforge.config import ModelConfig
@@ -393,6 +393,32 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_run(
         read_weights(cut / "final" / "model.safetensors"),
     )
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_resume_past_a_damaged_newest_checkpoint_counts_epochs_from_the_one_it_restored(
+    tmp_path, tiny_pretrained_run, toy, monkeypatch
+):
+    task, config = toy_task(tiny_pretrained_run, toy, epochs=3), toy_config()
+    config.train.keep_checkpoints = 2
+    finetune(task, config, tmp_path / "full", show_progress=False)
+    original = EpochEvaluator.__call__
+
+    def interrupted(self, model):
+        if self.epoch == 3:
+            raise KeyboardInterrupt  # the checkpoints of epochs 1 and 2 are saved
+        return original(self, model)
+
+    monkeypatch.setattr(EpochEvaluator, "__call__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(task, config, tmp_path / "cut", show_progress=False)
+    monkeypatch.setattr(EpochEvaluator, "__call__", original)
+    newest = list_checkpoints(tmp_path / "cut")[-1]
+    (newest / "state.json").write_text('{"step": ')  # torn: the resume goes back to epoch 1's
+    with pytest.warns(UserWarning, match="state.json"):
+        finetune(*read_saved_task(tmp_path / "cut"), tmp_path / "cut", resume=True, show_progress=False)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert [line["epoch"] for line in metrics_lines(cut, "valid")] == [0, 1, 2, 3]
+    assert metrics_lines(full, "valid") == metrics_lines(cut, "valid")
 
 
 def test_best_epoch_predictions_are_saved_per_validation_example(tmp_path, tiny_pretrained_run, toy):

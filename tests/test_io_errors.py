@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_clean_failure, metrics_lines
+from conftest import SHARED_DATA, assert_clean_failure, metrics_lines
 from safetensors import SafetensorError
 
 from bertforge import io
-from bertforge.cache import cached_shards
+from bertforge.cache import cached_shards, cached_tokenizer
 from bertforge.checkpoint import list_checkpoints, read_config
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
@@ -358,3 +358,106 @@ def test_impossible_numbers_on_the_command_line_are_one_line(
     assert f"a seed must be from 0 to 4,294,967,295 (2**32 - 1, NumPy's largest seed), got {2**32}" in (
         capsys.readouterr().err
     )
+
+
+def test_a_corpus_that_changes_while_it_is_read_leaves_no_cache_entry(
+    tmp_path, monkeypatch, small_tokenizer_dir
+):
+    import bertforge.cache
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat .\n\nanother document here .\n")
+    tokenizer = load_tokenizer(small_tokenizer_dir)
+    build = bertforge.cache.build_shards
+
+    def build_while_written(*args, **kwargs):
+        build(*args, **kwargs)
+        with corpus.open("a") as handle:  # another program still writing the file
+            handle.write("\nmore text arrives .\n")
+
+    monkeypatch.setattr(bertforge.cache, "build_shards", build_while_written)
+    with pytest.raises(BertforgeError, match="corpus.txt changed while it was read"):
+        cached_shards(corpus, tokenizer, "text", tmp_path / "cache", show_progress=False)
+    assert not list((tmp_path / "cache" / "shards").iterdir())
+
+
+def test_damaged_cache_entries_are_named_as_entries_to_delete(tmp_path, wiki_slice, small_tokenizer_dir):
+    from bertforge.config import TokenizerConfig
+
+    config = TokenizerConfig(vocab_size=500)
+    tokenizer = cached_tokenizer([wiki_slice], config, "text", tmp_path / "cache", show_progress=False)
+    (entry,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    saved = (entry / "tokenizer.json").read_text()
+    (entry / "tokenizer.json").write_text(saved.replace('"the":', '"teh":', 1))  # valid, but edited
+    with pytest.raises(BertforgeError, match="damaged cache entry .*delete that folder"):
+        cached_tokenizer([wiki_slice], config, "text", tmp_path / "cache", show_progress=False)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat .\n\nanother document here .\n")
+    shards = cached_shards(corpus, tokenizer, "text", tmp_path / "cache", show_progress=False)
+    path = shards.path
+    del shards
+    os.truncate(path / TOKENS_FILE, 2)
+    with pytest.raises(BertforgeError, match="tokens.bin has 2 bytes.*delete that folder \\(it is rebuilt"):
+        cached_shards(corpus, tokenizer, "text", tmp_path / "cache", show_progress=False)
+
+
+def test_damaged_prepared_shards_are_one_line(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
+    shards = tmp_path / "shards"
+    argv = [
+        "prepare",
+        "--corpus",
+        str(wiki_slice),
+        "--tokenizer",
+        str(small_tokenizer_dir),
+        "--out",
+        str(shards),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    pristine = {p.name: p.read_bytes() for p in shards.iterdir()}
+    meta = json.loads(pristine["meta.json"])
+    offsets = np.frombuffer(pristine["sentence_offsets.bin"], dtype=np.int64).copy()
+    offsets[3], offsets[4] = offsets[4], offsets[3] - 1  # falls in the middle
+    damages = {
+        "does not name the tokenizer": (
+            "meta.json",
+            json.dumps({k: v for k, v in meta.items() if k != "tokenizer_fingerprint"}),
+        ),
+        "sentence_offsets.bin does not start at 0 and rise": ("sentence_offsets.bin", offsets.tobytes()),
+        "says vocab_size 5000": ("meta.json", json.dumps({**meta, "vocab_size": 5000})),
+    }
+    train = ["pretrain", "--shards", str(shards), "--tokenizer", str(small_tokenizer_dir), "--max-steps", "1"]
+    for words, (name, data) in damages.items():
+        (shards / name).write_bytes(data.encode() if isinstance(data, str) else data)
+        assert_clean_failure(capsys, [*train, "--out", str(tmp_path / "run")], words)
+        (shards / name).write_bytes(pristine[name])
+
+
+def test_a_checkpoint_refuses_a_tokenizer_its_run_did_not_start_with(
+    tmp_path, capsys, tiny_pretrained_run, wiki_slice
+):
+    from bertforge.config import TokenizerConfig
+    from bertforge.tokenizer import train_tokenizer
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    shutil.rmtree(run / "tokenizer")
+    other = SHARED_DATA / "tinyshakespeare" / "input.txt"
+    train_tokenizer([other], TokenizerConfig(vocab_size=2000), run / "tokenizer", show_progress=False)
+    checkpoint = list_checkpoints(run)[-1]
+    assert_clean_failure(
+        capsys,
+        ["fill-mask", "--model", str(checkpoint), "the [MASK] ."],
+        "is not the tokenizer this run started with",
+    )
+
+
+def test_a_tokenizer_with_gaps_in_its_ids_is_refused(tmp_path, small_tokenizer_dir):
+    folder = tmp_path / "gaps"
+    shutil.copytree(small_tokenizer_dir, folder)
+    (folder / "bertforge_tokenizer.json").unlink()
+    described = json.loads((folder / "tokenizer.json").read_text())
+    described["model"]["vocab"]["the"] = 70000
+    (folder / "tokenizer.json").write_text(json.dumps(described))
+    with pytest.raises(BertforgeError, match="numbers its tokens with 1 gaps|with .* gaps"):
+        load_tokenizer(folder)

@@ -250,6 +250,16 @@ def test_leftovers_in_a_run_folder_are_removed_at_the_next_start(tmp_path, tiny_
     assert snapshot(run / "final") == kept
 
 
+def test_leftovers_of_a_benchmarks_seeds_are_removed_at_the_next_start(tmp_path):
+    run = tmp_path / "glue"  # OUT/task/arm/seed_N/checkpoints/, the deepest layout
+    checkpoints = run / "rte" / "scratch" / "seed_1" / "checkpoints"
+    (checkpoints / ".step_000038.tmp-abc123").mkdir(parents=True)
+    (checkpoints / ".step_000038.tmp-abc123" / "model.safetensors").write_bytes(b"partial")
+    with RunFolderLock(run):
+        pass
+    assert not list(checkpoints.iterdir())
+
+
 def test_a_folder_holding_only_leftovers_takes_a_new_run(tmp_path, wiki_slice, small_tokenizer_dir):
     run = tmp_path / "run"
     run.mkdir()

@@ -19,14 +19,15 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from bertforge.config import TokenizerConfig
 from bertforge.corpus import COLUMN_FORMATS, DEFAULT_TEXT_COLUMN, READER_VERSION, resolve_format
 from bertforge.errors import BertforgeError
-from bertforge.io import entry_lock, file_sha256, remove_orphaned_entries
-from bertforge.shards import TokenShards, build_shards, ids_past_vocabulary
+from bertforge.io import entry_lock, file_sha256, remove_folder, remove_orphaned_entries
+from bertforge.shards import REBUILD_ADVICE, TokenShards, build_shards, ids_past_vocabulary
 from bertforge.tokenizer import (
     TRAINING_VERSION,
     BertTokenizer,
@@ -100,8 +101,9 @@ def cached_tokenizer(
     """Train a tokenizer on all the corpus files unless one with the same inputs is cached; with
     `show_progress`, the trainer's bars on a terminal and a line on stdout say what was trained."""
     formats = [resolve_format(f, format) for f in corpus_files]
+    hashes = [content_hash(f) for f in corpus_files]
     key = cache_key(
-        [content_hash(f) for f in corpus_files],
+        hashes,
         asdict(config),
         formats,
         *_column_part(formats, text_column),
@@ -109,14 +111,15 @@ def cached_tokenizer(
     )
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
-        return load_tokenizer(folder)
+        return cached_entry_tokenizer(folder)
     with entry_lock(folder):
         if (folder / "tokenizer.json").is_file():  # built by another process while this one waited
-            return load_tokenizer(folder)
+            return cached_entry_tokenizer(folder)
         started = time.perf_counter()
         tokenizer = train_tokenizer(
             list(corpus_files), config, folder, format, show_progress, text_column=text_column
         )
+        refuse_changed_while_read(corpus_files, hashes, folder)
         if show_progress:
             names = ", ".join(Path(path).name for path in corpus_files)
             seconds = time.perf_counter() - started
@@ -145,14 +148,43 @@ def cached_shards(
         with entry_lock(folder):
             if not (folder / "meta.json").is_file():  # built by another process while this one waited
                 build_shards(corpus, tokenizer, folder, fmt, show_progress, corpus_sha256, text_column)
-    return checked_ids(TokenShards.open(folder), tokenizer)
+                refuse_changed_while_read([corpus], [corpus_sha256], folder)
+    try:
+        shards = TokenShards.open(folder)
+    except BertforgeError as error:
+        raise BertforgeError(str(error).replace(REBUILD_ADVICE, CACHE_ADVICE)) from None
+    return checked_ids(shards, tokenizer)
+
+
+CACHE_ADVICE = "delete that folder (it is rebuilt on the next run)"
+
+
+def cached_entry_tokenizer(folder: Path) -> BertTokenizer:
+    """The tokenizer of a cache entry, refused as a damaged entry where it does not load, or where its
+    tokenizer.json is not the one its settings file recorded (an edit, a flipped bit)."""
+    try:
+        tokenizer = load_tokenizer(folder)
+    except BertforgeError as error:
+        raise BertforgeError(f"damaged cache entry {folder}: {error}; {CACHE_ADVICE}") from None
+    if tokenizer.saved_fingerprint not in (None, tokenizer.fingerprint):
+        raise BertforgeError(
+            f"damaged cache entry {folder}: its tokenizer.json is not the one it was saved with; "
+            + CACHE_ADVICE
+        )
+    return tokenizer
+
+
+def refuse_changed_while_read(files: Sequence[Path], hashes: Sequence[str], entry: Path) -> None:
+    """Refuse (and remove) a cache entry built from files that changed while they were read: its
+    key names the text as it was before."""
+    for file, expected in zip(files, hashes, strict=True):
+        if content_hash(file) != expected:
+            remove_folder(entry)
+            raise BertforgeError(f"{file} changed while it was read; run again once it is complete")
 
 
 def checked_ids(shards: TokenShards, tokenizer: BertTokenizer) -> TokenShards:
     """Refuse cached shards holding ids the tokenizer does not have."""
     if problem := ids_past_vocabulary(shards, tokenizer):
-        raise BertforgeError(
-            f"damaged cache entry {shards.path}: {problem}; "
-            "delete that folder (it is rebuilt on the next run)"
-        )
+        raise BertforgeError(f"damaged cache entry {shards.path}: {problem}; {CACHE_ADVICE}")
     return shards

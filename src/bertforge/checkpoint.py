@@ -118,6 +118,22 @@ def check_tokenizer_is_the_models(tokenizer: BertTokenizer, folder: Path) -> Non
         )
 
 
+RUN_DATA = "data.json"  # a pretraining run's data files' hashes and its tokenizer's fingerprint
+
+
+def check_tokenizer_is_the_runs(tokenizer: BertTokenizer, run: Path) -> None:
+    """Refuse a tokenizer in a pretraining run's folder other than the one the run started with (the
+    fingerprint its data.json records; a run without one is not checked): its checkpoints' weights name
+    none."""
+    path = run / RUN_DATA
+    started_with = read_json(path).get("tokenizer") if path.is_file() else None
+    if started_with not in (None, tokenizer.fingerprint):
+        raise BertforgeError(
+            f"{run / 'tokenizer'} is not the tokenizer this run started with ({path} holds another "
+            "fingerprint); put the run's own tokenizer back, or start a new run"
+        )
+
+
 def weights_tokenizer(path: Path) -> str | None:
     """The fingerprint of the tokenizer named in a weights file's metadata; None where there is none
     (files written without it, Hugging Face's) or the file cannot be read (reading the weights says why)."""

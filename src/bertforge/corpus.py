@@ -87,7 +87,8 @@ def resolve_corpus_files(specs: str | Path | Sequence[str | Path]) -> list[Path]
 def _spec_files(spec: str) -> list[Path]:
     path = Path(spec)
     if not path.exists() and _GLOB_CHARACTERS & set(spec):
-        matches = [Path(match) for match in sorted(glob.glob(spec, recursive=True))]
+        # A broken link, or a path through a link loop too deep to resolve, is skipped as in a folder.
+        matches = [Path(match) for match in sorted(glob.glob(spec, recursive=True)) if os.path.exists(match)]
         files = [file for match in matches for file in (_folder_files(match) if match.is_dir() else [match])]
         if not files:
             raise BertforgeError(f"corpus pattern {spec!r} matches no file; check the pattern")
@@ -292,6 +293,8 @@ _BINARY_STARTS = {
         for level in range(1, 10)
     },
     b"\xfd7zXZ": ("xz-compressed", "decompress it (`unxz -k FILE`), or compress it with gzip"),
+    b"\x1f\x8b": ("gzip-compressed", "give it a .gz ending, which bertforge reads as it is"),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", "decompress it (`unzstd -k FILE`), or compress it with gzip"),
     b"PK\x03\x04": ("a zip archive", "extract it and give its text files"),
     b"%PDF": ("a PDF", "extract its text first (`pdftotext FILE`)"),
     b"\x89PNG": ("a PNG image", "leave it out of the corpus"),

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from bertforge import distributed, reporting
 from bertforge.batches import Batches, pad_batch, shape_batch
 from bertforge.cache import default_cache_dir, refuse_changed_data
-from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, read_state, tensors_sha256
+from bertforge.checkpoint import CONFIG, check_and_load_state, list_checkpoints, tensors_sha256
 from bertforge.classifier import ENCODER, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TrainConfig, save_json, validate
 from bertforge.errors import BertforgeError, Interrupted
@@ -897,12 +897,14 @@ class Job:
         if self.kind == "regression":
             start_at_mean_score(model, self.train_set)
         loss, summarize = OBJECTIVES[self.kind]
+        evaluator = EpochEvaluator(self, config, run_dir)
         objective = Objective(
             model=model,
             batches=ShuffledEpochs(self.train_set, config, self.tokenizer.pad_id),
             loss=loss,
-            evaluate=EpochEvaluator(self, config, run_dir),
+            evaluate=evaluator,
             summarize=summarize,
+            restored=evaluator.restored,
         )
         last = train(objective, config, run_dir, resume=bool(checkpoints), show_progress=self.show_progress)
         return self.finish(seed, run_dir, last)
@@ -1018,9 +1020,13 @@ class EpochEvaluator:
 
     def __init__(self, job: Job, config: RunConfig, run_dir: Path) -> None:
         self.job, self.config, self.run_dir = job, config, run_dir
-        checkpoints = list_checkpoints(run_dir)
-        self.epoch = read_state(checkpoints[-1])["step"] // job.steps_per_epoch + 1 if checkpoints else 0
+        self.epoch = 0  # a resumed run's: `restored`
         self.best = read_json(run_dir / BEST) if (run_dir / BEST).is_file() else None
+
+    def restored(self, step: int) -> None:
+        """A resumed run restored `step` (an epoch's end, from the newest intact checkpoint): the next
+        evaluation is the next epoch's."""
+        self.epoch = step // self.job.steps_per_epoch + 1
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         labels = self.job.labels

@@ -55,6 +55,7 @@ from bertforge.checkpoint import (
     check_and_load_state,
     check_tokenizer_fits,
     check_tokenizer_is_the_models,
+    check_tokenizer_is_the_runs,
     list_checkpoints,
     load_weights,
     pretraining_model,
@@ -460,6 +461,8 @@ def read_config_and_tokenizer(folder: ModelFolder) -> tuple[RunConfig, BertToken
     tokenizer = load_tokenizer(folder.tokenizer_dir)
     check_tokenizer_fits(tokenizer, config, folder.path)
     check_tokenizer_is_the_models(tokenizer, folder.path)
+    if folder.is_checkpoint:  # its weights name no tokenizer; its run's data.json does
+        check_tokenizer_is_the_runs(tokenizer, folder.tokenizer_dir.parent)
     return config, tokenizer
 
 

@@ -307,7 +307,7 @@ def remove_folder(path: Path) -> None:
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<tag>tmp|old|del)-\w+$")  # the names used above
 
 
-def remove_leftovers(folder: Path, depth: int = 3) -> None:
+def remove_leftovers(folder: Path, depth: int = 5) -> None:
     """Remove what killed writers left in `folder` and its subfolders (`depth` levels, hidden ones
     skipped). Only for a folder whose lock the caller holds: nobody else is writing there."""
     try:

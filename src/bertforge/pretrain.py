@@ -60,7 +60,9 @@ from bertforge.cache import (
 )
 from bertforge.checkpoint import (
     CONFIG,
+    RUN_DATA,
     check_tokenizer_fits,
+    check_tokenizer_is_the_runs,
     list_checkpoints,
     pretraining_model,
     save_model_folder,
@@ -104,7 +106,7 @@ from bertforge.tokenizer import BertTokenizer, load_given_tokenizer, load_tokeni
 from bertforge.train import Objective, train
 from bertforge.window_init import init_window_model
 
-DATA = "data.json"
+DATA = RUN_DATA
 
 
 def pretrain(
@@ -225,6 +227,7 @@ def run_pretraining(
         check_training_data(train_shards, config)
         warn_short_full_length_phase(config)
         held_out = validation_data(config, tokenizer, cache_dir, show_progress)
+        refuse_read_while_changing(hashes, data_hashes(corpus_files, config.data.valid, prepared))
 
     choose_run_precision(config, world, cache_dir, show_progress)
     agree_on_precision(config)  # outside the block above: every rank must reach this collective
@@ -596,6 +599,15 @@ def data_hashes(corpus_files: list[Path], valid: str, prepared: list[TokenShards
     return hashes | {os.path.abspath(part.path): content_hash(part.path / META_FILE) for part in prepared}
 
 
+def refuse_read_while_changing(before: dict[str, str], after: dict[str, str]) -> None:
+    """Refuse a run whose data files changed between their hashes (what data.json records) and the
+    end of reading them: its tokenizer, shards and record would describe different texts."""
+    if changed := sorted(name for name in before if before[name] != after.get(name)):
+        raise BertforgeError(
+            f"{', '.join(changed)} changed while the run read it; run again once it is complete"
+        )
+
+
 def warn_valid_in_training(
     corpus_files: list[Path], valid: str, hashes: dict[str, str], resume: bool, prepared: list[TokenShards]
 ) -> None:
@@ -687,14 +699,8 @@ def run_tokenizer(
 def run_own_tokenizer(out: Path, config: RunConfig) -> BertTokenizer:
     """The tokenizer of the run in `out`, refused where it is not the one the run started with (its
     fingerprint in data.json; a data.json without it: its size against the model's rows)."""
-    folder = out / "tokenizer"
-    tokenizer = load_tokenizer(folder)
-    started_with = read_json(out / DATA).get("tokenizer") if (out / DATA).is_file() else None
-    if started_with not in (None, tokenizer.fingerprint):
-        raise BertforgeError(
-            f"{folder} is not the tokenizer this run started with (data.json holds another fingerprint); "
-            "put the run's own tokenizer back, or start a new run"
-        )
+    tokenizer = load_tokenizer(out / "tokenizer")
+    check_tokenizer_is_the_runs(tokenizer, out)
     check_tokenizer_fits(tokenizer, config, out)
     return tokenizer
 

@@ -39,6 +39,7 @@ _BATCH_CHARACTERS = 2_000_000  # about 500k tokens per tokenizer call
 _BATCH_DOCUMENTS = 4096
 _TOKEN_DTYPES = ("uint16", "uint32")
 _COUNT_BLOCK = 1 << 24  # tokens read at once by max_token_id and token_counts
+_OFFSET_BLOCK = 1 << 20  # offsets read at once when a folder is opened
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -198,6 +199,12 @@ class TokenShards:
         document_offsets = _map(path, DOCUMENT_OFFSETS_FILE, np.dtype(np.int64), counts["num_documents"] + 1)
         if sentence_offsets[-1] != counts["num_tokens"] or document_offsets[-1] != counts["num_sentences"]:
             raise _damaged(path, "the offsets do not end at the token and sentence counts")
+        for name, offsets in (
+            (SENTENCE_OFFSETS_FILE, sentence_offsets),
+            (DOCUMENT_OFFSETS_FILE, document_offsets),
+        ):
+            if not starts_at_zero_and_never_falls(offsets):
+                raise _damaged(path, f"{name} does not start at 0 and rise")
         return cls(path, meta, tokens, sentence_offsets, document_offsets)
 
     @property
@@ -303,6 +310,11 @@ def check_prepared_with(shards: TokenShards, tokenizer: BertTokenizer) -> TokenS
             "pretrain with the tokenizer that `bertforge prepare` used for it (--tokenizer), or prepare "
             "the corpus again with this one"
         )
+    if shards.vocab_size != tokenizer.vocab_size:
+        raise _damaged(
+            shards.path,
+            f"{META_FILE} says vocab_size {shards.vocab_size}, its tokenizer has {tokenizer.vocab_size}",
+        )
     if problem := ids_past_vocabulary(shards, tokenizer):
         raise _damaged(shards.path, problem)
     return shards
@@ -335,8 +347,21 @@ def token_counts(shards: TokenShards | ShardSet, exclude: Sequence[int] = ()) ->
     return counts
 
 
+REBUILD_ADVICE = "delete it and re-run prepare"  # the cache gives its own entries' advice
+
+
 def _damaged(path: Path, why: str) -> BertforgeError:
-    return BertforgeError(f"token shard folder {path} is damaged ({why}); delete it and re-run prepare")
+    return BertforgeError(f"token shard folder {path} is damaged ({why}); {REBUILD_ADVICE}")
+
+
+def starts_at_zero_and_never_falls(offsets: np.ndarray) -> bool:
+    """Whether offsets (memory-mapped, read in blocks) start at 0 and never decrease."""
+    if offsets[0] != 0:
+        return False
+    for start in range(0, len(offsets), _OFFSET_BLOCK):
+        if (np.diff(np.asarray(offsets[start : start + _OFFSET_BLOCK + 1])) < 0).any():
+            return False
+    return True
 
 
 def _read_meta(path: Path) -> dict:
@@ -359,6 +384,8 @@ def _read_meta(path: Path) -> dict:
     )
     if not counts_ok or meta.get("token_dtype") not in _TOKEN_DTYPES:
         raise _damaged(path, f"{META_FILE} lacks valid counts or token_dtype")
+    if not isinstance(meta.get("tokenizer_fingerprint"), str):
+        raise _damaged(path, f"{META_FILE} does not name the tokenizer that prepared it")
     return meta
 
 

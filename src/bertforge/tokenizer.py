@@ -301,7 +301,7 @@ def _trainer(config: TokenizerConfig, show_progress: bool, pieces: Sequence[str]
 def _id_holes(backend: Tokenizer) -> int:
     """How many ids below the largest no token has."""
     ids = backend.get_vocab(with_added_tokens=True).values()
-    return max(ids) + 1 - len(ids)
+    return max(ids, default=-1) + 1 - len(ids)
 
 
 def _close_id_gaps(backend: Tokenizer) -> None:
@@ -354,6 +354,11 @@ def load_tokenizer(path: str | Path) -> BertTokenizer:
             f"tokenizer folder {path} holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}; "
             "train a tokenizer into it or point to another folder"
             + (run if (path / "tokenizer").is_dir() else "")
+        )
+    if holes := _id_holes(backend):
+        raise BertforgeError(
+            f"{source} numbers its tokens with {holes:,} gaps; a tokenizer's ids must run from 0 up, one "
+            "per token: retrain it, or give its vocab.txt alone"
         )
     tokenizer = BertTokenizer(backend, kind, lowercase, settings.get("min_frequency"), source=str(source))
     if source.name == TOKENIZER_FILE:  # what the settings file recorded when saved with this tokenizer.json

@@ -102,6 +102,8 @@ class Objective:
     # A masking rate that changes over the run: progress -> rate. Each epoch takes the rate of the
     # progress where it starts, and its batches are then `batches(epoch, rate)` (and the warmup's).
     masking_rate: Callable[[float], float] | None = None
+    # Told the step a resumed run restored (the newest intact checkpoint's), before its first step.
+    restored: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -211,6 +213,8 @@ class Trainer:
         self.restore_rank_rng(saved_state.get("rank_rng"))
         if self.world.is_main:
             self.log.truncate_after(self.state.step)
+        if self.objective.restored is not None:
+            self.objective.restored(self.state.step)
 
     def other_micro_batch(self, path: Path, saved: int) -> BertforgeError:
         """The error for a resume whose micro-batches would differ from the checkpoint's `saved`."""
