@@ -401,38 +401,6 @@ def test_damaged_cache_entries_are_named_as_entries_to_delete(tmp_path, wiki_sli
         cached_shards(corpus, tokenizer, "text", tmp_path / "cache", show_progress=False)
 
 
-def test_damaged_prepared_shards_are_one_line(tmp_path, capsys, wiki_slice, small_tokenizer_dir):
-    shards = tmp_path / "shards"
-    argv = [
-        "prepare",
-        "--corpus",
-        str(wiki_slice),
-        "--tokenizer",
-        str(small_tokenizer_dir),
-        "--out",
-        str(shards),
-    ]
-    assert main(argv) == 0
-    capsys.readouterr()
-    pristine = {p.name: p.read_bytes() for p in shards.iterdir()}
-    meta = json.loads(pristine["meta.json"])
-    offsets = np.frombuffer(pristine["sentence_offsets.bin"], dtype=np.int64).copy()
-    offsets[3], offsets[4] = offsets[4], offsets[3] - 1  # falls in the middle
-    damages = {
-        "does not name the tokenizer": (
-            "meta.json",
-            json.dumps({k: v for k, v in meta.items() if k != "tokenizer_fingerprint"}),
-        ),
-        "sentence_offsets.bin does not start at 0 and rise": ("sentence_offsets.bin", offsets.tobytes()),
-        "says vocab_size 5000": ("meta.json", json.dumps({**meta, "vocab_size": 5000})),
-    }
-    train = ["pretrain", "--shards", str(shards), "--tokenizer", str(small_tokenizer_dir), "--max-steps", "1"]
-    for words, (name, data) in damages.items():
-        (shards / name).write_bytes(data.encode() if isinstance(data, str) else data)
-        assert_clean_failure(capsys, [*train, "--out", str(tmp_path / "run")], words)
-        (shards / name).write_bytes(pristine[name])
-
-
 def test_a_checkpoint_refuses_a_tokenizer_its_run_did_not_start_with(
     tmp_path, capsys, tiny_pretrained_run, wiki_slice
 ):

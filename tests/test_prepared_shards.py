@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import WIKI_TRAIN, assert_clean_failure, metrics_lines
 
@@ -193,3 +194,23 @@ def test_a_shard_folder_given_twice_is_read_once(prepared):
     data = DataConfig(shards=[str(prepared), str(prepared / "."), os.path.relpath(prepared)])
     files, shard_sets = training_text(data)
     assert files == [] and len(shard_sets) == 1  # as a corpus file named twice counts once
+
+
+def test_damaged_prepared_shards_are_one_line(tmp_path, capsys, prepared, small_tokenizer_dir):
+    shards = tmp_path / "shards"
+    shutil.copytree(prepared, shards)
+    pristine = {p.name: p.read_bytes() for p in shards.iterdir()}
+    meta = json.loads(pristine["meta.json"])
+    offsets = np.frombuffer(pristine["sentence_offsets.bin"], dtype=np.int64).copy()
+    offsets[3], offsets[4] = offsets[4], offsets[3] - 1  # falls in the middle
+    unnamed = {k: v for k, v in meta.items() if k != "tokenizer_fingerprint"}
+    damages = {
+        "does not name the tokenizer": ("meta.json", json.dumps(unnamed).encode()),
+        "sentence_offsets.bin does not start at 0 and rise": ("sentence_offsets.bin", offsets.tobytes()),
+        "says vocab_size 5000": ("meta.json", json.dumps({**meta, "vocab_size": 5000}).encode()),
+    }
+    train = ["pretrain", "--shards", str(shards), "--tokenizer", str(small_tokenizer_dir), "--max-steps", "1"]
+    for words, (name, data) in damages.items():
+        (shards / name).write_bytes(data)
+        assert_clean_failure(capsys, [*train, "--out", str(tmp_path / "run")], words)
+        (shards / name).write_bytes(pristine[name])
