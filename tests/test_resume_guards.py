@@ -71,15 +71,26 @@ def test_resume_refuses_changed_text_unless_allowed(own_corpus_run, capsys):
     assert_clean_failure(capsys, argv, f"the run in {run} did not start on {other};")
 
 
-def test_resume_refuses_the_text_read_as_another_format_or_field(own_corpus_run, capsys):
+def test_resume_refuses_the_text_read_as_another_format_or_field(own_corpus_run, tmp_path, capsys):
     resume = ["pretrain", "--out", str(own_corpus_run), "--resume", "--max-steps", "3", "--quiet"]
-    for flags in (["--format", "jsonl"], ["--text-column", "body"], ["--set", "data.format=text"]):
-        err = assert_clean_failure(
-            capsys, [*resume, *flags], "read its text as format 'auto', text field or column 'text';"
-        )
+    for flags in (["--format", "jsonl"], ["--set", "data.format=text"]):
+        err = assert_clean_failure(capsys, [*resume, *flags], "read its text as format 'auto';")
         assert "--allow-changed-data" in err
-    assert main([*resume, "--set", "data.format=auto"]) == 0  # as it started
+    assert main([*resume, "--text-column", "body"]) == 0  # plain text has no columns: nothing changes
     assert "trained 3 steps" in capsys.readouterr().out
+
+    records = tmp_path / "records.jsonl"  # a text field and another
+    lines = (own_corpus_run.parent / "train.txt").read_text().splitlines()  # a record a line
+    records.write_text("".join(json.dumps({"text": t, "body": t[::-1]}) + "\n" for t in lines if t.strip()))
+    run = tmp_path / "jsonl-run"
+    argv = ["pretrain", "--corpus", str(records), "--out", str(run), "--preset", "tiny", "--max-steps", "2",
+            "--batch-size", "4", "--set", "data.max_seq_length=32", "--set", "tokenizer.vocab_size=300",
+            "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    again = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
+    assert_clean_failure(
+        capsys, [*again, "--text-column", "body"], "format 'auto', text field or column 'text';"
+    )
 
 
 def test_a_resume_at_the_runs_end_writes_nothing(tmp_path, capsys, tiny_pretrained_run):

@@ -69,7 +69,13 @@ from bertforge.checkpoint import (
 )
 from bertforge.config import DataConfig, RunConfig, drop_pairs_for_a_gpt, max_predictions, save_json, validate
 from bertforge.config_rules import trains_nsp
-from bertforge.corpus import READER_VERSION, check_text_file, resolve_corpus_files
+from bertforge.corpus import (
+    COLUMN_FORMATS,
+    READER_VERSION,
+    check_text_file,
+    resolve_corpus_files,
+    resolve_format,
+)
 from bertforge.embedding_init import cooccurrence_embeddings
 from bertforge.errors import BertforgeError, Interrupted
 from bertforge.evaluate import (
@@ -209,9 +215,7 @@ def run_pretraining(
         hashes = data_hashes(corpus_files, config.data.valid, prepared)
         warn_valid_in_training(corpus_files, config.data.valid, hashes, resume, prepared)
         if resume and not allow_changed_data:
-            refuse_changed_corpus(
-                out, hashes, config.data, reads_text=bool(corpus_files) or bool(config.data.valid)
-            )
+            refuse_changed_corpus(out, hashes, config.data, text_files(corpus_files, config.data.valid))
         init_state = None
         if init is not None and not resume:
             init_state, tokenizer = init_from(init, config)
@@ -242,7 +246,7 @@ def run_pretraining(
                 "sha256": hashes,
                 "tokenizer": tokenizer.fingerprint,
                 "text_reader": READER_VERSION,
-                "reading": text_reading(config.data),
+                "reading": text_reading(config.data, text_files(corpus_files, config.data.valid)),
             },
         )
     try:
@@ -626,12 +630,18 @@ def warn_valid_in_training(
         )
 
 
-def text_reading(data: DataConfig) -> dict[str, str]:
-    """How the corpus files are read into documents: their format and the text's field or column."""
-    return {"format": data.format, "text_column": data.text_column}
+def text_reading(data: DataConfig, files: list[Path]) -> dict[str, str | None]:
+    """How the text files are read into documents: their format, and the text's field or column where
+    one of them has columns (JSON lines, Parquet, TSV, CSV)."""
+    columns = any(resolve_format(file, data.format) in COLUMN_FORMATS for file in files)
+    return {"format": data.format, "text_column": data.text_column if columns else None}
 
 
-def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, reads_text: bool) -> None:
+def text_files(corpus_files: list[Path], valid: str) -> list[Path]:
+    return [*corpus_files, *([Path(valid)] if valid else [])]
+
+
+def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, files: list[Path]) -> None:
     """Refuse to resume on text other than the run started on: other files, files read otherwise
     (another format or text field), or by another version of the reader (`corpus.READER_VERSION`;
     data.json without `text_reader`: version 1), whose sentences may differ; a run folder without
@@ -639,12 +649,14 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, r
     if not (out / DATA).is_file():
         return
     saved = read_json(out / DATA)
-    reading = saved.get("reading", text_reading(data))  # a data.json without it: not checked
-    if reads_text and reading != text_reading(data):
+    reading = saved.get("reading", text_reading(data, files))  # a data.json without it: not checked
+    if files and reading != text_reading(data, files):
+        column = reading.get("text_column")
+        how = f"format {reading['format']!r}" + (f", text field or column {column!r}" if column else "")
         raise BertforgeError(
-            f"the run in {out} read its text as format {reading['format']!r}, text field or column "
-            f"{reading['text_column']!r}; resume reading it so (drop --format, --text-column or their "
-            "--set), pass `allow_changed_data=True` to train on the text read otherwise, or start a new run"
+            f"the run in {out} read its text as {how}; resume reading it so (drop --format, --text-column "
+            "or their --set), pass `allow_changed_data=True` to train on the text read otherwise, or start a "
+            "new run"
         )
     refuse_changed_data(
         saved.get("sha256", {}),
@@ -653,7 +665,7 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, r
         "resume on the text it started on, pass `allow_changed_data=True` to train on the changed text, "
         "or start a new run",
     )
-    if reads_text and saved.get("text_reader", 1) != READER_VERSION:
+    if files and saved.get("text_reader", 1) != READER_VERSION:
         raise BertforgeError(
             f"the run in {out} read its text with version {saved.get('text_reader', 1)} of the text reader, "
             f"and this is version {READER_VERSION}, which may split sentences elsewhere (at every line "
