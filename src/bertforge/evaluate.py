@@ -32,7 +32,7 @@ from bertforge.pairs import PairDataset, build_pairs
 from bertforge.precision import native_bf16
 from bertforge.progress import passing_bar, progress_bar
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
-from bertforge.shards import TokenShards, token_counts
+from bertforge.shards import TokenShards, holds_token_outside, token_counts
 from bertforge.tokenizer import BertTokenizer
 
 EVAL_SEED = 20181011  # the date of the BERT paper, for a seed nobody tunes
@@ -81,7 +81,7 @@ def check_evaluation_text(
     """Refuse a text too small to evaluate on, or one the tokenizer reads as nothing but `[UNK]`
     (no token could be masked, and a GPT would score by predicting `[UNK]` after `[UNK]`), naming it
     (the training text's messages would speak of the corpus and its settings)."""
-    if not token_counts(shards, exclude=tokenizer.special_ids).any():
+    if not holds_token_outside(shards, tokenizer.special_ids):
         raise BertforgeError(
             f"the tokenizer reads {text} as nothing but [UNK]: its characters are not in the vocabulary; "
             "evaluate on text in the language and script the tokenizer was trained on"

@@ -10,7 +10,8 @@ Run folder layout (`--out DIR`):
                         resume that changes a setting (`--resume --max-steps 400`) records it
                         here, so that a plain `--resume` continues as asked
     data.json           the sha256 of every corpus and validation file (of a shard folder: its
-                        meta.json), the tokenizer's fingerprint and the plain-text reader's version:
+                        meta.json), how the text was read (format, text column), the tokenizer's
+                        fingerprint and the plain-text reader's version:
                         `--resume` refuses changed text unless `--allow-changed-data`
     tokenizer/          tokenizer.json, vocab.txt, tokenizer_config.json, bertforge_tokenizer.json
     metrics.jsonl       one line per log window ("train") and per evaluation ("valid"); with a
@@ -111,8 +112,6 @@ from bertforge.signals import StoppedEarly, signal_of
 from bertforge.tokenizer import BertTokenizer, load_given_tokenizer, load_tokenizer
 from bertforge.train import Objective, train
 from bertforge.window_init import init_window_model
-
-DATA = RUN_DATA
 
 
 def pretrain(
@@ -241,7 +240,7 @@ def run_pretraining(
         save_json(config, out / CONFIG)
     if world.is_main and (not resume or allow_changed_data):
         write_json(
-            out / DATA,
+            out / RUN_DATA,
             {
                 "sha256": hashes,
                 "tokenizer": tokenizer.fingerprint,
@@ -598,8 +597,7 @@ def absolute_data_paths(data: DataConfig) -> None:
 def data_hashes(corpus_files: list[Path], valid: str, prepared: list[TokenShards]) -> dict[str, str]:
     """The sha256 of every training and validation file, by absolute path (what `--resume` checks);
     a shard folder's is that of its meta.json, which names its source text, tokenizer and counts."""
-    files = [*corpus_files, *([Path(valid)] if valid else [])]
-    hashes = {os.path.abspath(file): content_hash(file) for file in files}
+    hashes = {os.path.abspath(file): content_hash(file) for file in text_files(corpus_files, valid)}
     return hashes | {os.path.abspath(part.path): content_hash(part.path / META_FILE) for part in prepared}
 
 
@@ -646,11 +644,12 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, f
     (another format or text field), or by another version of the reader (`corpus.READER_VERSION`;
     data.json without `text_reader`: version 1), whose sentences may differ; a run folder without
     data.json is not checked."""
-    if not (out / DATA).is_file():
+    if not (out / RUN_DATA).is_file():
         return
-    saved = read_json(out / DATA)
-    reading = saved.get("reading", text_reading(data, files))  # a data.json without it: not checked
-    if files and reading != text_reading(data, files):
+    saved = read_json(out / RUN_DATA)
+    current = text_reading(data, files)
+    reading = saved.get("reading", current)  # a data.json without it: not checked
+    if files and reading != current:
         column = reading.get("text_column")
         how = f"format {reading['format']!r}" + (f", text field or column {column!r}" if column else "")
         raise BertforgeError(

@@ -40,6 +40,7 @@ _BATCH_DOCUMENTS = 4096
 _TOKEN_DTYPES = ("uint16", "uint32")
 _COUNT_BLOCK = 1 << 24  # tokens read at once by max_token_id and token_counts
 _OFFSET_BLOCK = 1 << 20  # offsets read at once when a folder is opened
+_SCAN_BLOCK = 1 << 16  # tokens read at once by holds_token_outside, which ordinary text ends in its first
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -332,6 +333,16 @@ def ids_past_vocabulary(shards: TokenShards, tokenizer: BertTokenizer) -> str | 
 def shard_parts(shards: TokenShards | ShardSet) -> list[TokenShards]:
     """The shard folders behind `shards`: a set's parts, or the one folder."""
     return shards.parts if isinstance(shards, ShardSet) else [shards]
+
+
+def holds_token_outside(shards: TokenShards | ShardSet, exclude: Sequence[int]) -> bool:
+    """Whether any token of `shards` is not one of `exclude`, read from the start in small blocks."""
+    excluded = np.asarray(exclude)
+    for part in shard_parts(shards):
+        for start in range(0, part.num_tokens, _SCAN_BLOCK):
+            if not np.isin(np.asarray(part.tokens[start : start + _SCAN_BLOCK]), excluded).all():
+                return True
+    return False
 
 
 def token_counts(shards: TokenShards | ShardSet, exclude: Sequence[int] = ()) -> np.ndarray:
