@@ -99,8 +99,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
-    """Keep the tokenizer and shard cache out of the user's home during tests (shared per session;
-    session-wide, so that the session fixtures that pretrain use it too)."""
+    """Keep the tokenizer and shard cache out of the user's home during tests: one cache for the whole
+    test run, set before any fixture, so that the fixtures shared by many tests use it too."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
         yield
