@@ -321,6 +321,18 @@ def test_a_tokenizer_trained_for_a_run_says_so_in_a_line_and_a_cached_one_says_n
     assert capfd.readouterr() == ("", "") and quiet.vocab_size == 150
 
 
+def test_a_cached_tokenizer_of_another_text_reader_is_not_reused(tmp_path, monkeypatch):
+    from bertforge import cache
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} of a small corpus .\n\n" for i in range(200)))
+    config = TokenizerConfig(vocab_size=200, min_frequency=1)
+    cache.cached_tokenizer([corpus], config, "auto", tmp_path / "cache", show_progress=False)
+    monkeypatch.setattr(cache, "READER_VERSION", cache.READER_VERSION + 1)
+    cache.cached_tokenizer([corpus], config, "auto", tmp_path / "cache", show_progress=False)
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
+
+
 def test_a_size_below_what_the_characters_need_is_exceeded_with_a_warning(tmp_path):
     corpus = tmp_path / "text.txt"
     text = "the quick brown fox jumps over the lazy dog .\n\nsphinx of black quartz , judge my vow ."

@@ -108,6 +108,7 @@ def cached_tokenizer(
         formats,
         *_column_part(formats, text_column),
         f"trainer-v{TRAINING_VERSION}",  # a vocabulary of another trainer version is not reused
+        f"reader-v{READER_VERSION}",  # nor one counted from text another reader read
     )
     folder = cache_dir / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():

@@ -30,7 +30,8 @@ from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 READER_VERSION = 4  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
-# 4: a quotation of several sentences ends with its closing quote, Ste. goes on; cached shards key on it
+# 4: a quotation of several sentences ends with its closing quote, Ste. goes on;
+# cached tokenizers and shards key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
 _TABLE_SUFFIXES = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv"}
