@@ -45,13 +45,14 @@ from bertforge.glue_report import (
     majority_class,
     paired_comparison,
     plotted_series,
+    published,
 )
 from bertforge.glue_scores import (
+    FIGURES,
     PUBLISHED,
     glue_average,
     majority_label,
     paired_bootstrap_score,
-    published_scores,
     split_figures,
     task_score,
 )
@@ -321,6 +322,41 @@ def test_a_task_folder_without_its_dev_file_is_one_error(glue_dir):
         read_task(TASKS["SST-2"], glue_dir / "SST-2")
 
 
+def test_file_names_in_any_case(glue_dir):
+    (glue_dir / "RTE" / "train.tsv").rename(glue_dir / "RTE" / "TRAIN.TSV")
+    (glue_dir / "RTE" / "dev.tsv").rename(glue_dir / "RTE" / "Dev.tsv")
+    found, skipped = find_tasks([glue_dir], ["RTE"])
+    assert skipped == [] and len(read_task(TASKS["RTE"], found["RTE"]).dev["dev"]) == 24
+
+
+def test_a_dev_label_no_training_example_has_is_refused_before_any_run(glue_dir, tmp_path):
+    """Fine-tuning would refuse it too, but only when the task's turn comes, naming a file glue wrote."""
+    recipes, _ = read_recipes({}, "built in")
+    path = glue_dir / "MNLI" / "train.tsv"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join(line for line in lines if not line.endswith("\tneutral")) + "\n")
+    mnli = read_task(TASKS["MNLI"], glue_dir / "MNLI")
+    with pytest.raises(BertforgeError) as error:
+        write_task_files(tmp_path / "m", mnli, recipes["MNLI"])
+    assert str(error.value) == (
+        f"{glue_dir / 'MNLI' / 'dev_matched.tsv'} line 3: the label 'neutral' is in no training example "
+        f"({path} has 'contradiction', 'entailment'); fix the files, or leave the task out of --tasks"
+    )
+    rte = read_task(TASKS["RTE"], glue_dir / "RTE")  # a subset of one class
+    with pytest.raises(
+        BertforgeError, match=r"\(the recipe's 1 of 24 examples\): every label is 'entailment'"
+    ):
+        write_task_files(tmp_path / "r", rte, replace(recipes["RTE"], max_train_examples=1))
+    path = glue_dir / "STS-B" / "train.tsv"
+    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
+    path.write_text(
+        "".join("\t".join([*row[:-1], "2.5" if i else row[-1]]) + "\n" for i, row in enumerate(rows))
+    )
+    stsb = read_task(TASKS["STS-B"], glue_dir / "STS-B")
+    with pytest.raises(BertforgeError, match="every score is 2.5; nothing to regress on"):
+        write_task_files(tmp_path / "s", stsb, recipes["STS-B"])
+
+
 def test_task_names_in_any_spelling():
     assert [glue_data.task_spec(n).name for n in ("sst2", "STS-B", "sts_b", "mnli")] == [
         "SST-2",
@@ -356,8 +392,9 @@ def test_figures_and_scores_follow_glues_rules():
 
 def test_the_published_rows_reproduce_the_model_cards_glue_score():
     """The model card's "Score": the mean of nine task scores, MNLI as the mean of m and mm."""
-    for model, row in PUBLISHED.items():
-        assert glue_average(published_scores(model, list(TASKS))) == pytest.approx(row["score"], abs=0.06)
+    every_figure = {task: {name for name, _, _ in FIGURES[task]} for task in TASKS}
+    for row in published(every_figure)["models"].values():
+        assert row["average_of_these_tasks"] == pytest.approx(row["glue_score"], abs=0.06)
     assert PUBLISHED["BERT-Mini (4/256)"]["tasks"]["MRPC"] == {"f1": 81.1, "acc": 71.8}
 
 
@@ -442,6 +479,18 @@ def test_the_majority_class_is_what_a_model_at_chance_scores():
     assert chance_note(report).endswith("at chance: SST-2 (scratch)")
     sst2["above"]["pretrained"] = sst2["above"]["scratch"]
     assert chance_note(report).endswith("at chance: SST-2 (both arms)")
+
+
+def test_mnlis_majority_class_and_published_rows_score_only_the_dev_files_the_benchmark_has():
+    """The majority class is scored on matched alone, so it gets no MNLI score beside the arms' mean of
+    matched and mismatched; without dev_mismatched.tsv the published rows' MNLI is matched alone too."""
+    true = ["entailment", "neutral", "contradiction", "neutral"]
+    runs = [{"arm": "pretrained", "seed": 1, "predicted": true}]
+    mnli = majority_class("MNLI", {"train_majority": "neutral", "true": true, "runs": runs}, ["pretrained"])
+    assert mnli["dev"] == {"acc_m": 50.0} and mnli["score"] is None
+    tiny = published({"MNLI": {"acc_m"}, "SST-2": {"acc"}})["models"]["BERT-Tiny (2/128)"]
+    assert tiny["tasks"]["MNLI"] == {"acc_m": 70.2}
+    assert tiny["average_of_these_tasks"] == pytest.approx((70.2 + 83.2) / 2)
 
 
 def test_the_shared_rte_and_mrpc_have_the_majority_classes_glue_reports():
@@ -949,6 +998,12 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     monkeypatch.setattr(
         RunsProgress, "close", lambda self: (ends.append((self.done_work, self.total)), close(self))
     )
+    labels, advance = [], RunsProgress.advance
+    monkeypatch.setattr(
+        RunsProgress,
+        "advance",
+        lambda self, key, label, *rest: (labels.append(label), advance(self, key, label, *rest)),
+    )
     bench = benchmark(
         tiny_pretrained_run, [glue_dir], ["RTE"], [1], sweep=True, recipes_file=recipes, precision="fp32"
     )
@@ -972,6 +1027,9 @@ def test_the_sweep_keeps_the_best_recipe_on_dev_and_says_so(
     ]
     points = sorted(p.name for p in (out / "sweep" / "RTE").iterdir())
     assert points == ["lr0.0001-bs4", "lr0.003-bs4", "lr0.003-bs8"]
+    assert sorted(labels) == ["RTE pretrained seed 1"] + [
+        f"RTE pretrained seed 1 (sweep {p})" for p in points
+    ]
     markdown = (out / "glue.md").read_text(encoding="utf-8")
     assert (
         "| RTE† | acc |" in markdown

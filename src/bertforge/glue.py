@@ -68,7 +68,7 @@ from bertforge.folders import (
     open_classifier,
     refuse_other_kind,
 )
-from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, task_spec
+from bertforge.glue_data import TASKS, TaskData, find_tasks, read_task, refuse_untrainable, task_spec
 from bertforge.glue_recipes import Recipe, full_recipe, load_recipes, recipe_text, recipe_values
 from bertforge.glue_report import build_report, command_line, markdown_report, plot_report
 from bertforge.glue_scores import BEST_EPOCH_BY, majority_label, split_figures, task_score
@@ -473,6 +473,8 @@ def write_task_files(folder: Path, data: TaskData, recipe: Recipe) -> TaskFiles:
     first_dev = data.dev[data.spec.dev[0]]
     write_if_changed(dev, jsonl(first_dev, np.arange(len(first_dev))))
     kept_labels = [data.train.labels[i] for i in keep]
+    subset = f" (the recipe's {len(keep):,} of {total:,} examples)" if len(keep) < total else ""
+    refuse_untrainable(data, kept_labels, subset)
     majority = None if data.spec.kind == "regression" else majority_label(kept_labels)
     return TaskFiles(train, dev, len(keep), total, majority)
 
@@ -590,6 +592,7 @@ class RunOrder:
     run_dir: Path
     task_name: str
     task_folder: Path  # the task's GLUE folder
+    point: str = ""  # a sweep's grid point (lr3e-4-bs16), which the progress lines name
 
 
 @dataclass
@@ -600,6 +603,7 @@ class FolderRuns:
     config: RunConfig
     folder: Path
     runs: list[tuple[int, str, Path]]
+    point: str = ""  # a sweep's grid point
 
 
 def run_task_seeds(
@@ -618,7 +622,15 @@ def run_task_seeds(
             for seed, arm, run_dir in group.runs:
                 orders.append(
                     RunOrder(
-                        group.task, config, group.folder, seed, arm, run_dir, data.spec.name, data.folder
+                        group.task,
+                        config,
+                        group.folder,
+                        seed,
+                        arm,
+                        run_dir,
+                        data.spec.name,
+                        data.folder,
+                        group.point,
                     )
                 )
                 jobs.append(job)
@@ -668,7 +680,9 @@ def run_orders(
     def done(index: int, record: dict) -> None:
         order, score = orders[index], record["score"]
         figure = "" if score is None else f"dev score {score:.1f}"
-        label = f"{data.spec.name} {order.arm} seed {order.seed}"
+        label = f"{data.spec.name} {order.arm} seed {order.seed}" + (
+            f" (sweep {order.point})" if order.point else ""
+        )
         progress.advance(str(order.run_dir), label, finished[index], figure)
 
     scored: dict[int, dict] = {}
@@ -796,10 +810,10 @@ def sweep_task(
     seed, grid = bench.seeds[0], []
     for lr, batch_size in sweep_points(bench.sweep_grid, recipe):
         point = replace(recipe, learning_rate=lr, batch_size=batch_size)
-        point_folder = folder / sweep_folder_name(lr, batch_size)
+        name = sweep_folder_name(lr, batch_size)
         task = finetune_task(bench, data, files, point, [seed], compare=False)
-        runs = [(seed, "pretrained", point_folder / f"seed_{seed}")]
-        grid.append(FolderRuns(task, finetune_config(bench, point), point_folder, runs))
+        runs = [(seed, "pretrained", folder / name / f"seed_{seed}")]
+        grid.append(FolderRuns(task, finetune_config(bench, point), folder / name, runs, name))
     points = [
         {
             "learning_rate": group.config.train.learning_rate,

@@ -150,7 +150,7 @@ def find_tasks(data: list[Path], names: list[str]) -> tuple[dict[str, Path], lis
             raise BertforgeError(f"--data {root} is not a folder; give the folder that holds the GLUE tasks")
         for folder in candidate_folders(root):
             spec = next((s for s in TASKS.values() if s.key == folder_key(folder.name)), None)
-            if spec is None or spec.name not in names or not (folder / "train.tsv").is_file():
+            if spec is None or spec.name not in names or task_file(folder, "train") is None:
                 continue
             if spec.name in found and found[spec.name].resolve() != folder.resolve():
                 raise BertforgeError(
@@ -166,6 +166,15 @@ def find_tasks(data: list[Path], names: list[str]) -> tuple[dict[str, Path], lis
     return {name: found[name] for name in names if name in found}, skipped
 
 
+def task_file(folder: Path, stem: str) -> Path | None:
+    """The file `stem`.tsv of a task folder, its name in any case (TRAIN.TSV, Dev.tsv); None if absent."""
+    exact = folder / f"{stem}.tsv"
+    if exact.is_file():
+        return exact
+    wanted = exact.name.lower()
+    return next((p for p in sorted(folder.iterdir()) if p.name.lower() == wanted and p.is_file()), None)
+
+
 def candidate_folders(root: Path) -> list[Path]:
     """`root`, its subfolders and theirs (GLUE's layout, or one folder above it)."""
     children = sorted(p for p in root.iterdir() if p.is_dir())
@@ -176,27 +185,28 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
     """Read a task's train, dev and (labelled) test files from its folder."""
     folder = Path(folder)
     skipped: dict[str, list[int]] = {}
-    train = read_split(spec, folder / "train.tsv", skipped=skipped)
+    train_path = task_file(folder, "train")
+    train = read_split(spec, train_path, skipped=skipped)
     if train is None:
-        raise BertforgeError(f"{folder / 'train.tsv'} has no label column; {layout_hint(spec)}")
+        raise BertforgeError(f"{train_path} has no label column; {layout_hint(spec)}")
     dev, test, notes = {}, {}, []
     for stem in spec.dev:
-        path = folder / f"{stem}.tsv"
-        if not path.is_file():
+        path = task_file(folder, stem)
+        if path is None:
             if stem == spec.dev[0]:
                 raise BertforgeError(
-                    f"{folder} has no {path.name}; GLUE's task folders hold train.tsv and {path.name}: "
+                    f"{folder} has no {stem}.tsv; GLUE's task folders hold train.tsv and {stem}.tsv: "
                     "add it, or leave the task out of --tasks"
                 )
-            notes.append(f"{spec.name}: no {path.name}, not scored")
+            notes.append(f"{spec.name}: no {stem}.tsv, not scored")
             continue
         examples = read_split(spec, path, skipped=skipped)
         if examples is None:
             raise BertforgeError(f"{path} has no label column; {layout_hint(spec)}")
         dev[stem] = examples
     for stem in spec.test:
-        path = folder / f"{stem}.tsv"
-        if path.is_file():
+        path = task_file(folder, stem)
+        if path is not None:
             examples = read_split(spec, path, test=True, skipped=skipped)
             if examples is None:
                 notes.append(f"{spec.name}: {path.name} has no labels, not scored")
@@ -204,6 +214,28 @@ def read_task(spec: TaskSpec, folder: Path) -> TaskData:
                 test[stem] = examples
     notes += [skipped_note(spec, name, lines) for name, lines in skipped.items()]
     return TaskData(spec, folder, train, dev, test, notes)
+
+
+def refuse_untrainable(data: TaskData, kept_labels: list[str], subset: str) -> None:
+    """Refuse, before any run starts, training labels a task cannot learn from (one class, or one
+    score) and a dev label that no training example has. `subset`: how the training examples were
+    chosen, for the message ("" for the whole file)."""
+    train = f"{data.train.path}{subset}"
+    fix = "fix the files, or leave the task out of --tasks"
+    if data.spec.kind == "regression":
+        if len(set(map(float, kept_labels))) < 2:
+            raise BertforgeError(f"{train}: every score is {kept_labels[0]}; nothing to regress on; {fix}")
+        return
+    classes = sorted(set(kept_labels))
+    if len(classes) < 2:
+        raise BertforgeError(f"{train}: every label is {classes[0]!r}; a classifier needs two classes; {fix}")
+    dev = data.dev[data.spec.dev[0]]
+    unseen = next((i for i, label in enumerate(dev.labels) if label not in classes), None)
+    if unseen is not None:
+        raise BertforgeError(
+            f"{dev.path} line {dev.lines[unseen]}: the label {dev.labels[unseen]!r} is in no training "
+            f"example ({train} has {', '.join(map(repr, classes))}); {fix}"
+        )
 
 
 def skipped_note(spec: TaskSpec, name: str, lines: list[int]) -> str:

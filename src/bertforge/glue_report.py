@@ -36,7 +36,6 @@ from bertforge.glue_scores import (
     PUBLISHED_SOURCE,
     glue_average,
     paired_bootstrap_score,
-    published_scores,
     split_figures,
     task_score,
 )
@@ -93,7 +92,9 @@ def build_report(
         "skipped": skipped,
         "tasks": report_tasks,
         "average": {arm: average(report_tasks, arm) for arm in arms},
-        "published": published(list(tasks)),
+        "published": published(
+            {name: set(entry["arms"][arms[0]]["dev"]) for name, entry in report_tasks.items()}
+        ),
     }
 
 
@@ -129,7 +130,10 @@ def majority_class(name: str, task: dict, arms: list[str]) -> dict:
     for arm in arms:
         predicted = [r["predicted"] for r in arm_runs_by_seed(task, arm)]
         above[arm] = paired_bootstrap_score(name, true, predicted, [constant], labels, BOOTSTRAP_RESAMPLES)
-    return {"label": label, "dev": dev, "score": task_score(name, dev), "above": above}
+    # a score only where the first dev file holds every figure of the task (not MNLI's): a matched-only
+    # score beside the arms' mean of matched and mismatched would compare two different things
+    whole = len(dev) == len(FIGURES[name])
+    return {"label": label, "dev": dev, "score": task_score(name, dev) if whole else None, "above": above}
 
 
 def at_chance(majority: dict, arm: str) -> bool:
@@ -174,13 +178,18 @@ def average(tasks: dict[str, dict], arm: str) -> dict:
     return {"score": glue_average(scores), "tasks": list(scores)}
 
 
-def published(tasks: list[str]) -> dict:
-    """The published models' figures on the benchmark's tasks, and their average over those tasks."""
+def published(figures: dict[str, set[str]]) -> dict:
+    """The published models' figures on the benchmark's tasks, those the benchmark has (`figures`:
+    per task; MNLI without its mismatched file has matched alone), and their average over them."""
     models = {}
     for model, row in PUBLISHED.items():
+        kept = {
+            task: {k: v for k, v in row["tasks"][task].items() if k in names}
+            for task, names in figures.items()
+        }
         models[model] = {
-            "tasks": {task: row["tasks"][task] for task in tasks},
-            "average_of_these_tasks": glue_average(published_scores(model, tasks)),
+            "tasks": kept,
+            "average_of_these_tasks": glue_average({task: task_score(task, kept[task]) for task in kept}),
             "glue_score": row["score"],
         }
     return {"source": PUBLISHED_SOURCE, "split": "test", "models": models}
@@ -253,8 +262,8 @@ def table_rows(report: dict, split: str = "dev") -> list[list[str]]:
 
 
 def majority_cell(majority: dict | None, figure: str) -> str:
-    """The majority class's figure; none for a regression or a figure of another dev file (MNLI's
-    mismatched: the majority class is scored on the first dev file, as the paired tests)."""
+    """The majority class's figure; none for a regression, or for a figure of another dev file and the
+    score it enters (MNLI's: the majority class is scored on the first dev file, as the paired tests)."""
     if majority is None:
         return ""
     value = majority["score"] if figure == "score" else majority["dev"].get(figure)
@@ -433,7 +442,8 @@ def plotted_series(report: dict) -> tuple[list[str], list[tuple]]:
         highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
         series.append((f"{arm} (dev)" if arm == "pretrained" else "from scratch (dev)", medians, lows, highs))
     if has_majority(report):
-        values = [report["tasks"][t].get("majority", {}).get("score", np.nan) for t in tasks]
+        values = [report["tasks"][t].get("majority", {}).get("score") for t in tasks]
+        values = [np.nan if value is None else value for value in values]
         series.append(("majority class (dev)", [*values, np.nan], None, None))
     for model, row in report["published"]["models"].items():
         values = [task_score(t, row["tasks"][t]) if row["tasks"][t] else np.nan for t in tasks]

@@ -139,11 +139,6 @@ def glue_average(scores: dict[str, float]) -> float:
     return statistics.fmean(scores.values())
 
 
-def published_scores(model: str, tasks: Sequence[str]) -> dict[str, float]:
-    """A published model's score on each of `tasks`."""
-    return {task: task_score(task, PUBLISHED[model]["tasks"][task]) for task in tasks}
-
-
 def paired_bootstrap_score(
     task: str,
     true: Sequence,
