@@ -258,6 +258,35 @@ def test_a_second_ctrl_c_while_a_checkpoint_is_written_stops_once_it_is_whole(
     assert_same_weights(run / "final", reference / "final")
 
 
+def test_a_stop_whose_signal_also_ended_the_reader_of_the_output_still_saves_its_step(
+    tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir, monkeypatch, capsys
+):
+    """Ctrl-C reaches the whole foreground job: in `bertforge pretrain ... | tee log` the reader is gone
+    when the stop step's held-out line is written. The step is saved all the same and the run ends as a
+    stop (130), not as a reader that left (141) with the step lost."""
+    from bertforge import train as train_module
+
+    optimizer_step, evaluate = train_module.Trainer.optimizer_step, train_module.Trainer.evaluate
+
+    def step_then_ctrl_c(self, stream, lr):
+        optimizer_step(self, stream, lr)
+        if self.state.step == 3:
+            signal.raise_signal(signal.SIGINT)
+
+    def evaluate_into_a_closed_pipe(self, step, bar):
+        if self.signals.received:
+            raise BrokenPipeError(32, "Broken pipe")
+        evaluate(self, step, bar)
+
+    monkeypatch.setattr(train_module.Trainer, "optimizer_step", step_then_ctrl_c)
+    monkeypatch.setattr(train_module.Trainer, "evaluate", evaluate_into_a_closed_pipe)
+    monkeypatch.setattr(train_module, "reader_left", lambda stream: True)  # a test's capture is no pipe
+    run = tmp_path / "run"
+    settings = [*RECIPE, "--valid", str(wiki_valid_slice), "--set", "train.eval_every=1", *ENDLESS]
+    assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, run, *settings)) == 130
+    assert last_step(run) == 3 and "Traceback" not in capsys.readouterr().err
+
+
 def test_a_second_signal_acts_at_once():
     """The first SIGINT or SIGTERM is only recorded; the handlers before the block are then back, so a
     second Ctrl-C raises KeyboardInterrupt at once."""

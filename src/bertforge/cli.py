@@ -18,7 +18,6 @@ import contextlib
 import difflib
 import os
 import re
-import select
 import signal
 import sys
 import warnings
@@ -33,6 +32,7 @@ from bertforge import __version__, distributed  # noqa: E402
 from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views  # noqa: E402
 from bertforge.errors import BertforgeError, Interrupted  # noqa: E402
 from bertforge.io import describe_os_error  # noqa: E402
+from bertforge.progress import reader_left  # noqa: E402
 from bertforge.signals import signal_of, sigterm_unwinds  # noqa: E402
 
 COMMAND_GROUPS = (pretraining, inference, finetuning, glue, views, fetching)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bertforge: error: {in_flags(str(error), flags)}", file=sys.stderr)
             return 2
         except BrokenPipeError as error:
-            if not output_reader_left():
+            if not reader_left(sys.stdout):
                 print(f"bertforge: error: {describe_os_error(error)}", file=sys.stderr)
                 return 2
             return 128 + PIPE_SIGNAL  # quietly, as Unix tools end when `| head` stops reading
@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except Interrupted as stop:  # a signal, after the run saved a checkpoint
             if stop.report:
-                print(f"bertforge: {stop}", file=sys.stderr)
+                try:
+                    print(f"bertforge: {stop}", file=sys.stderr)
+                except BrokenPipeError:  # the signal ended the reader of a pipe too (`2>&1 | tee log`)
+                    reader_left(sys.stderr)
             return stop.exit_status
         except KeyboardInterrupt as stop:
             how = "stopped by SIGTERM" if signal_of(stop) == signal.SIGTERM else "interrupted by Ctrl-C"
@@ -130,21 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PIPE_SIGNAL = getattr(signal, "SIGPIPE", 13)
-
-
-def output_reader_left() -> bool:
-    """Whether standard output is a pipe whose reader has gone (poll reports an error on it, or on macOS
-    a hang-up); if so, what is left to write goes to os.devnull, so that the exit's own flush does not
-    fail again. Without poll (Windows) a broken pipe is an error line."""
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
-            return False
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return True
-    except (AttributeError, OSError, ValueError):  # no poll, or no real stdout (a test's capture)
-        return False
 
 
 def in_flags(message: str, flags: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ once a minute, so that a log gains a few readable lines instead of a megabyte of
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,21 @@ def is_terminal(stream: IO) -> bool:
         return os.get_terminal_size(stream.fileno()).columns > 0
     except (OSError, ValueError, AttributeError):  # no file descriptor, or not one with a size
         return True
+
+
+def reader_left(stream: IO) -> bool:
+    """Whether `stream` is a pipe whose reader has gone (poll reports an error on it, or on macOS a
+    hang-up); if so, what is left to write to it goes to os.devnull, so that no later write (the exit's
+    own flush) fails again. Without poll (Windows), or without a real stream (a test's capture): no."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def progress_bar(

@@ -36,7 +36,9 @@ stop after the same step.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -69,7 +71,7 @@ from bertforge.metrics_log import DeviceFigures, MetricsLog, nonfinite
 from bertforge.model import set_activation_checkpointing
 from bertforge.optimizer import Schedule, build_optimizer
 from bertforge.precision import agree_on_precision, check_precision, resolve_precision
-from bertforge.progress import Progress, metrics_text, progress_bar
+from bertforge.progress import Progress, metrics_text, progress_bar, reader_left
 from bertforge.runtime import autocast, data_workers, resolve_device, to_device, to_host, use_tf32
 from bertforge.signals import StopSignals, stop_signals_held
 
@@ -189,6 +191,7 @@ class Trainer:
         self.clock_read: tuple[int, float] | None = None  # (step, seconds) last agreed under DDP
         self.progress = 0.0  # the run's progress before the step under way (`Schedule.progress`)
         self.checked_step = self.state.step  # the last step whose loss, gradients and weights were finite
+        self.saved_step = self.state.step  # the step of the last checkpoint written (or resumed from)
         # False once a step's gradient norm was non-finite (fp16's scaler skips those steps itself).
         self.grads_finite = torch.ones((), dtype=torch.bool, device=self.device)
 
@@ -298,11 +301,15 @@ class Trainer:
             lr = self.schedule.learning_rate(progress)  # at the step's start, as Google's and HF's
             self.optimizer_step(stream, lr)
             stop = self.agreed_stop()
-            done = self.after_step(lr, bar, checkpoint_now=bool(stop))
-            self.advance(bar, now)  # after the step's log line: a plain progress line shows its loss
+            with output_lost_at(stop):
+                done = self.after_step(lr, bar, checkpoint_now=bool(stop))
+                self.advance(bar, now)  # after the step's log line: a plain progress line shows its loss
+                if stop:
+                    bar.close()
             if stop:
-                bar.close()
                 step = self.state.step
+                if self.saved_step != step:  # its output failed before its checkpoint
+                    self.save_checkpoint(step)
                 raise Interrupted(stop, step, checkpoint_dir(self.run_dir, step), self.world.is_main)
         self.advance(bar, self.elapsed())  # a time budget's bar ends full
         bar.close()
@@ -613,6 +620,19 @@ class Trainer:
                     raise BertforgeError(f"{error}; {self.kept_checkpoints()}; {then}") from error
                 prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints, step)
         distributed.barrier()
+        self.saved_step = step
+
+
+@contextlib.contextmanager
+def output_lost_at(stop: int) -> Iterator[None]:
+    """Where a run stops at a signal, its output may fail: Ctrl-C reaches the whole foreground job, so
+    the reader of `bertforge pretrain ... | tee log` is gone too. Its lines are then dropped, and the
+    step is still saved; a broken pipe without a stop is an error, as before."""
+    try:
+        yield
+    except BrokenPipeError:
+        if not (stop and any([reader_left(sys.stdout), reader_left(sys.stderr)])):
+            raise
 
 
 class Window:
