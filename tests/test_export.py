@@ -163,11 +163,17 @@ def test_hugging_face_tokenizers_give_our_ids_on_wikitext_validation(exported):
     assert encoded["input_ids"] == ids and encoded["token_type_ids"] == types
     texts = [line for line in lines if line.strip()][:400]  # pairs of all lengths, truncated longest first
     firsts, seconds = texts[0::2], texts[1::2]
-    pairs = ours.encode_pairs(firsts, seconds, max_length=33)
-    encoded = fast(firsts, seconds, truncation="longest_first", max_length=33)
-    assert [ids for ids, _ in pairs] == encoded["input_ids"]
-    assert [types for _, types in pairs] == encoded["token_type_ids"]
-    assert sum(len(ids) == 33 for ids, _ in pairs) > 100
+    for length in (33, 34):  # budgets of 30 and 31 tokens: an odd one goes to the longer text
+        pairs = ours.encode_pairs(firsts, seconds, max_length=length)
+        encoded = fast(firsts, seconds, truncation="longest_first", max_length=length)
+        assert [ids for ids, _ in pairs] == encoded["input_ids"]
+        assert [types for _, types in pairs] == encoded["token_type_ids"]
+        assert sum(len(ids) == length for ids, _ in pairs) > 100
+    for a, b in [(n, m) for n in range(12) for m in range(12)]:  # every case, at budgets of 4 to 8
+        first, second = " ".join(["the"] * a) or "a", " ".join(["of"] * b) or "a"
+        for length in range(7, 12):
+            (ids, _), *_ = ours.encode_pairs([first], [second], max_length=length)
+            assert ids == fast(first, second, truncation="longest_first", max_length=length)["input_ids"]
 
 
 def test_export_then_import_gives_identical_weights(exported, tmp_path, run):

@@ -477,11 +477,18 @@ def _fingerprint(data: bytes) -> str:
 
 
 def _truncate_longest_first(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """Cut tokens from the end of the longer list until both fit in `budget` together."""
+    """Cut both lists at their ends to fit `budget` together, as Hugging Face's fast tokenizers do
+    ("longest_first"), so that an exported model reads a long pair as bertforge does: the shorter list
+    stays whole where the longer can take the rest; else the shorter keeps budget // 2 and the longer
+    the rest (the second, of two of equal length). Google's loop gives an odd token to the first."""
     if len(a) + len(b) <= budget:
         return a, b
-    keep_a = min(len(a), max(budget - len(b), (budget + 1) // 2))
-    return a[:keep_a], b[: budget - keep_a]
+    short, long = sorted((len(a), len(b)))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget - budget // 2
+    keep_a, keep_b = (long, short) if len(a) > len(b) else (short, long)
+    return a[:keep_a], b[:keep_b]
 
 
 def _int_list(ids: Iterable[int]) -> list[int]:
