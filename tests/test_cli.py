@@ -738,3 +738,19 @@ def test_paths_left_over_by_an_unquoted_glob_are_named_as_such(tmp_path, capsys,
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert "unrecognized arguments: b.txt (a glob the shell expanded? quote it" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["classify", "--model", "M", "fine", "caf\udce9"],
+        ["fill-mask", "--model", "M", "caf\udce9"],
+        ["nsp", "--model", "M", "a", "caf\udce9"],
+        ["generate", "--model", "M", "caf\udce9"],
+        ["attention", "--model", "M", "a", "caf\udce9"],
+    ],
+)
+def test_a_text_argument_that_is_not_utf8_is_one_line(capsys, argv):
+    """A Latin-1 terminal's "café" reaches Python as a lone surrogate, which the tokenizer refuses with a
+    TypeError traceback."""
+    assert_clean_failure(capsys, argv, "the text b'caf\\xe9' holds the byte 0xe9, which is not UTF-8")

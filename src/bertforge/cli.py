@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, usage_line(unrecognized(parser, args, unknown), f"bertforge {command}"))
     with one_line_warnings(), left_process_group(), sigterm_unwinds():
         try:
+            refuse_undecodable_texts(args)
             status = args.handler(args)
             sys.stdout.flush()  # here, where a reader that left is handled, not at the interpreter's exit
             return status
@@ -133,6 +134,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PIPE_SIGNAL = getattr(signal, "SIGPIPE", 13)
+TEXT_ARGUMENTS = ("text", "a", "b", "pair", "prompt")  # the commands' texts given on the command line
+
+
+def refuse_undecodable_texts(args: argparse.Namespace) -> None:
+    """A text argument with bytes that are not UTF-8 (a Latin-1 terminal's "café"): Python keeps them as
+    lone surrogates, which the tokenizer would refuse with a TypeError. Paths may hold any bytes."""
+    for name in TEXT_ARGUMENTS:
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str):
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                byte = ord(value[error.start]) - 0xDC00  # surrogateescape keeps byte b as U+DC00 + b
+                raise BertforgeError(
+                    f"the text {value.encode('utf-8', 'surrogateescape')!r} holds the byte 0x{byte:02x}, "
+                    "which is not UTF-8; give the text in UTF-8 (set the terminal to UTF-8, or convert a "
+                    "file with iconv -f latin1 -t utf-8 and pass it with --input)"
+                ) from None
 
 
 def in_flags(message: str, flags: dict[str, str]) -> str:
