@@ -139,6 +139,19 @@ def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
     assert all(r["score"] == max(r["probabilities"].values()) for r in records)
 
 
+@pytest.mark.parametrize(
+    "texts, message",
+    [
+        (["album song\t"], "text 1 of 1: its second text gives no tokens"),
+        (["war\tsong", "\u200b\tsong"], "text 2 of 2: its text gives no tokens"),
+        (["\u200b\t\u200b"], "text 1 of 1: its text and its second text give no tokens"),
+    ],
+)
+def test_classify_refuses_a_text_or_half_of_a_pair_without_tokens(capsys, finetuned, texts, message):
+    """Its input would be [CLS] a [SEP] [SEP]; Hugging Face's pipeline reads an empty second text as none."""
+    assert_clean_failure(capsys, ["classify", "--model", str(finetuned), *texts], message)
+
+
 def test_classify_warns_of_inputs_unlike_the_training_and_an_export_keeps_what_they_were(tmp_path, finetuned):
     from bertforge.classifier import classify, warn_unlike_training
     from bertforge.export import export_model

@@ -127,6 +127,7 @@ def _classified(model, tokenizer, labels, texts, pairs, max_length, batch_size) 
     for start in range(0, len(texts), batch_size):
         chunk = texts[start : start + batch_size], pairs[start : start + batch_size]
         encoded, cuts = tokenizer.encode_pairs_and_cuts(*chunk, max_length)
+        _refuse_tokenless(encoded, chunk[1], start, len(texts))
         truncated += cuts
         examples = [{"input_ids": ids, "token_type_ids": types} for ids, types in encoded]
         batch = pad_batch(examples, tokenizer.pad_id)
@@ -137,6 +138,20 @@ def _classified(model, tokenizer, labels, texts, pairs, max_length, batch_size) 
         )  # (B, K)
         results += _label_rows(logits.float(), labels)
     return results, truncated
+
+
+def _refuse_tokenless(encoded: list[tuple[list[int], list[int]]], pairs, start: int, total: int) -> None:
+    """Refuse a text, or either text of a pair, that gives no tokens (blank, or only characters the
+    tokenizer drops, such as a zero-width space): its model input would hold [SEP]s alone. Segment 0
+    holds [CLS] text [SEP], segment 1 the pair's second text and [SEP]."""
+    for i, ((_, types), pair) in enumerate(zip(encoded, pairs, strict=True)):
+        empty = ["its text"] if types.count(0) == 2 else []
+        empty += ["its second text"] if pair is not None and types.count(1) == 1 else []
+        if empty:
+            raise BertforgeError(
+                f"text {start + i + 1} of {total}: {' and '.join(empty)} give{'s' * (len(empty) == 1)} no "
+                "tokens; give texts with words in them"
+            )
 
 
 def _label_rows(logits: torch.Tensor, labels: list[str]) -> list[dict]:
