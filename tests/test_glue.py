@@ -1182,7 +1182,9 @@ def test_runs_in_parallel_workers_end_as_the_serial_runs_and_a_stopped_one_resum
 
         monkeypatch.setattr(RunsProgress, "advance", signal_after_the_first_run)
         out = tmp_path / "stopped"
-        with pytest.raises(Interrupted, match=rf"continue with: bertforge glue --out {out} --resume"):
+        with pytest.raises(
+            Interrupted, match=rf"continue with: bertforge glue --out {out} --resume --jobs 2$"
+        ):
             run_glue(bench, out, show_progress=False, jobs=2)
         assert 1 <= len(list(out.glob("*/*/seed_*/result.json"))) < 4 and not (out / "glue.json").exists()
         monkeypatch.setattr(RunsProgress, "advance", advance)

@@ -287,6 +287,42 @@ def test_a_stop_whose_signal_also_ended_the_reader_of_the_output_still_saves_its
     assert last_step(run) == 3 and "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("second", [False, True])
+def test_a_stopped_finetune_names_the_command_that_continues_it_with_its_jobs(
+    tmp_path, tiny_pretrained_run, monkeypatch, capsys, second
+):
+    """The command keeps --jobs (each run's share of the threads decides its last bits); a second Ctrl-C,
+    acted on at once, is told the same command rather than "nothing half-written was kept"."""
+    from bertforge import train as train_module
+
+    optimizer_step, save = train_module.Trainer.optimizer_step, train_module.Trainer.save_checkpoint
+
+    def step_then_ctrl_c(self, stream, lr):
+        optimizer_step(self, stream, lr)
+        if self.state.step == 3:
+            signal.raise_signal(signal.SIGINT)
+
+    def save_then_ctrl_c(self, step):
+        save(self, step)
+        if step == 3:  # the first Ctrl-C put Python's handler back: this one raises KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(train_module.Trainer, "optimizer_step", step_then_ctrl_c)
+    if second:
+        monkeypatch.setattr(train_module.Trainer, "save_checkpoint", save_then_ctrl_c)
+    train = write_csv(tmp_path / "train.csv", pair_rows(200, 0))
+    valid = write_csv(tmp_path / "valid.csv", pair_rows(16, 1))
+    run = tmp_path / "run"
+    argv = finetune_argv(tiny_pretrained_run, train, valid, run, "--seeds", "1,2", "--jobs", "1", "--quiet")
+    assert main(argv) == 130
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith(f"continue with: bertforge finetune --out {run} --resume --jobs 1")
+    )
+
+
 def test_a_second_signal_acts_at_once():
     """The first SIGINT or SIGTERM is only recorded; the handlers before the block are then back, so a
     second Ctrl-C raises KeyboardInterrupt at once."""

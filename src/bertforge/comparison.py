@@ -79,7 +79,7 @@ def compare_with_scratch(
         for seed in task.seeds
         for arm in ARMS
     ]
-    with removed_unless_progress(out, created, [run.run_dir for run in runs]):
+    with removed_unless_progress(out, created, [run.run_dir for run in runs], jobs):
         results, at_once = run_seeds(job, runs, config, out, jobs)
     for arm in ARMS:
         scratch = arm == "scratch"

@@ -93,6 +93,7 @@ from bertforge.plots import plot_finetuning
 from bertforge.precision import resolve_precision
 from bertforge.progress import RunsProgress
 from bertforge.runtime import apply_threads, autocast, eval_mode, resolve_device, to_device
+from bertforge.signals import StoppedEarly, signal_of
 from bertforge.stats import spread
 from bertforge.tagged import TAGGING, is_tagged_file
 from bertforge.tagger import TOKEN_TASK, check_taggable, token_classifier
@@ -244,7 +245,7 @@ def finetune(
         SeedRun(seed, run_dir, task.from_scratch, f"seed {seed}")
         for seed, run_dir in seed_runs(task, job.config, out)
     ]
-    with removed_unless_progress(out, created, [run.run_dir for run in runs]):
+    with removed_unless_progress(out, created, [run.run_dir for run in runs], jobs):
         results, at_once = run_seeds(job, runs, config, out, jobs)
     summary = {**summarize_seeds(results), "this_invocation": {**at_once, "wall_s": time.time() - began}}
     if task.seeds:
@@ -320,19 +321,27 @@ def prepare(task: FinetuneTask, config: RunConfig, out: Path, resume: bool, show
 
 
 @contextlib.contextmanager
-def removed_unless_progress(out: Path, created: bool, run_dirs: list[Path]) -> Iterator[None]:
+def removed_unless_progress(
+    out: Path, created: bool, run_dirs: list[Path], jobs: int | None = None
+) -> Iterator[None]:
     """On failure, remove `out` if this call created it and no run in it finished or reached a
     checkpoint: leave no half-made run behind, but everything `--resume` can continue. A run that a
-    signal stopped learns the command that continues it."""
+    signal stopped learns the command that continues it, with the `jobs` given (each run's share of
+    the threads decides its last bits); a second signal, or one outside the loop, is told it too."""
     try:
         yield
     except BaseException as error:
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
             remove_folder(out)  # a stop before any checkpoint: run the command again
-        elif isinstance(error, Interrupted):
-            error.resume_command = (
-                f"bertforge finetune --out {shlex.quote(str(out))} --resume{reporting.continue_flag()}"
-            )
+            raise
+        given = f" --jobs {jobs}" if jobs is not None else ""
+        command = (
+            f"bertforge finetune --out {shlex.quote(str(out))} --resume{given}{reporting.continue_flag()}"
+        )
+        if isinstance(error, Interrupted):
+            error.resume_command = command
+        elif isinstance(error, KeyboardInterrupt):
+            raise StoppedEarly(signal_of(error), "", f"continue with: {command}") from None
         raise
     finally:
         lock = _owned.pop(Path(out).resolve(), None)

@@ -267,6 +267,7 @@ def run_tasks(
     some of the benchmark's tasks, which a resume command must name."""
     planned = plan(bench, datas, out)
     work, done = {str(run.folder): run.work for run in planned}, [run.done for run in planned]
+    given = f" --jobs {jobs}" if jobs is not None else ""  # each run's share of the threads: its last bits
     jobs = auto_jobs(bench.device) if jobs is None else jobs
     share = share_threads(jobs, torch.get_num_threads(), len(planned), done.count(False))
     progress = RunsProgress("glue", work, done, show_progress, unit="token", at_once=share.workers)
@@ -277,7 +278,7 @@ def run_tasks(
                 tasks[name] = run_task(bench, data, files[name], out, progress, say, pool)
     except Interrupted as stop:
         kept = f" --tasks {','.join(bench.tasks)}" if some_tasks else ""
-        stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}"
+        stop.resume_command = f"bertforge glue --out {shlex.quote(str(out))} --resume{kept}{given}"
         raise
     finally:
         progress.close()
