@@ -104,6 +104,17 @@ def test_a_resume_at_the_runs_end_writes_nothing(tmp_path, capsys, tiny_pretrain
     assert not {"config.json", "final/config.json", "final/model.safetensors"} & changed, changed
 
 
+def test_a_resume_at_the_runs_end_draws_a_plot_a_stop_left_undrawn(tmp_path, tiny_pretrained_run):
+    """A signal (or kill -9) between final/ and loss.png leaves a finished run without its plot."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_pretrained_run, run)
+    (run / "loss.png").unlink()
+    weights = (run / "final" / "model.safetensors").read_bytes()
+    assert main(["pretrain", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert (run / "loss.png").read_bytes().startswith(b"\x89PNG")
+    assert (run / "final" / "model.safetensors").read_bytes() == weights
+
+
 def test_saved_settings_a_model_cannot_be_read_with_are_named(
     tmp_path, capsys, tiny_pretrained_run, wiki_valid_slice
 ):

@@ -390,10 +390,13 @@ def train_and_save(
         show_progress=show_progress,
         on_resume=functools.partial(save_json, config, out / CONFIG),  # the settings it continues with
     )
-    if distributed.launched().is_main and (result["steps_run"] or not (out / "final").is_dir()):
-        save_model_folder(out / "final", model.cpu(), tokenizer, config)
-        masking = (config.data.mlm_probability, EVAL_MASK_RATE) if mlm else None
-        plot_pretraining(out / "metrics.jsonl", out / "loss.png", masking)
+    if distributed.launched().is_main:
+        # a resume at the run's end writes what a stop after the last step left unwritten, nothing else
+        if result["steps_run"] or not (out / "final").is_dir():
+            save_model_folder(out / "final", model.cpu(), tokenizer, config)
+        if result["steps_run"] or not (out / "loss.png").is_file():
+            masking = (config.data.mlm_probability, EVAL_MASK_RATE) if mlm else None
+            plot_pretraining(out / "metrics.jsonl", out / "loss.png", masking)
     distributed.barrier()  # the other ranks return once the run folder is complete
     return result
 
