@@ -162,6 +162,19 @@ def test_a_truncated_optimizer_state_is_named(tmp_path, capsys, tiny_pretrained_
     assert_clean_failure(capsys, argv, "optimizer.pt is damaged")
 
 
+def test_a_pipe_given_as_a_file_is_named_as_one(tmp_path, capsys, tiny_pretrained_run):
+    """/dev/stdin or <(...): read more than once (hashed, sniffed, tokenized), a pipe would be empty."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    message = f"{fifo} is not a regular file (a pipe or a device); save the text to a file"
+    model = ["--model", str(tiny_pretrained_run)]
+    assert_clean_failure(capsys, ["fill-mask", *model, "--input", str(fifo)], message)
+    assert_clean_failure(capsys, ["evaluate", *model, "--corpus", str(fifo)], message)
+    pretrain = ["pretrain", "--preset", "tiny", "--corpus", str(fifo), "--out", str(tmp_path / "run")]
+    assert_clean_failure(capsys, pretrain, message)
+    assert not (tmp_path / "run").exists()
+
+
 def test_impossible_arguments_and_sizes_are_one_line(tmp_path, capsys, tiny_pretrained_run, wiki_slice):
     lines = tmp_path / "lines.txt"
     lines.write_text("the cat sat\n")

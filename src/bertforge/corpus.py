@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
-from bertforge.labeled import LONGEST_FIELD, is_header_row
+from bertforge.labeled import LONGEST_FIELD, NOT_REGULAR, is_header_row
 from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
@@ -403,6 +403,8 @@ def check_text_file(path: str | Path, role: str = "corpus") -> Path:
         raise BertforgeError(f"{role} file {path} does not exist; check the path")
     if path.is_dir():
         raise BertforgeError(f"{role} path {path} is a folder; give the path of one text file")
+    if not path.is_file():
+        raise BertforgeError(f"{role} file {path} {NOT_REGULAR}")
     if path.stat().st_size == 0:
         raise BertforgeError(f"{role} file {path} is empty; give a file that holds text")
     return path

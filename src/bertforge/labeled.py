@@ -86,6 +86,8 @@ def read_labeled(
 
 
 GZIP_MAGIC = b"\x1f\x8b"
+# /dev/stdin, <(...): bertforge hashes, sniffs and reads its files more than once
+NOT_REGULAR = "is not a regular file (a pipe or a device); save the text to a file and give its path"
 EMPTY_CHECK_BYTES = 4096  # a file no longer than this that holds only white space is empty
 
 
@@ -95,8 +97,10 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
     path = Path(path)
     if not path.exists():
         raise BertforgeError(f"data file {path} does not exist; check the path")
-    if not path.is_file():
+    if path.is_dir():
         raise BertforgeError(f"{path} is a folder; give a file with {what}")
+    if not path.is_file():
+        raise BertforgeError(f"{path} {NOT_REGULAR}")
     with path.open("rb") as file:
         head = file.read(EMPTY_CHECK_BYTES)
     if not head.strip() and path.stat().st_size <= len(head):
