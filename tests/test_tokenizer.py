@@ -69,6 +69,7 @@ def test_wikitext_unk_becomes_the_unknown_token(trained, valid_sentences):
     assert ids.count(tokenizer.unk_id) >= sentence.count("[UNK]") > 0
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode_batch(["a [UNK] b"])[0]) == ["a", "[UNK]", "b"]
     assert tokenizer.token_to_id("unk") is None  # "[UNK]" was not learned as a word during training
+    assert not {"##UNK]", "##NK]", "##K]"} & set(tokenizer.backend.get_vocab())  # nor were its pieces
 
 
 def test_encode_pair_layout_and_truncation(trained):

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,8 @@ HF_CONFIG_FILE = "tokenizer_config.json"  # what transformers' BertTokenizerFast
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
-TRAINING_VERSION = 2  # 2: deterministic WordPiece training; caches key on it
+TRAINING_VERSION = 3  # 2: deterministic WordPiece training, 3: special tokens in the text not counted;
+# caches key on it
 _TRAIN_BATCH = 1000  # sentences per batch handed to the Rust trainer
 _MODEL_KINDS = {"WordPiece": "wordpiece", "WordLevel": "wordlevel"}
 NEEDS_SPECIALS = (
@@ -216,22 +217,14 @@ def train_tokenizer(
     def sentences() -> Iterator[list[str]]:
         # Opening every stream checks every file (and Parquet column) before training starts.
         streams = [read_documents(path, format, text_column=text_column) for path in corpus_files]
-        return _sentence_batches(streams)
+        return _without_special_tokens(_sentence_batches(streams))
 
     # The Rust trainer's bars need a terminal: elsewhere they leave only empty lines (on stdout).
     rust_bars = show_progress and is_terminal(sys.stdout) and is_terminal(sys.stderr)
     pieces = _continuation_pieces(sentences(), config) if config.kind == "wordpiece" else []
     backend = _new_backend(config.kind, config.lowercase)
     backend.train_from_iterator(sentences(), trainer=_trainer(config, rust_bars, pieces))
-    if config.kind == "wordlevel" and (holes := _id_holes(backend)):
-        # A special token seen as a word (WikiText's [UNK]) took a slot of the size asked for: again,
-        # with that many more, so that the vocabulary has the size asked for once the holes close.
-        backend = _new_backend(config.kind, config.lowercase)
-        wider = replace(config, vocab_size=config.vocab_size + holes)
-        backend.train_from_iterator(sentences(), trainer=_trainer(wider, rust_bars))
-    if config.kind == "wordlevel":
-        _close_id_gaps(backend)
-    else:  # the pieces were the trainer's special tokens; in the tokenizer they are plain vocabulary
+    if config.kind == "wordpiece":  # the pieces were the trainer's special tokens; here plain vocabulary
         backend = _new_backend(config.kind, config.lowercase, backend.get_vocab(with_added_tokens=False))
     if backend.get_vocab_size(with_added_tokens=True) <= len(SPECIAL_TOKENS):
         raise BertforgeError(
@@ -304,16 +297,15 @@ def _id_holes(backend: Tokenizer) -> int:
     return max(ids, default=-1) + 1 - len(ids)
 
 
-def _close_id_gaps(backend: Tokenizer) -> None:
-    """Renumber a word-level vocabulary densely, keeping its order.
+_SPECIAL_IN_TEXT = re.compile("|".join(map(re.escape, SPECIAL_TOKENS)))
 
-    `WordLevelTrainer` leaves a hole in the ids where a special token also occurred as a word
-    (WikiText's `[UNK]`), which would make `vocab_size` smaller than the largest id.
-    """
-    vocab = backend.get_vocab(with_added_tokens=True)
-    if sorted(vocab.values()) != list(range(len(vocab))):
-        ordered = sorted(vocab, key=vocab.__getitem__)
-        backend.model = models.WordLevel({token: i for i, token in enumerate(ordered)}, unk_token="[UNK]")
+
+def _without_special_tokens(batches: Iterator[list[str]]) -> Iterator[list[str]]:
+    """The sentences with BERT's special tokens taken out (WikiText's <unk> reads as [UNK]): counted
+    as a word, [UNK] cost WordPiece three slots (##UNK], ##NK], ##K]) and WordLevel a hole in its ids.
+    Encoding reads them in the text as the tokens they name."""
+    for batch in batches:
+        yield [_SPECIAL_IN_TEXT.sub(" ", sentence) for sentence in batch]
 
 
 def _sentence_batches(streams: Iterable[Iterator[list[str]]]) -> Iterator[list[str]]:
