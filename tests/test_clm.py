@@ -399,6 +399,9 @@ def test_import_names_the_tensor_the_weights_hold_and_a_missing_tokenizer(
         shutil.copy(gpt_export / name, bare / name)
     argv = ["import-hf", "--from", str(bare), "--out", str(tmp_path / "imported")]
     assert_clean_failure(capsys, argv, "has neither tokenizer.json nor vocab.txt: it holds no tokenizer")
+    (bare / "vocab.json").write_text('{"a</w>": 0}', encoding="utf-8")  # as openai-gpt's own folder has
+    (bare / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    assert_clean_failure(capsys, argv, "holds a BPE tokenizer (vocab.json and merges.txt); bertforge")
     argv = [
         "pretrain",
         "--corpus",

@@ -243,13 +243,14 @@ def test_a_mask_that_starts_a_word_is_offered_no_word_pieces(random_model):
     model, tokenizer = random_model
     pieces = int(tokenizer.continuation_mask().sum())
     everything = tokenizer.vocab_size
-    first, second, third = fill_mask(model, tokenizer, "[MASK] game ([MASK] was[MASK]", top_k=everything)
-    for starts_a_word in (first, second):  # at the start, and after a punctuation mark
+    text = "[MASK] game ([MASK] 中[MASK] was[MASK]"
+    first, second, ideograph, third = fill_mask(model, tokenizer, text, top_k=everything)
+    for starts_a_word in (first, second, ideograph):  # at the start, after punctuation, after 中 (a word)
         assert not any(p["token"].startswith("##") for p in starts_a_word)
         assert len(starts_a_word) == everything - pieces - len(tokenizer.special_ids)
     assert sum(p["token"].startswith("##") for p in third) == pieces  # right after a word: all offered
     special = set(tokenizer.special_ids)  # [PAD], [UNK], [CLS], [SEP], [MASK]: never a word
-    assert not any(p["token_id"] in special for found in (first, second, third) for p in found)
+    assert not any(p["token_id"] in special for found in (first, second, ideograph, third) for p in found)
     # The scores stay the model's probabilities: the pieces' share is left out, not spread.
     assert sum(p["score"] for p in first) < 1.0
     top = fill_mask(model, tokenizer, "the [MASK] was good", top_k=5)[0]

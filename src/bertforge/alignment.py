@@ -23,15 +23,11 @@ from collections.abc import Sequence
 
 from bertforge.corpus import takes_its_period
 from bertforge.losses import NO_LABEL
-from bertforge.tokenizer import BertTokenizer
+from bertforge.tokenizer import IDEOGRAPHS, BertTokenizer
 
 WordPieces = list[list[int]]  # one sentence: each word's piece ids
 
-# BERT's CJK ideographs (Google's `_is_chinese_char`), each a word of its own, as BERT splits them
-_IDEOGRAPHS = (
-    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ceaf\U0002f800-\U0002fa1f"
-)
-_CHUNKS = re.compile(f"[{_IDEOGRAPHS}]|[^\\s{_IDEOGRAPHS}]+")
+_CHUNKS = re.compile(f"[{IDEOGRAPHS}]|[^\\s{IDEOGRAPHS}]+")
 _POSSESSIVES = ("'s", "\u2019s")
 
 

@@ -534,6 +534,11 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
             backend = Tokenizer.from_file(str(src / TOKENIZER_FILE))
         except Exception as error:  # the Rust side raises a bare Exception for any parse problem
             raise BertforgeError(f"{src / TOKENIZER_FILE} is not a valid tokenizer file ({error})") from None
+    elif (src / "merges.txt").is_file():  # GPT-1's and GPT-2's byte-pair files, without a tokenizer.json
+        raise BertforgeError(
+            f"{src} holds a BPE tokenizer (vocab.json and merges.txt); bertforge supports WordPiece and "
+            "WordLevel tokenizers"
+        )
     elif not (src / VOCAB_FILE).is_file():
         raise BertforgeError(
             f"{src} has neither {TOKENIZER_FILE} nor {VOCAB_FILE}: it holds no tokenizer; copy in the "

@@ -32,7 +32,7 @@ from bertforge.folders import HEADS
 from bertforge.model import reading_length
 from bertforge.progress import progress_bar
 from bertforge.runtime import eval_mode, to_device
-from bertforge.tokenizer import BertTokenizer
+from bertforge.tokenizer import IDEOGRAPHS, BertTokenizer
 
 DEFAULT_BATCH_SIZE = 32
 POOLINGS = ("cls", "mean")
@@ -304,12 +304,16 @@ def _describe_predictions(
     return found
 
 
+_JOINS_A_PIECE = re.compile(f"[^\\W_{IDEOGRAPHS}]")  # a letter or digit that is not an ideograph
+
+
 def _masks_starting_words(text: str, count: int) -> list[bool]:
     """For each of the `count` masks of `text`, left to right: whether it starts a word (nothing, a
-    space or a punctuation mark before it), where only a whole word or a word's first piece can go.
-    A mask right after a letter or digit ("play[MASK]") may be a `##` piece."""
+    space, a punctuation mark or a CJK ideograph, a word of its own, before it), where only a whole
+    word or a word's first piece can go. A mask right after a letter or digit ("play[MASK]") may be a
+    `##` piece."""
     found = [match.start() for match in re.finditer(re.escape("[MASK]"), text)]
-    starts = [index == 0 or not text[index - 1].isalnum() for index in found]
+    starts = [index == 0 or not _JOINS_A_PIECE.match(text[index - 1]) for index in found]
     return starts if len(starts) == count else [False] * count  # the tokenizer read them otherwise
 
 

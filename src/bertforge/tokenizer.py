@@ -40,6 +40,10 @@ VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "bertforge_tokenizer.json"
 TRAINING_VERSION = 3  # 2: deterministic WordPiece training, 3: special tokens in the text not counted;
 # caches key on it
+# BERT's CJK ideographs (Google's `_is_chinese_char`), each a word of its own, as BERT splits them
+IDEOGRAPHS = (
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ceaf\U0002f800-\U0002fa1f"
+)
 _TRAIN_BATCH = 1000  # sentences per batch handed to the Rust trainer
 _MODEL_KINDS = {"WordPiece": "wordpiece", "WordLevel": "wordlevel"}
 NEEDS_SPECIALS = (
