@@ -24,6 +24,7 @@ from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.export import export_model
 from bertforge.io import WriteError, write_error
+from bertforge.labeled import json_line
 from bertforge.metrics_log import MetricsLog
 from bertforge.pretrain import pretrain
 from bertforge.shards import TOKENS_FILE
@@ -173,6 +174,23 @@ def test_a_pipe_given_as_a_file_is_named_as_one(tmp_path, capsys, tiny_pretraine
     pretrain = ["pretrain", "--preset", "tiny", "--corpus", str(fifo), "--out", str(tmp_path / "run")]
     assert_clean_failure(capsys, pretrain, message)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "value, fault", [("[" * 5000 + "]" * 5000, "maximum recursion depth"), ("1" * 5000, "Exceeds the limit")]
+)
+def test_json_that_pythons_decoder_cannot_hold_is_one_line(tmp_path, capsys, value, fault):
+    """A nesting deeper than Python's recursion limit, or an integer over 4,300 digits, in any field."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        '{"text": "A sentence."}\n{"text": "Another.", "meta": ' + value + "}\n", encoding="utf-8"
+    )
+    out = tmp_path / "tok"
+    argv = ["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "100", "--out", str(out)]
+    assert_clean_failure(capsys, argv, f"line 2: not valid JSON ({fault}")
+    assert not out.exists()
+    with pytest.raises(BertforgeError, match=rf"train.jsonl line 3 is not valid JSON \({fault}"):
+        json_line(tmp_path / "train.jsonl", 3, '{"text": "good", "label": 1, "meta": ' + value + "}")
 
 
 def test_impossible_arguments_and_sizes_are_one_line(tmp_path, capsys, tiny_pretrained_run, wiki_slice):

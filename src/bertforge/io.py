@@ -194,7 +194,8 @@ def read_json(
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise error(f"{path} is missing; {missing}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as problem:
+    except (ValueError, UnicodeDecodeError, RecursionError) as problem:  # ValueError: JSONDecodeError,
+        # or an integer over 4,300 digits; RecursionError: a nesting too deep for Python's decoder
         raise error(f"{path} is not valid JSON ({problem}); {damaged}") from None
     if not isinstance(value, dict):
         raise error(f"{path} does not hold a JSON object; {damaged}")

@@ -241,10 +241,16 @@ def json_line(path: Path, number: int, raw: str):
     """The value on line `number` of the JSON lines file `path`; one error naming the line if not JSON."""
     try:
         return json.loads(raw)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:
         raise BertforgeError(
-            f"{path} line {number} is not valid JSON ({error.msg}); each line holds one JSON object"
+            f"{path} line {number} is not valid JSON ({json_fault(error)}); each line holds one JSON object"
         ) from None
+
+
+def json_fault(error: ValueError | RecursionError) -> str:
+    """Why Python's decoder refused a JSON text: its message, or a nesting too deep for it, or an
+    integer too long to convert (over 4,300 digits)."""
+    return error.msg if isinstance(error, json.JSONDecodeError) else str(error)
 
 
 def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int, list]]:

@@ -203,7 +203,7 @@ def is_tagged_file(path: str | Path, token_field: str | None = None, tag_field: 
     if is_json_lines(path, head):
         try:
             record = json.loads(lines[0])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # its reader names the fault
             return False
         fields = (token_field or JSON_FIELDS[0], tag_field or JSON_FIELDS[1])
         return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in fields)
