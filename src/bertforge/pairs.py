@@ -40,6 +40,7 @@ from bertforge.errors import BertforgeError
 
 IS_NEXT = 0  # Hugging Face `next_sentence_label`: 0 = B continues A
 RANDOM_NEXT = 1  # 1 = B was drawn from another document
+MOSTLY_RANDOM = 0.6  # a share of random pairs past which a text's documents are mostly one sentence
 NO_NSP = -1  # MLM-only sequence: no next-sentence label
 
 _EMPTY_CORPUS = (

@@ -96,7 +96,7 @@ from bertforge.masking import PretrainingCollator, pretraining_collator, subsamp
 from bertforge.model import BertForPreTraining
 from bertforge.optimizer import Schedule
 from bertforge.packing import fewest_windows, packed_batches
-from bertforge.pairs import RANDOM_NEXT, PairDataset, build_pairs, document_ends
+from bertforge.pairs import MOSTLY_RANDOM, RANDOM_NEXT, PairDataset, build_pairs, document_ends
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device, size_embeddings
@@ -460,7 +460,7 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
             stacklevel=2,
         )
     random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
-    if random_share > 0.6:  # Google's pairs are about half random
+    if random_share > MOSTLY_RANDOM:  # Google's pairs are about half random
         warnings.warn(
             f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
             "is usual: many documents of the corpus have one sentence, and each gets a random partner, "
