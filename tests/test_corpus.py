@@ -441,6 +441,8 @@ def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):
         "data/sub/c.jsonl",
         "data/.hidden",
         "data/.git/x",
+        "data/_SUCCESS",  # a Spark or Arrow dataset's marker and metadata
+        "data/_common_metadata",
         "solo.txt",
     ):
         Path(name).parent.mkdir(parents=True, exist_ok=True)
@@ -453,6 +455,20 @@ def test_corpus_specs_resolve_to_sorted_unique_files(tmp_path, monkeypatch):
     ]
     assert resolve_corpus_files(["data/**/*.jsonl"]) == [Path("data/sub/c.jsonl")]
     assert resolve_corpus_files(["data/s*"]) == [Path("data/sub/c.jsonl")]  # a matched folder is expanded
+
+
+def test_a_tsv_row_split_by_a_quoted_line_break_says_tsv_is_read_without_quoting(tmp_path):
+    path = tmp_path / "table.tsv"  # as Python's csv module writes a value holding a line break
+    path.write_text('text\tlabel\n"One line,\nand another."\t1\n', encoding="utf-8")
+    with pytest.raises(BertforgeError, match="quoted values, and TSV files are read without quoting"):
+        list(read_documents(path, "tsv"))
+
+
+def test_several_text_columns_are_named_as_a_tables_in_json_lines(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"q": "Why?", "a": "Because."}\n', encoding="utf-8")
+    with pytest.raises(BertforgeError, match="several columns, a,b, are read from TSV and CSV files only"):
+        list(read_documents(path, "jsonl", text_column="q,a"))
 
 
 def test_a_corpus_folder_is_read_through_its_linked_subfolders(tmp_path, monkeypatch):

@@ -121,8 +121,9 @@ def _refuse_folder_of_ours(folder: Path) -> None:
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    """Every file below `folder` but hidden ones, through linked subfolders too (each real folder once:
-    a link back up does not loop)."""
+    """Every file below `folder` but hidden ones and those named with a leading `_` (the `_SUCCESS` and
+    `_metadata` of a Spark or Arrow dataset), through linked subfolders too (each real folder once: a
+    link back up does not loop)."""
     files, seen = [], set()
     for root, folders, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(root)
@@ -131,7 +132,7 @@ def _folder_files(folder: Path) -> list[Path]:
             continue
         seen.add(real)
         folders[:] = sorted(name for name in folders if not name.startswith("."))  # a fixed order of names
-        files += [Path(root, name) for name in names if not name.startswith(".")]
+        files += [Path(root, name) for name in names if not name.startswith((".", "_"))]
     return sorted(file for file in files if file.is_file())
 
 
@@ -325,9 +326,10 @@ class _ParquetRows:
         self._pa = _pyarrow()
         schema = self._open().schema_arrow
         if column not in schema.names:
+            several = " (several columns, a,b, are read from TSV and CSV files only)" if "," in column else ""
             raise BertforgeError(
                 f"{path} has no column {column!r}; its columns are: {', '.join(schema.names)}; "
-                f"name the text column with data.text_column"
+                f"name the text column with data.text_column{several}"
             )
         kind = schema.field(column).type
         if not self._is_text(kind):
@@ -559,6 +561,11 @@ def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
             yield document
 
 
+# A TSV is read as GLUE's are, without quoting: a tab inside a value, or a line break, has no escape
+QUOTED_TSV = (
+    "; the row holds quoted values, and TSV files are read without quoting (a tab or line break cannot "
+    "be inside a value): write it without quotes, or as CSV"
+)
 _JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
 
 
@@ -575,7 +582,8 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
         raise BertforgeError(f"{path}, line {number}: the {field} field is {kind}, not a string; {hint}")
     if not isinstance(record, dict) or column not in record:
         fields = f" (its fields: {', '.join(record)})" if isinstance(record, dict) and record else ""
-        raise BertforgeError(f"{path}, line {number}: no string {field} field{fields}; {hint}")
+        several = "; several columns, a,b, are read from TSV and CSV files only" if "," in column else ""
+        raise BertforgeError(f"{path}, line {number}: no string {field} field{fields}; {hint}{several}")
     text = record[column]
     try:
         text.encode("utf-8")
@@ -618,9 +626,10 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
             if not row:
                 continue
             if len(row) != len(header):
+                quoted = any(value.startswith('"') for value in row) and quoting == csv.QUOTE_NONE
                 raise BertforgeError(
                     f"{lines.path} line {line} has {len(row)} fields where line 1 has "
-                    f"{len(header)}; every row has one value per column"
+                    f"{len(header)}; every row has one value per column" + (QUOTED_TSV if quoted else "")
                 )
             texts = [row[position] for position in positions]
             if document := _sentences_of_paragraphs(line for text in texts for line in text.splitlines()):
