@@ -26,6 +26,19 @@ def test_wikitext2_document_counts(name, documents):
     assert sum(1 for _ in read_documents(WIKITEXT / name)) == documents
 
 
+def test_a_wikitext_slice_cut_mid_article_or_stripped_of_its_spaces_is_read_as_wikitext(tmp_path):
+    """A file cut from WikiText (as `split` cuts WikiText-103) may start inside an article, where only
+    section headings and ` @-@ ` tell it; a re-saved copy may have lost the lines' outer spaces."""
+    lines = (WIKITEXT / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines()
+    assert not lines[1000].startswith(" = ")  # inside an article
+    cut = write(tmp_path / "cut.txt", "\n".join(lines[1000:1300]) + "\n")
+    stripped = write(tmp_path / "stripped.txt", "\n".join(line.strip() for line in lines[:300]) + "\n")
+    for path in (cut, stripped):
+        assert detect_format(path) == "wikitext", path
+        sentences = [sentence for document in read_documents(path) for sentence in document]
+        assert not any("<unk>" in sentence or sentence.startswith("=") for sentence in sentences)
+
+
 def test_wikitext_headings_dropped_and_artifacts_undone():
     documents = list(read_documents(WIKITEXT / "wiki.valid.tokens"))
     sentences = [sentence for document in documents for sentence in document]

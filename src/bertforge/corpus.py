@@ -59,7 +59,6 @@ _ABBREVIATIONS = frozenset(
     }
 )
 _WIKITEXT_HEADING = re.compile(r"(=(?: =)*) (.*) \1")  # on a stripped line: level = number of "="
-_WIKITEXT_TITLE_LINE = re.compile(r" = [^=](?:.*[^=])? = ?")  # the raw form of a level-1 heading
 _WIKITEXT_ARTIFACTS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("<unk>", "[UNK]"))
 _DETECT_LINES = 100
 _READ_BLOCK = 1 << 16  # bytes read at a time
@@ -416,9 +415,9 @@ def detect_format(path: str | Path) -> str:
     """Guess a corpus file's format: parquet, tsv, csv, jsonl, wikitext, conll or text.
 
     "parquet" for a `.parquet` file; otherwise, looking through gzip compression, "jsonl" when the
-    first non-blank line is a JSON object, "wikitext" when a ` = Title = ` line occurs among the first
-    non-blank lines, "conll" for a CoNLL ending or tagged words (`tagged.looks_tagged`), "tsv" or "csv"
-    for a `.tsv`, `.tab` or `.csv` ending, else "text".
+    first non-blank line is a JSON object, "wikitext" when a heading (` = Title = `, ` = = Section = = `)
+    or WikiText's ` @-@ ` occurs among the first non-blank lines, "conll" for a CoNLL ending or tagged
+    words (`tagged.looks_tagged`), "tsv" or "csv" for a `.tsv`, `.tab` or `.csv` ending, else "text".
     """
     path = check_text_file(path)
     if is_parquet(path):
@@ -440,13 +439,21 @@ def detect_format(path: str | Path) -> str:
         # A broken first line of a file named as JSON is JSON lines too: its reader names the fault.
         if len(first) == 1 and line.lstrip().startswith("{") and (_is_json_object(line) or _named_json(path)):
             return "jsonl"
-        if _WIKITEXT_TITLE_LINE.fullmatch(line):
+        if _looks_like_wikitext(line):
             return "wikitext"
         if len(first) >= _DETECT_LINES:
             break
     if suffix in CONLL_SUFFIXES or looks_tagged(first[:SNIFF_LINES]):  # a word and its tags a line
         return "conll"
     return _TABLE_SUFFIXES.get(suffix, "text")
+
+
+def _looks_like_wikitext(line: str) -> bool:
+    """A WikiText heading of any level (` = Title = `, ` = = Section = = `, or stripped of its spaces, as
+    in a slice cut mid-article or a re-saved copy), or WikiText's split numbers and hyphens (` @-@ `)."""
+    return bool(_WIKITEXT_HEADING.fullmatch(line.strip())) or any(
+        artifact in line for artifact, _ in _WIKITEXT_ARTIFACTS[:3]
+    )
 
 
 def _looks_like_json(path: Path, first_line: str) -> bool:
