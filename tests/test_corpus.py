@@ -28,7 +28,7 @@ def test_wikitext2_document_counts(name, documents):
 
 def test_a_wikitext_slice_cut_mid_article_or_stripped_of_its_spaces_is_read_as_wikitext(tmp_path):
     """A file cut from WikiText (as `split` cuts WikiText-103) may start inside an article, where only
-    section headings and ` @-@ ` tell it; a re-saved copy may have lost the lines' outer spaces."""
+    section headings tell it; a re-saved copy may have lost the lines' outer spaces."""
     lines = (WIKITEXT / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines()
     assert not lines[1000].startswith(" = ")  # inside an article
     cut = write(tmp_path / "cut.txt", "\n".join(lines[1000:1300]) + "\n")

@@ -214,7 +214,7 @@ def test_attention_figure_has_one_panel_per_layer_and_head_with_the_model_values
     assert len(fig.axes) == 4
     for ax, (layer, head) in zip(fig.axes, [(0, 1), (0, 3), (1, 1), (1, 3)], strict=True):
         # each panel's colours run to its own largest weight, which its title gives
-        assert ax.get_title() == f"layer {layer + 1}, head {head + 1} (max {weights[layer, head].max():.2f})"
+        assert ax.get_title() == f"layer {layer + 1}, head {head + 1}, max {weights[layer, head].max():.2f}"
         assert ax.images[0].get_clim() == (0.0, float(weights[layer, head].max()))
         assert np.array_equal(ax.images[0].get_array(), weights[layer, head])
         assert [t.get_text() for t in ax.get_xticklabels()] == maps.tokens
@@ -440,12 +440,36 @@ def test_the_mlm_panel_says_how_much_training_and_evaluation_mask():
     assert title([]) == "MLM loss"
 
 
+def test_a_gpts_figure_has_no_nsp_panel_and_a_curve_of_one_point_is_drawn():
+    from bertforge.plots import pretraining_figure
+
+    gpt = [
+        {"step": 10, "split": "train", "clm_loss": 7.0},
+        {"step": 10, "split": "valid", "clm_accuracy": 0.1},
+    ]
+    fig = pretraining_figure(gpt)
+    assert [ax.get_title() for ax in fig.axes] == ["next-token loss", "validation accuracy"]
+    (train,) = fig.axes[0].lines  # one logged point: a dot, which a line of one point would not draw
+    assert train.get_marker() == "o" and list(train.get_ydata()) == [7.0]
+    bert = [{"step": 10, "split": "train", "mlm_loss": 7.0, "nsp_loss": 0.7}]
+    assert [ax.get_title() for ax in pretraining_figure(bert).axes][1] == "NSP loss"
+
+
+def test_a_causal_maps_colours_leave_out_the_first_row(tokenizer):
+    """Its first token attends only to itself (weight 1), which would set every panel's scale."""
+    T = 4
+    panel = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # uniform over the past
+    fig = attention_figure(list("abcd"), panel[None, None], layers=[0], heads=[0])
+    assert fig.axes[0].images[0].get_clim() == (0.0, 0.5) and fig.axes[0].get_title().endswith("max 0.50")
+
+
 def test_plot_command_writes_the_figure(tmp_path, capsys, validated_run):
     other = write_run(tmp_path / "other", "mlm_loss", "mlm_accuracy")
     out = tmp_path / "cmp.png"
     assert main(["plot", str(validated_run), str(other), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "run: MLM loss" in printed and "other: MLM loss" in printed and " min of training" in printed
+    assert "run: MLM loss" in printed and "other: MLM loss" in printed
+    assert " min of training (evaluation left out)" in printed
     height, width = png_size(out)
     assert width > height > 500
     # A real run logs the tokens it trained on at each evaluation, as its checkpoint counts them.

@@ -416,7 +416,7 @@ def detect_format(path: str | Path) -> str:
 
     "parquet" for a `.parquet` file; otherwise, looking through gzip compression, "jsonl" when the
     first non-blank line is a JSON object, "wikitext" when a heading (` = Title = `, ` = = Section = = `)
-    or WikiText's ` @-@ ` occurs among the first non-blank lines, "conll" for a CoNLL ending or tagged
+    occurs among the first non-blank lines, "conll" for a CoNLL ending or tagged
     words (`tagged.looks_tagged`), "tsv" or "csv" for a `.tsv`, `.tab` or `.csv` ending, else "text".
     """
     path = check_text_file(path)
@@ -449,11 +449,10 @@ def detect_format(path: str | Path) -> str:
 
 
 def _looks_like_wikitext(line: str) -> bool:
-    """A WikiText heading of any level (` = Title = `, ` = = Section = = `, or stripped of its spaces, as
-    in a slice cut mid-article or a re-saved copy), or WikiText's split numbers and hyphens (` @-@ `)."""
-    return bool(_WIKITEXT_HEADING.fullmatch(line.strip())) or any(
-        artifact in line for artifact, _ in _WIKITEXT_ARTIFACTS[:3]
-    )
+    """A WikiText heading of any level: ` = Title = `, ` = = Section = = `, or either stripped of its
+    spaces (a slice cut mid-article, a re-saved copy). Its ` @-@ ` alone is no evidence: WikiText's
+    sentences rearranged into documents of their own are text."""
+    return bool(_WIKITEXT_HEADING.fullmatch(line.strip()))
 
 
 def _looks_like_json(path: Path, first_line: str) -> bool:

@@ -423,9 +423,13 @@ def plot_report(report: dict, out_png: Path) -> None:
     """glue.png: per task its score and the average, grouped: this model (bar: median, whisker: the
     seeds' range), the scratch arm, the majority class and the published models."""
     settings = report["settings"]
-    title = f"GLUE: {Path(settings['model']).name}, median of {len(settings['seeds'])} seeds"
+    title = (
+        f"GLUE: {Path(settings['model']).name}; bars: median of {len(settings['seeds'])} seeds, "
+        "whiskers: their range"
+    )
+    ylabel = "task score, % (dev; published: test)"
     groups, series = plotted_series(report)
-    save_png(lambda: score_bars(groups, series, "score (dev; published: test)", title), Path(out_png))
+    save_png(lambda: score_bars(groups, series, ylabel, title), Path(out_png))
 
 
 def plotted_series(report: dict) -> tuple[list[str], list[tuple]]:
@@ -438,8 +442,8 @@ def plotted_series(report: dict) -> tuple[list[str], list[tuple]]:
         medians = [report["tasks"][t]["arms"][arm]["score"]["median"] for t in tasks] + [
             report["average"][arm]["score"]
         ]
-        lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [medians[-1]]
-        highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [medians[-1]]
+        lows = [report["tasks"][t]["arms"][arm]["score"]["min"] for t in tasks] + [np.nan]  # the average:
+        highs = [report["tasks"][t]["arms"][arm]["score"]["max"] for t in tasks] + [np.nan]  # no whisker
         series.append((f"{arm} (dev)" if arm == "pretrained" else "from scratch (dev)", medians, lows, highs))
     if has_majority(report):
         values = [report["tasks"][t].get("majority", {}).get("score") for t in tasks]

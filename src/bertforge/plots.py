@@ -97,25 +97,33 @@ def pretraining_figure(records: list[dict], masking: tuple[float, float] | None 
     held_out = [("valid", "o-", "")]  # (split, style, what the label adds)
     if short := warmup_length(records):
         held_out.append(("valid_short", "s--", f" at the warmup's {short} tokens"))
-    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.2))
-    for ax, key, title in ((axes[0], lm_key, lm_title), (axes[1], "nsp_loss", "NSP loss")):
+    losses = [(lm_key, lm_title)] + ([] if gpt else [("nsp_loss", "NSP loss")])  # GPT-1 has no NSP task
+    fig, axes = pyplot().subplots(1, len(losses) + 1, figsize=(5 * len(losses) + 5, 4.2))
+    for ax, (key, title) in zip(axes, losses, strict=False):
         steps, values = series(records, "train", key)
         if steps:
-            ax.plot(steps, values, "-", label="train")
+            ax.plot(steps, values, line_style(steps), label="train", markersize=3)
         held_out_lines(ax, records, key, "valid", held_out)
-        ax.set(title=title, xlabel="step", ylabel="loss")
+        ax.set(title=title, xlabel="step", ylabel="loss (cross-entropy, nats)")
         if not ax.has_data():
             ax.text(0.5, 0.5, "not trained in this run", ha="center", transform=ax.transAxes)
+            ax.set(xticks=[], yticks=[])
     accuracies = (("mlm_accuracy", "MLM"), ("nsp_accuracy", "NSP"), ("clm_accuracy", "next-token"))
     for key, name in accuracies:
-        held_out_lines(axes[2], records, key, f"{name} accuracy", held_out)
-    axes[2].set(title="validation accuracy", xlabel="step", ylabel="accuracy", ylim=(0, 1))
+        held_out_lines(axes[-1], records, key, f"{name} accuracy", held_out)
+    axes[-1].set(title="validation accuracy", xlabel="step", ylabel="accuracy", ylim=(0, 1))
     mark_warmup_end(axes, warmup_end(records))
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def line_style(steps: list) -> str:
+    """A training curve's style: a line, or a dot where a run logged one point (a line of one point
+    draws nothing)."""
+    return "-" if len(steps) > 1 else "o"
 
 
 def masked_loss_title(records: list[dict], masking: tuple[float, float] | None) -> str:
@@ -202,13 +210,14 @@ def finetuning_figure(records: list[dict], steps_per_epoch: int, kind: str) -> F
     ones."""
     loss_key, title, metrics = FINETUNING_CURVES[kind]
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
-    for split, style in (("train", "-"), ("valid", "o-")):
+    for split in ("train", "valid"):
         steps, values = series(records, split, loss_key)
+        style = "o-" if split == "valid" else line_style(steps)
         axes[0].plot([s / steps_per_epoch for s in steps], values, style, label=split, markersize=3)
     axes[0].set(title=loss_key.replace("_", " "), xlabel="epoch", ylabel="loss")
     for split, key, label in metrics:
         steps, values = series(records, split, key)
-        style = "o-" if split == "valid" else "-"
+        style = "o-" if split == "valid" else line_style(steps)
         axes[1].plot([s / steps_per_epoch for s in steps], values, style, label=label, markersize=3)
     low = -1 if kind == "regression" else 0  # a correlation can fall below 0
     axes[1].set(title=title, xlabel="epoch", ylabel="score", ylim=(low, 1))
@@ -357,9 +366,10 @@ def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], 
     """A grid of heat maps: one row per layer of `layers`, one column per head of `heads` (0-based
     indices into `weights`, (layers, heads, T, T)); queries down the rows, keys along the columns.
     Each panel's colours run from 0 to its own largest weight, which its title gives: a near-uniform
-    head (weights about 1/T) would otherwise look as sharp as one that attends to a single token."""
+    head (weights about 1/T) would otherwise look as sharp as one that attends to a single token. In a
+    causal (GPT) map the first token attends only to itself, with weight 1: the scale leaves its row out."""
     T = len(tokens)
-    side = min(max(1.2 + 0.12 * T, 2.0), 6.0)  # inches per panel
+    side = min(max(1.2 + 0.12 * T, 2.4), 6.0)  # inches per panel: room for its title
     fontsize = min(8.0, 0.8 * side * 72 / T)  # a tick label fits its row
     fig, axes = pyplot().subplots(
         len(layers), len(heads), figsize=(side * len(heads), side * len(layers) + 0.5), squeeze=False
@@ -368,13 +378,15 @@ def attention_figure(tokens: list[str], weights: np.ndarray, layers: list[int], 
         for column, head in enumerate(heads):
             ax = axes[row][column]
             panel = weights[layer, head]
-            ax.imshow(panel, cmap="viridis", vmin=0.0, vmax=float(panel.max()), interpolation="nearest")
-            ax.set_title(f"layer {layer + 1}, head {head + 1} (max {panel.max():.2f})", fontsize=9)
+            causal = T > 1 and not np.triu(panel, 1).any()
+            top = float((panel[1:] if causal else panel).max())
+            ax.imshow(panel, cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}, max {top:.2f}", fontsize=8)
             ax.set_xticks(range(T), tokens, rotation=90, fontsize=fontsize)
             ax.set_yticks(range(T), tokens, fontsize=fontsize)
     fig.suptitle(
-        "attention: each row is a query token, its columns the keys it attends to; "
-        "colours from 0 to each panel's largest weight",
+        "attention: each row is a query token, its columns the keys it attends to (a row sums to 1); "
+        "colours from 0 to each panel's largest weight (in a GPT's, past the first row)",
         fontsize=9,
         wrap=True,
     )

@@ -148,7 +148,8 @@ def run_plot(args) -> int:
         )
         print(
             f"{run.label}: {run.objective} loss {run.loss[-1]:.4f}, accuracy {run.accuracy[-1]:.4f} "
-            f"after {run.tokens[-1]:,.0f} tokens, {run.minutes[-1]:.1f} min of training{note}"
+            f"after {run.tokens[-1]:,.0f} tokens, {run.minutes[-1]:.1f} min of training "
+            f"(evaluation left out){note}"
         )
     print(f"plot: {args.out}")
     return 0
