@@ -302,7 +302,8 @@ OPENAI_GPT_RULES: list[Rule] = [
         lambda c: c.model.intermediate_size == 4 * c.model.hidden_size,
         lambda c: (
             f"model.intermediate_size ({c.model.intermediate_size}) must be 4 x hidden_size "
-            f"({4 * c.model.hidden_size}) for OpenAIGPT, whose feed-forward width is fixed"
+            f"({4 * c.model.hidden_size}) for OpenAIGPT, whose feed-forward width is fixed: set "
+            f"model.intermediate_size={4 * c.model.hidden_size}"
         ),
     ),
 ]

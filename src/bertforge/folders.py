@@ -537,7 +537,8 @@ def read_hf_tokenizer(src: Path) -> BertTokenizer:
     elif (src / "merges.txt").is_file():  # GPT-1's and GPT-2's byte-pair files, without a tokenizer.json
         raise BertforgeError(
             f"{src} holds a BPE tokenizer (vocab.json and merges.txt); bertforge supports WordPiece and "
-            "WordLevel tokenizers"
+            "WordLevel tokenizers: import a folder with one (as `bertforge export` writes), or pretrain a "
+            "GPT here (--objective clm)"
         )
     elif not (src / VOCAB_FILE).is_file():
         raise BertforgeError(
