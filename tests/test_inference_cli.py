@@ -222,6 +222,12 @@ def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice, monk
     assert out.startswith("fill-mask: one word of each of 3 sentences of ")
     assert out.count("[MASK]") == 3 and out.count("true: ") == 3 and "top-5:" in out
     assert "next sentence prediction" in out and out.count("\n  true next ") == 3
+    pairs = re.findall(r"true next (\d\.\d\d)   random (\d\.\d\d)", out)
+    above = sum(float(true) > float(random) for true, random in pairs)  # as printed: rounding keeps order,
+    ties = sum(true == random for true, random in pairs)  # but not always a difference
+    (count,) = re.findall(r"scored above the random one for (\d) of 3 sentences", out)
+    assert above <= int(count) <= above + ties
+    assert re.search(r"top-5: '[^']+' \d\.\d\d, ", out)  # words quoted: a comma or a period is one
     assert main(["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]) == 0
     assert capsys.readouterr().out == out  # seeded
     batches = []

@@ -348,7 +348,7 @@ def run_showcase(args) -> int:
     hits = 0
     for example in examples:
         hits += example["hit"]
-        guesses = ", ".join(f"{p['word']} {p['score']:.2f}" for p in example["predictions"])
+        guesses = ", ".join(f"{p['word']!r} {p['score']:.2f}" for p in example["predictions"])
         print(f"  {example['masked']}")
         print(f"    true: {example['answer']:<14} {'HIT ' if example['hit'] else 'miss'}  top-5: {guesses}")
     print(f"  the true word is in the top 5 for {hits} of {sentences}")
@@ -362,6 +362,8 @@ def run_showcase(args) -> int:
             p_next, p_random, a = example["p_next"], example["p_random"], example["sentence"]
             a = a if len(a) <= 70 else a[:67] + "..."
             print(f"  true next {p_next:.2f}   random {p_random:.2f}   A: {a}")
+        above = sum(example["p_next"] > example["p_random"] for example in examples)
+        print(f"  the true next sentence scored above the random one for {above} of {sentences}")
     return 0
 
 

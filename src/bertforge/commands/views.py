@@ -27,7 +27,8 @@ def add_attention_command(commands) -> None:
         description="The attention weights of every layer and head for one text, as a grid of heat maps "
         "(rows: layers, columns: heads) with the tokens on both axes. BERT reads [CLS] text [SEP] "
         "(or a pair, [CLS] text [SEP] pair [SEP]) and attends both ways; GPT reads the text's tokens "
-        "and attends only to earlier ones. Layers and heads count from 1.",
+        "([CLS] text [SEP] for a fine-tuned GPT classifier) and attends to each token's own position and "
+        "earlier ones. Layers and heads count from 1.",
     )
     p.add_argument("text", help="the text to look at")
     p.add_argument("pair", nargs="?", help="a second text, read as sentence B (BERT only)")
@@ -42,7 +43,12 @@ def add_attention_command(commands) -> None:
     p.add_argument("--out", type=Path, help="FILE.png for the grid of heat maps")
     p.add_argument("--layers", type=number_list, help="which layers, e.g. 1,2 or 3-4 (default: all)")
     p.add_argument("--heads", type=number_list, help="which heads, e.g. 1 or 1-4 (default: all)")
-    p.add_argument("--json", action="store_true", help="print the tokens and the weights as one JSON object")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the tokens and the weights as one JSON object (weights[layer][head][query][key]; each "
+        "query's weights sum to 1)",
+    )
     add_device_argument(p)
     p.set_defaults(handler=run_attention)
 
