@@ -139,6 +139,13 @@ def test_classify_texts_pairs_and_files(tmp_path, capsys, finetuned):
     assert all(r["score"] == max(r["probabilities"].values()) for r in records)
 
 
+def test_a_resume_of_a_finished_run_says_it_had_finished(tmp_path, capsys, finetuned):
+    run = tmp_path / "run"
+    shutil.copytree(finetuned, run)
+    assert main(["finetune", "--out", str(run), "--resume"]) == 0
+    assert capsys.readouterr().out.startswith("\nthe run had already finished; nothing was trained\n")
+
+
 @pytest.mark.parametrize(
     "texts, message",
     [

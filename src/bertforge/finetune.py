@@ -781,7 +781,8 @@ class SeedRun:
 def run_seeds(
     job: Job, runs: list[SeedRun], config: RunConfig, out: Path, jobs: int | None
 ) -> tuple[list, dict]:
-    """Each run's result, and how many ran at once with how many threads each (`jobs`, `threads_per_run`).
+    """Each run's result, and how many ran at once with how many threads each (`jobs`, `threads_per_run`)
+    and how many this call trained (`runs_trained`: 0 when every run had finished before).
 
     One after another in this process; with `jobs` above 1 (None: `worker_pool.auto_jobs`), the
     unfinished runs `jobs` at a time in `worker_pool`'s processes, each with a share of the threads
@@ -794,7 +795,7 @@ def run_seeds(
     share = share_threads(jobs, threads, len(runs), len(pending))
     if share.jobs == 1:
         results = [job.run(run.seed, run.run_dir, run.from_scratch) for run in runs]
-        return results, {"jobs": 1, "threads_per_run": threads}
+        return results, {"jobs": 1, "threads_per_run": threads, "runs_trained": len(pending)}
     runtime = worker_runtime(config.runtime, job.config.runtime.precision, share.threads)
     order = (job.task, replace(config, runtime=runtime), out, reporting.reported_roots())
     steps = job.steps_per_epoch * job.task.epochs
@@ -823,7 +824,8 @@ def run_seeds(
         if index not in results:
             results[index] = job.run(run.seed, run.run_dir, run.from_scratch)  # finished before: read
     ordered = [results[index] for index in range(len(runs))]
-    return ordered, {"jobs": share.workers, "threads_per_run": share.threads}  # this invocation's
+    at_once = {"jobs": share.workers, "threads_per_run": share.threads}  # this invocation's
+    return ordered, {**at_once, "runs_trained": len(pending)}
 
 
 _worker_jobs: dict[Path, Job] = {}  # a worker's opened fine-tuning folders

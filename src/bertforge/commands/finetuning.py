@@ -374,6 +374,9 @@ def run_finetune(args) -> int:
         summary = finetune(
             task, config, args.out, resume=args.resume, show_progress=not args.quiet, jobs=args.jobs
         )
+    if args.resume and summary["this_invocation"]["runs_trained"] == 0:
+        runs = f"{len(summary['runs'])} runs" if len(summary["runs"]) > 1 else "run"
+        print(f"\nthe {runs} had already finished; nothing was trained")
     for run in summary["runs"]:
         epochs = f"{run['epochs']} {plural('epoch', run['epochs'])}"
         trained = f"{epochs} ({run['steps']:,} steps) in {duration(run['elapsed_s'])}"
