@@ -325,10 +325,9 @@ class _ParquetRows:
         self._pa = _pyarrow()
         schema = self._open().schema_arrow
         if column not in schema.names:
-            several = " (several columns, a,b, are read from TSV and CSV files only)" if "," in column else ""
             raise BertforgeError(
                 f"{path} has no column {column!r}; its columns are: {', '.join(schema.names)}; "
-                f"name the text column with data.text_column{several}"
+                f"name the text column with data.text_column{_several_columns_note(column)}"
             )
         kind = schema.field(column).type
         if not self._is_text(kind):
@@ -568,10 +567,17 @@ def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
 
 
 # A TSV is read as GLUE's are, without quoting: a tab inside a value, or a line break, has no escape
-QUOTED_TSV = (
+_QUOTED_TSV = (
     "; the row holds quoted values, and TSV files are read without quoting (a tab or line break cannot "
     "be inside a value): write it without quotes, or as CSV"
 )
+
+
+def _several_columns_note(column: str) -> str:
+    """For a file without columns to join: that several (`a,b`) are a table's."""
+    return "; several columns, a,b, are read from TSV and CSV files only" if "," in column else ""
+
+
 _JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
 
 
@@ -588,8 +594,9 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
         raise BertforgeError(f"{path}, line {number}: the {field} field is {kind}, not a string; {hint}")
     if not isinstance(record, dict) or column not in record:
         fields = f" (its fields: {', '.join(record)})" if isinstance(record, dict) and record else ""
-        several = "; several columns, a,b, are read from TSV and CSV files only" if "," in column else ""
-        raise BertforgeError(f"{path}, line {number}: no string {field} field{fields}; {hint}{several}")
+        raise BertforgeError(
+            f"{path}, line {number}: no string {field} field{fields}; {hint}{_several_columns_note(column)}"
+        )
     text = record[column]
     try:
         text.encode("utf-8")
@@ -635,7 +642,7 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
                 quoted = any(value.startswith('"') for value in row) and quoting == csv.QUOTE_NONE
                 raise BertforgeError(
                     f"{lines.path} line {line} has {len(row)} fields where line 1 has "
-                    f"{len(header)}; every row has one value per column" + (QUOTED_TSV if quoted else "")
+                    f"{len(header)}; every row has one value per column" + (_QUOTED_TSV if quoted else "")
                 )
             texts = [row[position] for position in positions]
             if document := _sentences_of_paragraphs(line for text in texts for line in text.splitlines()):

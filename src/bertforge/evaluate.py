@@ -29,7 +29,7 @@ from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.packing import end_positions, packed_batches
-from bertforge.pairs import MOSTLY_RANDOM, RANDOM_NEXT, PairDataset, build_pairs
+from bertforge.pairs import MOSTLY_RANDOM, PairDataset, build_pairs, random_share
 from bertforge.precision import native_bf16
 from bertforge.progress import passing_bar, progress_bar
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
@@ -64,7 +64,7 @@ def evaluation_batches(
     pairs = build_pairs(shards, length, EVAL_SHORT_SEQ_PROB, nsp, EVAL_SEED, 0, cross_documents=True)
     if data.eval_max_pairs:
         pairs = pairs[: data.eval_max_pairs]
-    if nsp and (share := float((pairs[:, 4] == RANDOM_NEXT).mean())) > MOSTLY_RANDOM:
+    if nsp and (share := random_share(pairs)) > MOSTLY_RANDOM:
         warnings.warn(
             f"{share:.0%} of the next-sentence pairs of {text} have a random second segment, where about "
             "half is usual: most of its documents are one sentence (each line or row of a table is one), "

@@ -106,7 +106,7 @@ from bertforge.tagging import (
 )
 from bertforge.tokenizer import BertTokenizer
 from bertforge.train import Objective, train
-from bertforge.worker_pool import WorkerPool, auto_jobs, share_threads, worker_runtime
+from bertforge.worker_pool import WorkerPool, auto_jobs, jobs_flag, share_threads, worker_runtime
 
 TASK = "finetune.json"
 ENCODER_KEY = "pretrained encoder"  # beside the data files' hashes in finetune.json
@@ -326,17 +326,17 @@ def removed_unless_progress(
 ) -> Iterator[None]:
     """On failure, remove `out` if this call created it and no run in it finished or reached a
     checkpoint: leave no half-made run behind, but everything `--resume` can continue. A run that a
-    signal stopped learns the command that continues it, with the `jobs` given (each run's share of
-    the threads decides its last bits); a second signal, or one outside the loop, is told it too."""
+    signal stopped learns the command that continues it, with the `jobs` given (`jobs_flag`); a
+    second signal, or one outside the loop, is told it too."""
     try:
         yield
     except BaseException as error:
         if created and not any(list_checkpoints(d) or (d / RESULT).is_file() for d in run_dirs):
             remove_folder(out)  # a stop before any checkpoint: run the command again
             raise
-        given = f" --jobs {jobs}" if jobs is not None else ""
         command = (
-            f"bertforge finetune --out {shlex.quote(str(out))} --resume{given}{reporting.continue_flag()}"
+            f"bertforge finetune --out {shlex.quote(str(out))} --resume{jobs_flag(jobs)}"
+            f"{reporting.continue_flag()}"
         )
         if isinstance(error, Interrupted):
             error.resume_command = command

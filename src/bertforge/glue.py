@@ -89,6 +89,7 @@ from bertforge.worker_pool import (
     WorkerPool,
     auto_jobs,
     check_jobs,
+    jobs_flag,
     share_threads,
     worker_pool,
     worker_runtime,
@@ -267,7 +268,7 @@ def run_tasks(
     some of the benchmark's tasks, which a resume command must name."""
     planned = plan(bench, datas, out)
     work, done = {str(run.folder): run.work for run in planned}, [run.done for run in planned]
-    given = f" --jobs {jobs}" if jobs is not None else ""  # each run's share of the threads: its last bits
+    given = jobs_flag(jobs)
     jobs = auto_jobs(bench.device) if jobs is None else jobs
     share = share_threads(jobs, torch.get_num_threads(), len(planned), done.count(False))
     progress = RunsProgress("glue", work, done, show_progress, unit="token", at_once=share.workers)

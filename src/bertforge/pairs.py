@@ -40,7 +40,7 @@ from bertforge.errors import BertforgeError
 
 IS_NEXT = 0  # Hugging Face `next_sentence_label`: 0 = B continues A
 RANDOM_NEXT = 1  # 1 = B was drawn from another document
-MOSTLY_RANDOM = 0.6  # a share of random pairs past which a text's documents are mostly one sentence
+MOSTLY_RANDOM = 0.6  # a `random_share` past which a text's documents are mostly one sentence
 NO_NSP = -1  # MLM-only sequence: no next-sentence label
 
 _EMPTY_CORPUS = (
@@ -78,6 +78,11 @@ def build_pairs(
     else:
         rows = _mlm_windows(shards, max_seq_length - 2, rng)
     return rows[rng.permutation(len(rows))]
+
+
+def random_share(pairs: np.ndarray) -> float:
+    """The share of a pair table's rows whose B is another document's (Google's: about half)."""
+    return float((pairs[:, 4] == RANDOM_NEXT).mean())
 
 
 def _sentence_table(shards: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -96,7 +96,7 @@ from bertforge.masking import PretrainingCollator, pretraining_collator, subsamp
 from bertforge.model import BertForPreTraining
 from bertforge.optimizer import Schedule
 from bertforge.packing import fewest_windows, packed_batches
-from bertforge.pairs import MOSTLY_RANDOM, RANDOM_NEXT, PairDataset, build_pairs, document_ends
+from bertforge.pairs import MOSTLY_RANDOM, PairDataset, build_pairs, document_ends, random_share
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device, size_embeddings
@@ -459,10 +459,10 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
             "data.max_seq_length",
             stacklevel=2,
         )
-    random_share = float((pairs[:, 4] == RANDOM_NEXT).mean()) if nsp else 0.0
-    if random_share > MOSTLY_RANDOM:  # Google's pairs are about half random
+    share = random_share(pairs) if nsp else 0.0
+    if share > MOSTLY_RANDOM:
         warnings.warn(
-            f"{random_share:.0%} of the next-sentence pairs have a random second segment, where about half "
+            f"{share:.0%} of the next-sentence pairs have a random second segment, where about half "
             "is usual: many documents of the corpus have one sentence, and each gets a random partner, "
             "so NSP learns to answer 'random'. In plain text a blank line ends a document: if there is "
             "one after every line, remove them; a table's rows are one document each. Or set "

@@ -36,7 +36,6 @@ stop after the same step.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -301,11 +300,16 @@ class Trainer:
             lr = self.schedule.learning_rate(progress)  # at the step's start, as Google's and HF's
             self.optimizer_step(stream, lr)
             stop = self.agreed_stop()
-            with output_lost_at(stop):
+            try:
                 done = self.after_step(lr, bar, checkpoint_now=bool(stop))
                 self.advance(bar, now)  # after the step's log line: a plain progress line shows its loss
                 if stop:
                     bar.close()
+            except BrokenPipeError:
+                # Ctrl-C reaches the whole foreground job: the reader of `pretrain ... | tee log` is gone
+                # too. Its lines are dropped and the step is still saved; without a stop, an error.
+                if not (stop and any([reader_left(sys.stdout), reader_left(sys.stderr)])):
+                    raise
             if stop:
                 step = self.state.step
                 if self.saved_step != step:  # its output failed before its checkpoint
@@ -621,18 +625,6 @@ class Trainer:
                 prune_checkpoints(self.run_dir, self.train_cfg.keep_checkpoints, step)
         distributed.barrier()
         self.saved_step = step
-
-
-@contextlib.contextmanager
-def output_lost_at(stop: int) -> Iterator[None]:
-    """Where a run stops at a signal, its output may fail: Ctrl-C reaches the whole foreground job, so
-    the reader of `bertforge pretrain ... | tee log` is gone too. Its lines are then dropped, and the
-    step is still saved; a broken pipe without a stop is an error, as before."""
-    try:
-        yield
-    except BrokenPipeError:
-        if not (stop and any([reader_left(sys.stdout), reader_left(sys.stderr)])):
-            raise
 
 
 class Window:

@@ -96,6 +96,12 @@ def share_threads(jobs: int, threads: int, runs: int, unfinished: int) -> Thread
     return ThreadShare(jobs, max(1, threads // jobs), max(1, min(jobs, unfinished)))
 
 
+def jobs_flag(jobs: int | None) -> str:
+    """The `--jobs N` a continue command repeats when the user gave one (`share_threads`: the count
+    decides each run's share of the threads, and with it the run's last bits); "" for the default."""
+    return f" --jobs {jobs}" if jobs is not None else ""
+
+
 def worker_pool(share: ThreadShare) -> contextlib.AbstractContextManager:
     """The share's workers; for one job at a time, none (the runs run in this process)."""
     if share.jobs == 1:
