@@ -51,11 +51,14 @@ def missing_test_dependencies(requirements: list[str]) -> list[str]:
 def pytest_configure(config):
     """Refuse to run without the test extra: without transformers, say, the parity tests would
     otherwise skip and the suite would pass. In one of several test processes (`pytest -n`), use one
-    thread: the processes share the cores."""
+    thread, and give the programs its tests start one too (torch reads OMP_NUM_THREADS as it starts):
+    a program of two threads beside the other test process leaves one of them waiting, which made such
+    tests twice as slow as alone."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
     if not PYPROJECT.is_file():
         return
     extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
@@ -95,6 +98,24 @@ LONGEST_FILES = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: order within kept
+
+
+# What `Figure.savefig` writes in tests that are not marked `rendered`: a PNG's signature, no pixels.
+STAND_IN_PNG = b"\x89PNG\r\n\x1a\n(figure built, not rendered)"
+
+
+@pytest.fixture(autouse=True)
+def figures_built_not_rendered(request, monkeypatch):
+    """Laying out and rendering a PNG is most of a tiny run's time (a second of matplotlib's text
+    layout per figure, hundreds of figures in the suite): tests build every figure (so data a figure
+    cannot take still fails) and write a stand-in; those marked `rendered` lay out and draw the pixels,
+    as do the commands the tests start as programs or in workers."""
+    if request.node.get_closest_marker("rendered"):
+        return
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "tight_layout", lambda _figure, **_: None)
+    monkeypatch.setattr(Figure, "savefig", lambda _figure, out, **_: out.write(STAND_IN_PNG))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -18,8 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
+    """The four default parts, then GLUE (both arms of each task) and NER (a tagger), in one process:
+    each start costs seconds."""
     out = tmp_path / "latest.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out), "--dropout", "0"]
+    command += [f"--only={part}" for part in ("prep", "step", "e2e", "quality", "glue", "ner")]
     command += ["--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
     command += ["--batch-size", "2", "--seq-len", "64"]
     command += ["--precisions", "fp32"]  # the device check's smoke mode runs the bf16 step and pretraining
@@ -38,18 +41,6 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
     for model in ("bertforge", "hf"):
         assert results["quality"][model]["steps"] > 0
         assert 0.0 <= results["quality"][model]["mlm_accuracy"] <= 1.0
-
-
-@pytest.mark.slow
-def test_the_quick_glue_and_ner_benchmarks_time_their_fine_tuning(tmp_path):
-    """GLUE: both arms of each task; NER: a tagger. One process for both (each start costs seconds)."""
-    out = tmp_path / "fine-tuning.json"
-    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "glue", "--only", "ner"]
-    command += ["--precisions", "fp32", "--out", str(out), "--threads", "1"]
-    command += ["--cache-dir", str(tmp_path / "cache")]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(out.read_text(encoding="utf-8"))
     glue, ner = results["glue"], results["ner"]
     assert glue["tasks"] == ["SST-2", "STS-B"] and glue["seeds"] == [1, 2]
     assert [(row["task"], row["arm"]) for row in glue["per_task"]] == [

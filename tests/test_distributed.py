@@ -163,28 +163,6 @@ def test_the_loop_without_torchrun_is_one_process(monkeypatch):
     assert torch.distributed.is_available()
 
 
-@pytest.mark.slow
-def test_torchrun_command_line(tmp_path, wiki_slice, wiki_valid_slice, small_tokenizer_dir):
-    """`torchrun --nproc_per_node=2 -m bertforge pretrain` end to end: one report, one run folder."""
-    import sys
-
-    from test_interrupts import started  # kills the workers too, should the run fail
-
-    command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
-        *("-m", "bertforge", "pretrain", "--preset", "tiny", "--batch-size", "8", "--max-steps", "4"),
-        *("--corpus", wiki_slice, "--valid", wiki_valid_slice, "--tokenizer", small_tokenizer_dir),
-        *("--device", "cpu", "--quiet", "--out", tmp_path / "run"),
-        *("--set", "data.eval_max_pairs=64", "--set", "runtime.threads=1", "--set", "train.log_every=1"),
-    ]
-    log = tmp_path / "torchrun.log"
-    with started(command, log) as process:
-        assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
-    assert log.read_text().count("trained 4 steps") == 1  # rank 0 reports, the other rank is silent
-    assert [x["step"] for x in metrics_lines(tmp_path / "run", "train")] == [1, 2, 3, 4]
-    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
-
-
 def test_ddp_keeps_the_gradients_in_its_buckets(monkeypatch):
     built = {}
 

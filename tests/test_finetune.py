@@ -230,6 +230,7 @@ def test_length_grouping_is_on_for_finetuning_and_changes_only_the_batches(
 # ---------------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.rendered
 def test_tiny_model_learns_a_separable_task(tmp_path, tiny_pretrained_run, toy):
     summary = finetune(
         toy_task(tiny_pretrained_run, toy, epochs=4), toy_config(), tmp_path / "run", show_progress=False

@@ -368,6 +368,7 @@ class SignalledWhileDrawn:
         return figure
 
 
+@pytest.mark.rendered
 def test_a_signal_while_a_png_is_drawn_acts_once_it_is_drawn(tmp_path):
     drawing = SignalledWhileDrawn()
     with pytest.raises(KeyboardInterrupt):
@@ -429,6 +430,14 @@ def ddp_reference(tmp_path_factory, wiki_slice, small_tokenizer_dir) -> Path:
     with started(torchrun("-m", "bertforge", *argv), run.with_suffix(".log")) as p:
         assert p.wait(timeout=300) == 0, run.with_suffix(".log").read_text()[-3000:]
     return run
+
+
+@pytest.mark.slow
+def test_torchrun_command_line_gives_one_report_and_one_run_folder(ddp_reference):
+    """`torchrun --nproc_per_node=2 -m bertforge pretrain`, end to end: rank 0 reports and logs, once."""
+    assert ddp_reference.with_suffix(".log").read_text().count(f"trained {DDP_STEPS} steps") == 1
+    assert steps(ddp_reference) == list(range(1, DDP_STEPS + 1))
+    assert (ddp_reference / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

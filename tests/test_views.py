@@ -230,6 +230,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return image.shape[:2]
 
 
+@pytest.mark.rendered
 def test_attention_command_draws_every_layer_and_head(tmp_path, capsys, tiny_pretrained_run):
     text = "The game was released in Japan ."
     out = tmp_path / "attn.png"
@@ -463,6 +464,7 @@ def test_a_causal_maps_colours_leave_out_the_first_row(tokenizer):
     assert fig.axes[0].images[0].get_clim() == (0.0, 0.5) and fig.axes[0].get_title().endswith("max 0.50")
 
 
+@pytest.mark.rendered
 def test_plot_command_writes_the_figure(tmp_path, capsys, validated_run):
     other = write_run(tmp_path / "other", "mlm_loss", "mlm_accuracy")
     out = tmp_path / "cmp.png"
