@@ -80,18 +80,20 @@ LONGEST_FILES = (
     "test_interrupts.py",
     "test_glue.py",
     "test_worker_pool.py",
-    "test_train.py",
-    "test_distributed.py",
     "test_finetune.py",
-    "test_gpu_paths.py",  # with inductor's cache empty, as on a fresh machine
-    "test_cli.py",
+    "test_distributed.py",
+    "test_train.py",
     "test_kill_resume.py",
-    "test_finetune_cli.py",
+    "test_cli.py",
     "test_glue_versus.py",
+    "test_finetune_cli.py",
     "test_resume_guards.py",
     "test_clm.py",
-    "test_resume_faults.py",
     "test_faults.py",
+    "test_gpu_paths.py",  # with inductor's cache empty, as on a fresh machine
+    "test_inference_cli.py",
+    "test_fault_matrix.py",
+    "test_resume_faults.py",
 )
 
 

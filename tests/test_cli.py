@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 import os
@@ -58,6 +60,15 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         env=env,
         timeout=600,
     )
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`bertforge ARGS` called in this process (a start of the program costs seconds), its output
+    caught as a program's would be."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["bertforge", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 class SignalledImport:
@@ -196,24 +207,25 @@ class Pipeline:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, wiki_slice, wiki_valid_slice) -> Pipeline:
     """tokenizer train -> prepare -> pretrain -> evaluate, as a user would type them: run once for the
-    tests below, each of which checks what one command gave."""
+    tests below, each of which checks what one command gave (in this process; other tests here start
+    the program itself)."""
     folder = tmp_path_factory.mktemp("pipeline")
     corpus, valid, run = str(wiki_slice), str(wiki_valid_slice), str(folder / "run")
     cache = ("--cache-dir", str(folder / "cache"))
     with pytest.MonkeyPatch.context() as patch:  # its own cache, which the commands below fill
         patch.setenv("BERTFORGE_CACHE", str(folder / "cache"))
-        tok = run_cli(
+        tok = run_in_process(
             "tokenizer", "train", "--corpus", corpus, "--vocab-size", "2000", "--out", str(folder / "tok")
         )
-        prep = run_cli(
+        prep = run_in_process(
             "prepare", "--corpus", corpus, "--tokenizer", str(folder / "tok"), "--out", str(folder / "shards")
         )
-        trained = run_cli(
+        trained = run_in_process(
             *("pretrain", "--corpus", corpus, "--valid", valid, "--out", run, "--max-steps", "6", *cache),
             *("--precision", "fp32"),  # evaluate's default, so its metrics must equal the run's last ones
             *TINY,
         )
-        evaluated = run_cli("evaluate", "--model", run, "--corpus", valid, "--json", *cache, "--quiet")
+        evaluated = run_in_process("evaluate", "--model", run, "--corpus", valid, "--json", *cache, "--quiet")
     return Pipeline(folder, tok, prep, trained, evaluated)
 
 
