@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
-from bertforge.labeled import LONGEST_FIELD, NOT_REGULAR, is_header_row, json_fault
+from bertforge.io import JSON_FAULTS, json_fault
+from bertforge.labeled import LONGEST_FIELD, NOT_REGULAR, is_header_row
 from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
@@ -466,7 +467,7 @@ def _named_json(path: Path) -> bool:
 def _is_json_object(line: str) -> bool:
     try:
         return isinstance(json.loads(line), dict)
-    except (ValueError, RecursionError):  # its reader names the fault
+    except JSON_FAULTS:  # its reader names the fault
         return False
 
 
@@ -587,7 +588,7 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
     hint += " (another field: data.text_column)"
     try:
         record = json.loads(line)
-    except (ValueError, RecursionError) as error:
+    except JSON_FAULTS as error:
         raise BertforgeError(f"{path}, line {number}: not valid JSON ({json_fault(error)}); {hint}") from None
     if isinstance(record, dict) and column in record and not isinstance(record[column], str):
         kind = _JSON_KINDS.get(type(record[column]), "null")

@@ -179,6 +179,17 @@ def write_json(path: Path, value, indent: int | None = 2) -> None:
     atomic_write_text(path, json_text(value, indent))
 
 
+# What `json.loads` raises for text it cannot hold: `JSONDecodeError` (a ValueError), a ValueError for an
+# integer of over 4,300 digits, and RecursionError for a nesting deeper than Python's recursion limit.
+JSON_FAULTS = (ValueError, RecursionError)
+
+
+def json_fault(error: ValueError | RecursionError) -> str:
+    """Why Python's decoder refused a JSON text (one of `JSON_FAULTS`), without a position: its
+    message, or a nesting too deep for it, or an integer too long to convert."""
+    return error.msg if isinstance(error, json.JSONDecodeError) else str(error)
+
+
 def read_json(
     path: Path,
     *,
@@ -194,8 +205,7 @@ def read_json(
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise error(f"{path} is missing; {missing}") from None
-    except (ValueError, UnicodeDecodeError, RecursionError) as problem:  # ValueError: JSONDecodeError,
-        # or an integer over 4,300 digits; RecursionError: a nesting too deep for Python's decoder
+    except JSON_FAULTS as problem:  # UnicodeDecodeError too: it is a ValueError
         raise error(f"{path} is not valid JSON ({problem}); {damaged}") from None
     if not isinstance(value, dict):
         raise error(f"{path} does not hold a JSON object; {damaged}")

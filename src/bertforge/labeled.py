@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from bertforge.errors import BertforgeError, to_utf8
+from bertforge.io import JSON_FAULTS, json_fault
 
 LabeledFormat = Literal["auto", "csv", "tsv", "jsonl"]  # auto: from the file name, else the text
 FORMATS: tuple[LabeledFormat, ...] = get_args(LabeledFormat)
@@ -241,16 +242,10 @@ def json_line(path: Path, number: int, raw: str):
     """The value on line `number` of the JSON lines file `path`; one error naming the line if not JSON."""
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError) as error:
+    except JSON_FAULTS as error:
         raise BertforgeError(
             f"{path} line {number} is not valid JSON ({json_fault(error)}); each line holds one JSON object"
         ) from None
-
-
-def json_fault(error: ValueError | RecursionError) -> str:
-    """Why Python's decoder refused a JSON text: its message, or a nesting too deep for it, or an
-    integer too long to convert (over 4,300 digits)."""
-    return error.msg if isinstance(error, json.JSONDecodeError) else str(error)
 
 
 def _json_rows(path: Path, text: str, columns: list[str]) -> Iterator[tuple[int, list]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bertforge.entities import OUTSIDE, PREFIXES, entity_spans, is_tag, split_tag
 from bertforge.errors import BertforgeError
+from bertforge.io import JSON_FAULTS
 from bertforge.labeled import json_line, rare_below, read_text
 
 TAGGING = "ner"  # the task type of a tagged file (`bertforge finetune --task ner`)
@@ -203,7 +204,7 @@ def is_tagged_file(path: str | Path, token_field: str | None = None, tag_field: 
     if is_json_lines(path, head):
         try:
             record = json.loads(lines[0])
-        except (ValueError, RecursionError):  # its reader names the fault
+        except JSON_FAULTS:  # its reader names the fault
             return False
         fields = (token_field or JSON_FIELDS[0], tag_field or JSON_FIELDS[1])
         return isinstance(record, dict) and all(isinstance(record.get(f), list) for f in fields)
