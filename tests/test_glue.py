@@ -16,9 +16,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA, assert_clean_failure
+from scipy import stats as scipy_stats
 from test_stats import exact_p_value, five_seeds_with_many_tied_resamples
 
 from bertforge import glue_data
@@ -412,6 +414,45 @@ def test_the_bootstrap_of_a_task_score_sees_a_real_gain_and_no_gain():
     assert better["gain"] > 20 and better["p_value"] < 0.01 and better["low"] > 0
     same = [noisy(0.2), noisy(0.2)]
     assert paired_bootstrap_score("MRPC", true, same, same, ["0", "1"], 200)["p_value"] == 1.0
+
+
+@pytest.mark.parametrize("task", ["MRPC", "STS-B", "CoLA"])
+def test_the_bootstrap_of_a_task_score_is_each_resamples_score_recomputed_by_scipy(task):
+    """The same resamples (indices drawn at once from the seed), each arm's task score recomputed
+    resample by resample with scipy's correlations or by hand, averaged over its seeds."""
+    rng = np.random.default_rng(6)
+    size, resamples = 120, 300
+    if task == "STS-B":
+        true, labels = rng.integers(0, 11, size) / 2, []
+        arms = [[true + rng.normal(scale=noise, size=size).round(1) for _ in range(3)] for noise in (1, 2)]
+    else:
+        true, labels = rng.integers(0, 2, size), ["0", "1"]
+        arms = [[np.where(rng.random(size) < flip, 1 - true, true) for _ in range(3)] for flip in (0.2, 0.4)]
+
+    def score(truth, predicted):
+        if task == "STS-B":
+            pearson = scipy_stats.pearsonr(truth, predicted)[0]
+            return 50 * (pearson + scipy_stats.spearmanr(truth, predicted)[0])
+        if task == "CoLA":
+            return 100 * scipy_stats.pearsonr(truth, predicted)[0]  # binary Matthews = phi = Pearson's r
+        true_positives = np.sum(truth & predicted)
+        f1 = 2 * true_positives / (truth.sum() + predicted.sum())
+        return 50 * (f1 + np.mean(truth == predicted))
+
+    def gain(index):
+        a, b = (np.mean([score(true[index], run[index]) for run in arm]) for arm in arms)
+        return a - b
+
+    indices = np.random.default_rng(0).integers(0, size, size=(resamples, size))
+    gains = np.array([gain(index) for index in indices])
+    as_given = (lambda v: [str(x) for x in v]) if labels else list
+    verdict = paired_bootstrap_score(
+        task, as_given(true), *[[as_given(run) for run in arm] for arm in arms], labels, resamples
+    )
+    assert verdict["gain"] == pytest.approx(gain(np.arange(size)), abs=1e-9)
+    assert verdict["gain"] > 0
+    assert [verdict["low"], verdict["high"]] == pytest.approx(np.percentile(gains, [2.5, 97.5]), abs=1e-9)
+    assert verdict["p_value"] == min(1.0, 2 * np.count_nonzero(gains <= 0) / resamples)
 
 
 def test_the_bootstrap_of_a_task_score_counts_a_resample_with_no_gain_against_either_sign():

@@ -12,14 +12,17 @@ from bertforge.metrics import (
     accuracy,
     average_ranks,
     binary_f1,
+    confusion_accuracy,
     confusion_binary_f1,
     confusion_matrix,
     confusion_matthews,
+    confusion_rows,
     macro_f1,
     matthews_corrcoef,
     pearson,
     pearson_rows,
     spearman,
+    spearman_rows,
 )
 
 # TN 5, FP 1, FN 2, TP 4 as label lists
@@ -107,3 +110,35 @@ def test_pearson_rows_is_pearson_per_row_with_broadcasting():
         for r in range(4):
             assert rows[s, r] == pytest.approx(stats.pearsonr(x[s, r], y[r])[0], abs=1e-12)
     assert pearson_rows(np.ones((2, 5)), y[:2, :5]).tolist() == [0.0, 0.0]
+
+
+def test_stacked_confusion_matrices_and_their_metrics_are_each_rows():
+    """(seeds, resamples, examples) against (resamples, examples): every matrix and figure is the
+    one of its own row, counted and computed one at a time."""
+    rng = np.random.default_rng(4)
+    true, predicted = rng.integers(0, 3, size=(4, 40)), rng.integers(0, 3, size=(2, 4, 40))
+    stack = confusion_rows(true, predicted, 3)
+    assert stack.shape == (2, 4, 3, 3)
+    binary = confusion_rows(true % 2, predicted % 2, 2)
+    accuracies, f1s, mccs = confusion_accuracy(stack), confusion_binary_f1(binary), confusion_matthews(stack)
+    for s in range(2):
+        for r in range(4):
+            assert stack[s, r].tolist() == confusion_matrix(true[r], predicted[s, r], 3).tolist()
+            assert accuracies[s, r] == pytest.approx(accuracy(true[r], predicted[s, r]), abs=1e-12)
+            assert f1s[s, r] == pytest.approx(binary_f1(true[r] % 2, predicted[s, r] % 2), abs=1e-12)
+            assert mccs[s, r] == pytest.approx(matthews_corrcoef(true[r], predicted[s, r]), abs=1e-12)
+    constant = confusion_rows(true, np.zeros_like(true), 3)
+    assert confusion_matthews(constant).tolist() == [0.0] * 4
+    assert confusion_binary_f1(np.zeros((3, 2, 2))).tolist() == [0.0] * 3
+
+
+def test_ranks_and_spearman_along_rows_match_scipy_with_ties():
+    rng = np.random.default_rng(5)
+    gold = rng.integers(0, 11, size=(6, 50)) / 2  # STS-B-like: many ties
+    guess = np.round(gold[None] + rng.normal(size=(3, 6, 50)))
+    assert np.array_equal(average_ranks(guess), stats.rankdata(guess, axis=-1))
+    rows = spearman_rows(guess, gold)
+    assert rows.shape == (3, 6)
+    for s in range(3):
+        for r in range(6):
+            assert rows[s, r] == pytest.approx(stats.spearmanr(guess[s, r], gold[r])[0], abs=1e-12)

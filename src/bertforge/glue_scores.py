@@ -91,7 +91,8 @@ PUBLISHED: dict[str, dict] = {
 def split_figures(task: str, which: int, true: Sequence, predicted: Sequence, labels: Sequence[str]) -> dict:
     """The figures of `task` measured on its dev or test file number `which`, in percent: `true` and
     `predicted` are label names (`labels`, the task's classes) or, for STS-B, scores."""
-    return figures_of(task, which, *as_arrays(true, predicted, labels), labels)
+    figures = figures_of(task, which, *as_arrays(true, predicted, labels), labels)
+    return {name: float(value) for name, value in figures.items()}
 
 
 def as_arrays(true: Sequence, predicted: Sequence, labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -102,22 +103,27 @@ def as_arrays(true: Sequence, predicted: Sequence, labels: Sequence[str]) -> tup
     return np.array([ids[t] for t in true]), np.array([ids[p] for p in predicted])
 
 
-def figures_of(task: str, which: int, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> dict:
+def figures_of(
+    task: str, which: int, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """The figures along the last axis of label ids (or scores) `true` and `predicted`, broadcast
+    against each other: (examples,) gives one value each, (resamples, examples) against (seeds,
+    resamples, examples) a (seeds, resamples) array each."""
     wanted = [(name, metric) for name, index, metric in FIGURES[task] if index == which]
     if not labels:
-        values = {"pearson": metrics.pearson, "spearman": metrics.spearman}
+        values = {"pearson": metrics.pearson_rows, "spearman": metrics.spearman_rows}
         return {name: 100 * values[metric](true, predicted) for name, metric in wanted}
-    confusion = metrics.confusion_matrix(true, predicted, len(labels))
-    return {name: 100 * confusion_metric(metric, confusion, labels) for name, metric in wanted}
+    confusion = metrics.confusion_rows(true, predicted, len(labels))
+    return {name: 100 * np.asarray(confusion_metric(metric, confusion, labels)) for name, metric in wanted}
 
 
-def confusion_metric(metric: str, confusion: np.ndarray, labels: Sequence[str]) -> float:
+def confusion_metric(metric: str, confusion: np.ndarray, labels: Sequence[str]) -> float | np.ndarray:
     if metric == "accuracy":
         return metrics.confusion_accuracy(confusion)
     if metric == "matthews":
         return metrics.confusion_matthews(confusion)
     positive = list(labels).index(POSITIVE)
-    return metrics.confusion_binary_f1(confusion if positive == 1 else confusion[::-1, ::-1])
+    return metrics.confusion_binary_f1(confusion if positive == 1 else confusion[..., ::-1, ::-1])
 
 
 def task_score(task: str, figures: dict[str, float]) -> float | None:
@@ -158,21 +164,19 @@ def paired_bootstrap_score(
     `confidence` of the resampled gains.
     """
     truth = as_arrays(true, true, labels)[0]
-    runs = [[as_arrays(true, predicted, labels)[1] for predicted in arm] for arm in (arm_a, arm_b)]
+    # each arm's predictions: (seeds, examples)
+    runs = [np.stack([as_arrays(true, predicted, labels)[1] for predicted in arm]) for arm in (arm_a, arm_b)]
 
-    def gain(indices: np.ndarray) -> float:
-        a, b = (
-            statistics.fmean(first_file_score(task, truth[indices], p[indices], labels) for p in arm)
-            for arm in runs
-        )
+    def gains(block: np.ndarray) -> np.ndarray:
+        """(R, examples) resampled indices -> (R,) gains of a's mean score over its seeds."""
+        a, b = (first_file_score(task, truth[block], arm[:, block], labels).mean(0) for arm in runs)
         return a - b
 
-    observed = gain(np.arange(truth.size))
-    gains = bootstrap_gains(
-        lambda block: np.array([gain(index) for index in block]), truth.size, resamples, seed
-    )
-    return bootstrap_verdict(observed, gains, int(truth.size), seed, confidence)
+    observed = float(gains(np.arange(truth.size)[None])[0])
+    resampled = bootstrap_gains(gains, truth.size, resamples, seed)
+    return bootstrap_verdict(observed, resampled, int(truth.size), seed, confidence)
 
 
-def first_file_score(task: str, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> float:
-    return statistics.fmean(figures_of(task, 0, true, predicted, labels).values())
+def first_file_score(task: str, true: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> np.ndarray:
+    """The task score on its first dev file, along the last axis as `figures_of`'s."""
+    return np.mean(list(figures_of(task, 0, true, predicted, labels).values()), axis=0)

@@ -29,9 +29,18 @@ def confusion_matrix(true: ArrayLike, predicted: ArrayLike, num_labels: int | No
         num_labels = int(max(true.max(initial=-1), predicted.max(initial=-1))) + 1
     if true.size and (min(true.min(), predicted.min()) < 0 or max(true.max(), predicted.max()) >= num_labels):
         raise ValueError(f"label ids must be in [0, {num_labels})")
-    matrix = np.zeros((num_labels, num_labels), dtype=np.int64)
-    np.add.at(matrix, (true, predicted), 1)
-    return matrix
+    return confusion_rows(true, predicted, num_labels)
+
+
+def confusion_rows(true: np.ndarray, predicted: np.ndarray, num_labels: int) -> np.ndarray:
+    """(..., K, K) confusion matrices of the label ids along the last axis of `true` and `predicted`,
+    broadcast against each other (e.g. (resamples, examples) against (seeds, resamples, examples))."""
+    true, predicted = np.broadcast_arrays(np.asarray(true, np.int64), np.asarray(predicted, np.int64))
+    leading = true.shape[:-1]
+    row = np.arange(int(np.prod(leading)), dtype=np.int64).reshape(*leading, 1)
+    cells = (row * num_labels + true) * num_labels + predicted
+    counts = np.bincount(cells.reshape(-1), minlength=row.size * num_labels * num_labels)
+    return counts.reshape(*leading, num_labels, num_labels)
 
 
 def accuracy(true: ArrayLike, predicted: ArrayLike) -> float:
@@ -51,19 +60,20 @@ def matthews_corrcoef(true: ArrayLike, predicted: ArrayLike) -> float:
     return confusion_matthews(confusion_matrix(true, predicted))
 
 
-def confusion_accuracy(matrix: np.ndarray) -> float:
+def confusion_accuracy(matrix: np.ndarray) -> float | np.ndarray:
+    """The accuracy of a (K, K) confusion matrix, or of each matrix of a (..., K, K) stack."""
     matrix = np.asarray(matrix, dtype=np.float64)
-    return float(np.trace(matrix) / max(matrix.sum(), 1.0))
+    return _one_or_rows(np.trace(matrix, axis1=-2, axis2=-1) / np.maximum(matrix.sum((-2, -1)), 1.0))
 
 
-def confusion_binary_f1(matrix: np.ndarray) -> float:
-    """F1 of class 1 of a 2 x 2 confusion matrix: 2 TP / (2 TP + FP + FN)."""
+def confusion_binary_f1(matrix: np.ndarray) -> float | np.ndarray:
+    """F1 of class 1 of a 2 x 2 confusion matrix (or of each of a (..., 2, 2) stack):
+    2 TP / (2 TP + FP + FN)."""
     matrix = np.asarray(matrix, dtype=np.float64)
-    if matrix.shape != (2, 2):
+    if matrix.shape[-2:] != (2, 2):
         raise ValueError(f"binary F1 needs a 2 x 2 confusion matrix, got {matrix.shape}")
-    true_positives = matrix[1, 1]
-    denominator = matrix[1].sum() + matrix[:, 1].sum()
-    return float(2 * true_positives / denominator) if denominator > 0 else 0.0
+    denominator = matrix[..., 1, :].sum(-1) + matrix[..., :, 1].sum(-1)
+    return _one_or_rows(_ratio(2 * matrix[..., 1, 1], denominator))
 
 
 def confusion_macro_f1(matrix: np.ndarray) -> float:
@@ -76,17 +86,16 @@ def confusion_macro_f1(matrix: np.ndarray) -> float:
     return float((2 * matrix.diagonal()[present] / (actual + predicted)[present]).mean())
 
 
-def confusion_matthews(matrix: np.ndarray) -> float:
-    """The Matthews correlation of a K x K confusion matrix (K = 2 gives the binary formula):
-    (c s - t.p) / sqrt((s^2 - p.p)(s^2 - t.t)), c the correct, s all, t and p the true and predicted
-    counts per class; 0 when a denominator factor is 0."""
+def confusion_matthews(matrix: np.ndarray) -> float | np.ndarray:
+    """The Matthews correlation of a K x K confusion matrix (or of each of a (..., K, K) stack; K = 2
+    gives the binary formula): (c s - t.p) / sqrt((s^2 - p.p)(s^2 - t.t)), c the correct, s all, t
+    and p the true and predicted counts per class; 0 when a denominator factor is 0."""
     matrix = np.asarray(matrix, dtype=np.float64)
-    correct, total = np.trace(matrix), matrix.sum()
-    actual, predicted = matrix.sum(1), matrix.sum(0)
-    denominator = (total**2 - predicted @ predicted) * (total**2 - actual @ actual)
-    if denominator <= 0:
-        return 0.0
-    return float((correct * total - actual @ predicted) / np.sqrt(denominator))
+    correct, total = np.trace(matrix, axis1=-2, axis2=-1), matrix.sum((-2, -1))
+    actual, predicted = matrix.sum(-1), matrix.sum(-2)
+    denominator = (total**2 - (predicted * predicted).sum(-1)) * (total**2 - (actual * actual).sum(-1))
+    covariance = correct * total - (actual * predicted).sum(-1)
+    return _one_or_rows(_ratio(covariance, np.sqrt(np.maximum(denominator, 0.0))))
 
 
 def pearson(x: ArrayLike, y: ArrayLike) -> float:
@@ -111,12 +120,38 @@ def spearman(x: ArrayLike, y: ArrayLike) -> float:
     return pearson(average_ranks(x), average_ranks(y))
 
 
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rank correlation along the last axis of `x` and `y`, broadcast as `pearson_rows`'."""
+    return pearson_rows(average_ranks(x), average_ranks(y))
+
+
 def average_ranks(values: ArrayLike) -> np.ndarray:
-    """Ranks 1..n of `values`, each group of equal values given the mean of the ranks it spans."""
+    """Ranks 1..n along the last axis of `values`, each group of equal values given the mean of the
+    ranks it spans."""
     values = np.asarray(values, dtype=np.float64)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    first = np.cumsum(counts) - counts  # ranks before each distinct value
-    return (first + (counts + 1) / 2)[inverse.reshape(-1)]
+    order = np.argsort(values, axis=-1, kind="stable")
+    ordered = np.take_along_axis(values, order, -1)
+    size = values.shape[-1]
+    position = np.arange(size)
+    differs = ordered[..., 1:] != ordered[..., :-1]  # a new group starts after each True
+    starts = np.concatenate([np.ones_like(ordered[..., :1], bool), differs], -1)
+    ends = np.concatenate([differs, np.ones_like(ordered[..., :1], bool)], -1)
+    first = np.maximum.accumulate(np.where(starts, position, 0), -1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, position, size), -1), -1), -1)
+    ranks = np.empty_like(values)
+    np.put_along_axis(ranks, order, (first + last) / 2 + 1, -1)
+    return ranks
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """numerator / denominator, 0 where the denominator is not positive."""
+    positive = denominator > 0
+    return np.where(positive, numerator / np.where(positive, denominator, 1.0), 0.0)
+
+
+def _one_or_rows(values: np.ndarray) -> float | np.ndarray:
+    """A float for one matrix's figure, the array for a stack's."""
+    return float(values) if np.ndim(values) == 0 else values
 
 
 def _paired(a: ArrayLike, b: ArrayLike, dtype: type) -> tuple[np.ndarray, np.ndarray]:
