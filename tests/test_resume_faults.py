@@ -23,6 +23,7 @@ from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.io import file_sha256
 from bertforge.pretrain import pretrain
+from bertforge.progress import metrics_text
 from bertforge.train import Trainer
 
 
@@ -206,6 +207,49 @@ def test_settings_changed_on_resume_are_the_runs_from_then_on(
     assert main(["pretrain", "--out", str(reference), *more]) == 0  # the same resume, uninterrupted
     assert trained(run) == trained(reference)
     assert same_weights(run / "final", reference / "final")
+
+
+def test_a_resume_lowered_to_a_signals_stop_step_ends_there_with_its_own_figures_and_model(
+    tmp_path, capsys, monkeypatch, wiki_slice, wiki_valid_slice, small_tokenizer_dir
+):
+    """A run finished at step 4, resumed to 8 and stopped by a signal after step 6, then resumed with
+    --max-steps 6: step 6 is evaluated (once) and final/ becomes step 6's model, not step 4's."""
+    run = tmp_path / "run"
+    every = ["--valid", str(wiki_valid_slice), "--set", "train.eval_every=4", "--set", "train.log_every=1"]
+    assert main(cli_pretrain(wiki_slice, small_tokenizer_dir, run, "--max-steps", "4", *every)) == 0
+    with monkeypatch.context() as patch:
+        sigterm_after_step(patch, 6)
+        assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "8", "--quiet"]) == 128 + 15
+    capsys.readouterr()
+
+    def held_out_line() -> str:
+        assert main(["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--quiet"]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("held-out"))
+
+    printed = held_out_line()
+    valid = metrics_lines(run, "valid")
+    assert [line["step"] for line in valid] == [0, 4, 6]
+    assert same_weights(run / "final", run / "checkpoints" / "step_000006")
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(run / "final"),
+                "--corpus",
+                str(wiki_valid_slice),
+                "--json",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["mlm_loss"] == pytest.approx(valid[-1]["mlm_loss"], rel=1e-5)
+    assert valid[-1]["mlm_loss"] != valid[-2]["mlm_loss"]
+    shown = {k: v for k, v in valid[-1].items() if k not in ("step", "split", "tokens", "unigram_entropy")}
+    assert printed == "held-out: " + metrics_text(shown)
+    assert held_out_line() == printed and metrics_lines(run, "valid") == valid  # at its end: nothing again
 
 
 def test_a_refused_change_on_resume_leaves_the_runs_config_as_it_was(tmp_path, capsys, tiny_pretrained_run):

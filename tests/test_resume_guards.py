@@ -443,8 +443,8 @@ def test_train_state_keeps_the_state_json_layout_and_reads_older_checkpoints():
     )
     saved = state.state_dict()
     assert list(saved) == [
-        "step", "epoch", "batch", "elapsed_s", "tokens", "last_valid", "micro_batch", "world_size",
-        "warmup_end_epoch", "masking_epoch", "masking_rate",
+        "step", "epoch", "batch", "elapsed_s", "tokens", "last_valid", "valid_step", "micro_batch",
+        "world_size", "warmup_end_epoch", "masking_epoch", "masking_rate",
     ]  # fmt: skip
     restored = TrainState()
     restored.load_state_dict(json.loads(json.dumps({**saved, "rng": {}, "sha256": {}})))
@@ -456,3 +456,4 @@ def test_train_state_keeps_the_state_json_layout_and_reads_older_checkpoints():
     assert (older.step, older.batch, older.micro_batch, older.world_size) == (3, 6, 16, 2)
     assert older.warmup_end_epoch is None  # a sequence-length warmup, if any, had not ended
     assert older.masking_epoch is None and older.masking_rate is None  # its next epoch sets its rate
+    assert older.valid_step is None  # a resume at its end evaluates nothing again

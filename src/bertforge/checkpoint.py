@@ -136,12 +136,25 @@ def check_tokenizer_is_the_runs(tokenizer: BertTokenizer, run: Path) -> None:
 
 def weights_tokenizer(path: Path) -> str | None:
     """The fingerprint of the tokenizer named in a weights file's metadata; None where there is none
-    (files written without it, Hugging Face's) or the file cannot be read (reading the weights says why)."""
+    (files written without it, Hugging Face's)."""
+    return weights_metadata(path).get(TOKENIZER_METADATA)
+
+
+def holds_weights(folder: Path, model: torch.nn.Module) -> bool:
+    """Whether the weights of the model folder are `model`'s as they are now (by the hash saved in
+    their metadata)."""
+    saved = weights_metadata(folder / WEIGHTS).get(TENSORS_METADATA)
+    return saved is not None and saved == tensors_sha256(weights_to_save(model))
+
+
+def weights_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata; empty where it has none or cannot be read (reading the weights
+    says why)."""
     try:
         with safe_open(str(path), "pt") as weights:
-            return (weights.metadata() or {}).get(TOKENIZER_METADATA)
+            return weights.metadata() or {}
     except (SafetensorError, OSError, ValueError):
-        return None
+        return {}
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

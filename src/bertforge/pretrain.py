@@ -64,6 +64,7 @@ from bertforge.checkpoint import (
     RUN_DATA,
     check_tokenizer_fits,
     check_tokenizer_is_the_runs,
+    holds_weights,
     list_checkpoints,
     pretraining_model,
     save_model_folder,
@@ -391,10 +392,12 @@ def train_and_save(
         on_resume=functools.partial(save_json, config, out / CONFIG),  # the settings it continues with
     )
     if distributed.launched().is_main:
-        # a resume at the run's end writes what a stop after the last step left unwritten, nothing else
-        if result["steps_run"] or not (out / "final").is_dir():
+        # a resume at the run's end writes what a stop after the last step left unwritten, nothing
+        # else; final/ of an earlier end (a run resumed to train on, then stopped) is replaced
+        new_final = bool(result["steps_run"]) or not holds_weights(out / "final", model)
+        if new_final:
             save_model_folder(out / "final", model.cpu(), tokenizer, config)
-        if result["steps_run"] or not (out / "loss.png").is_file():
+        if new_final or not (out / "loss.png").is_file():
             masking = (config.data.mlm_probability, EVAL_MASK_RATE) if mlm else None
             plot_pretraining(out / "metrics.jsonl", out / "loss.png", masking)
     distributed.barrier()  # the other ranks return once the run folder is complete

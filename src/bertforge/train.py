@@ -118,6 +118,7 @@ class TrainState:
     elapsed_s: float = 0.0  # seconds of training, written at each checkpoint
     tokens: int = 0  # real tokens trained on, counted at each log line
     last_valid: dict[str, float] = field(default_factory=dict)  # the last evaluation's metrics
+    valid_step: int | None = None  # the step of that evaluation (None in checkpoints that lack it)
     micro_batch: int = 0  # sequences per micro-batch: a resumed run must keep it
     world_size: int = 1  # the processes that trained the run
     warmup_end_epoch: int | None = None  # the first epoch after a sequence-length warmup, once it ended
@@ -281,10 +282,12 @@ class Trainer:
         return self.clock_read[1]
 
     def run(self, show_progress: bool) -> dict:
-        if self.state.step == 0 and self.world.is_main:  # a new run: the model before training
-            if valid := self.objective.evaluate(self.model):  # empty without validation text
-                self.log.append({"step": 0, "split": "valid", **valid})
-            self.evaluate_at_warmup_length(0)
+        if self.state.step == 0:  # a new run: the model before training
+            self.state.valid_step = 0
+            if self.world.is_main:
+                if valid := self.objective.evaluate(self.model):  # empty without validation text
+                    self.log.append({"step": 0, "split": "valid", **valid})
+                self.evaluate_at_warmup_length(0)
         if self.resumed_from is not None and show_progress and self.world.is_main:
             print(f"resuming from {self.resumed_from} (step {self.state.step:,})", flush=True)
         stream = self.start()
@@ -315,6 +318,8 @@ class Trainer:
                 if self.saved_step != step:  # its output failed before its checkpoint
                     self.save_checkpoint(step)
                 raise Interrupted(stop, step, checkpoint_dir(self.run_dir, step), self.world.is_main)
+        if self.state.step == first_step:
+            self.evaluate_stop_step(bar)
         self.advance(bar, self.elapsed())  # a time budget's bar ends full
         bar.close()
         return {
@@ -324,6 +329,18 @@ class Trainer:
             "tokens": self.state.tokens,
             **self.state.last_valid,
         }
+
+    def evaluate_stop_step(self, bar: Progress) -> None:
+        """A run resumed at its end that stopped between evaluations (its step limit lowered to the
+        step of a signal's checkpoint) evaluates that step and saves it again, so that its result and
+        final model's figures are its own, not those of an earlier step."""
+        step = self.state.step
+        if self.state.valid_step in (None, step):  # evaluated there, or saved before the step was kept
+            return
+        self.state.valid_step = step
+        if self.world.is_main:
+            self.evaluate(step, bar)
+        self.save_checkpoint(step)
 
     def start(self) -> Iterator[tuple[int, int, dict]]:
         """Start the clock, wrap (DDP) and compile the model; the stream of micro-batches from the
@@ -555,8 +572,10 @@ class Trainer:
                 bar.set_postfix(
                     step=step, loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
                 )
-        if evaluate and self.world.is_main:
-            self.evaluate(step, bar)
+        if evaluate:
+            self.state.valid_step = step
+            if self.world.is_main:
+                self.evaluate(step, bar)
         if checkpoint:
             self.save_checkpoint(step)
 
