@@ -158,9 +158,9 @@ def test_a_kill_inside_a_checkpoint_write_resumes_to_the_uninterrupted_model(
 
 
 def test_a_folder_written_atomically_is_on_disk_before_it_appears(tmp_path, monkeypatch):
-    """After a power loss a renamed folder must not hold empty files: every file and folder inside is
-    fsynced before the rename."""
-    from bertforge.io import atomic_directory
+    """After a power loss a renamed folder must not hold empty files, nor be missing: every file and
+    folder inside is fsynced before the rename, and the folder that holds it after."""
+    from bertforge.io import atomic_directory, atomic_write_text
 
     out, synced, real_fsync = tmp_path / "model", [], os.fsync
 
@@ -173,6 +173,10 @@ def test_a_folder_written_atomically_is_on_disk_before_it_appears(tmp_path, monk
         (staged / "weights").write_bytes(b"w")
         (staged / "tokenizer").mkdir()
         (staged / "tokenizer" / "vocab.txt").write_text("a\n")
-    names = {name for name, _ in synced}
+    names = {name for name, _ in synced[:-1]}
     assert {"weights", "tokenizer", "vocab.txt", staged.name} <= names
-    assert not any(appeared for _, appeared in synced)
+    assert not any(appeared for _, appeared in synced[:-1])
+    assert synced[-1] == (tmp_path.name, True)
+    synced.clear()
+    atomic_write_text(out / "notes.json", "{}")  # a file: its bytes, then its folder's entry
+    assert [name for name, _ in synced] == [synced[0][0], "model"] and synced[0][0].startswith(".notes.json")

@@ -120,6 +120,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, wiki_slice, wiki_vali
     for a, b in zip(full_train, cut_train, strict=True):
         assert a["loss"] == b["loss"] and a["mlm_loss"] == b["mlm_loss"] and a["nsp_loss"] == b["nsp_loss"]
     assert metrics_lines(full, "valid")[-1] == metrics_lines(cut, "valid")[-1]
+    tokens = [line["tokens"] for line in metrics_lines(full, "valid")]  # steps 0, 4 and 8
+    assert tokens[0] == 0 < tokens[1] < tokens[2]
     full_weights = read_weights(full / "final" / "model.safetensors")
     cut_weights = read_weights(cut / "final" / "model.safetensors")
     assert all(torch.equal(full_weights[k], cut_weights[k]) for k in full_weights)

@@ -153,6 +153,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
+            flush_to_disk(path.parent)  # the rename itself
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -278,7 +279,8 @@ def atomic_directory(path: Path) -> Iterator[Path]:
 
 
 def flush_to_disk(path: Path) -> None:
-    """fsync a file or folder, so that a power loss after a rename cannot leave it empty."""
+    """fsync a file or folder: a file's bytes before its rename, so that a power loss cannot leave it
+    empty under its name; a folder after a rename in it, so that the rename itself is kept."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -289,12 +291,11 @@ def flush_to_disk(path: Path) -> None:
 def replace_folder(new: Path, path: Path) -> None:
     """Rename the folder `new` to `path`, replacing the folder there: the old one is renamed aside
     first, so that `path` is never missing a complete copy for long."""
-    if not path.exists():
-        os.replace(new, path)
-        return
-    old = move_aside(path)  # put back by `remove_leftovers` if killed before the next line
+    old = move_aside(path) if path.exists() else None  # put back by `remove_leftovers` if killed next
     os.replace(new, path)
-    shutil.rmtree(old, ignore_errors=True)
+    flush_to_disk(path.parent)  # the rename itself
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def move_aside(path: Path, tag: str = "old") -> Path:

@@ -286,7 +286,7 @@ class Trainer:
             self.state.valid_step = 0
             if self.world.is_main:
                 if valid := self.objective.evaluate(self.model):  # empty without validation text
-                    self.log.append({"step": 0, "split": "valid", **valid})
+                    self.log.append({"step": 0, "split": "valid", "tokens": 0, **valid})
                 self.evaluate_at_warmup_length(0)
         if self.resumed_from is not None and show_progress and self.world.is_main:
             print(f"resuming from {self.resumed_from} (step {self.state.step:,})", flush=True)
