@@ -23,7 +23,7 @@ from conftest import SHARED_DATA, assert_clean_failure
 from scipy import stats as scipy_stats
 from test_stats import exact_p_value, five_seeds_with_many_tied_resamples
 
-from bertforge import glue_data
+from bertforge import glue_data, glue_scores
 from bertforge.comparison import ARMS, few_seeds_note
 from bertforge.config import load_toml
 from bertforge.errors import BertforgeError, Interrupted
@@ -416,18 +416,22 @@ def test_the_bootstrap_of_a_task_score_sees_a_real_gain_and_no_gain():
     assert paired_bootstrap_score("MRPC", true, same, same, ["0", "1"], 200)["p_value"] == 1.0
 
 
-@pytest.mark.parametrize("task", ["MRPC", "STS-B", "CoLA"])
-def test_the_bootstrap_of_a_task_score_is_each_resamples_score_recomputed_by_scipy(task):
+@pytest.mark.parametrize("task", ["MRPC", "STS-B", "CoLA", "MNLI"])
+def test_the_bootstrap_of_a_task_score_is_each_resamples_score_recomputed_by_scipy(task, monkeypatch):
     """The same resamples (indices drawn at once from the seed), each arm's task score recomputed
-    resample by resample with scipy's correlations or by hand, averaged over its seeds."""
+    resample by resample with scipy's correlations or by hand, averaged over its seeds; scored a
+    few resamples at a time, as QQP's 40,000 examples are."""
+    monkeypatch.setattr(glue_scores, "BOOTSTRAP_CELLS", 1000)  # 2 resamples of 3 seeds x 120 examples
     rng = np.random.default_rng(6)
     size, resamples = 120, 300
     if task == "STS-B":
         true, labels = rng.integers(0, 11, size) / 2, []
         arms = [[true + rng.normal(scale=noise, size=size).round(1) for _ in range(3)] for noise in (1, 2)]
     else:
-        true, labels = rng.integers(0, 2, size), ["0", "1"]
-        arms = [[np.where(rng.random(size) < flip, 1 - true, true) for _ in range(3)] for flip in (0.2, 0.4)]
+        classes = 3 if task == "MNLI" else 2
+        true, labels = rng.integers(0, classes, size), [str(label) for label in range(classes)]
+        wrong = (true + 1) % classes
+        arms = [[np.where(rng.random(size) < flip, wrong, true) for _ in range(3)] for flip in (0.2, 0.4)]
 
     def score(truth, predicted):
         if task == "STS-B":
@@ -435,6 +439,8 @@ def test_the_bootstrap_of_a_task_score_is_each_resamples_score_recomputed_by_sci
             return 50 * (pearson + scipy_stats.spearmanr(truth, predicted)[0])
         if task == "CoLA":
             return 100 * scipy_stats.pearsonr(truth, predicted)[0]  # binary Matthews = phi = Pearson's r
+        if task == "MNLI":
+            return 100 * np.mean(truth == predicted)  # matched accuracy: the first dev file's score
         true_positives = np.sum(truth & predicted)
         f1 = 2 * true_positives / (truth.sum() + predicted.sum())
         return 50 * (f1 + np.mean(truth == predicted))

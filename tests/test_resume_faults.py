@@ -249,7 +249,9 @@ def test_a_resume_lowered_to_a_signals_stop_step_ends_there_with_its_own_figures
     assert valid[-1]["mlm_loss"] != valid[-2]["mlm_loss"]
     shown = {k: v for k, v in valid[-1].items() if k not in ("step", "split", "tokens", "unigram_entropy")}
     assert printed == "held-out: " + metrics_text(shown)
+    written = (run / "final" / "model.safetensors").stat().st_mtime_ns
     assert held_out_line() == printed and metrics_lines(run, "valid") == valid  # at its end: nothing again
+    assert (run / "final" / "model.safetensors").stat().st_mtime_ns == written
 
 
 def test_a_refused_change_on_resume_leaves_the_runs_config_as_it_was(tmp_path, capsys, tiny_pretrained_run):

@@ -36,6 +36,7 @@ FIGURES: dict[str, tuple[tuple[str, int, str], ...]] = {
 # regression) is not the task's: a majority-class epoch has CoLA's best accuracy and a Matthews of 0.
 BEST_EPOCH_BY = {"CoLA": "matthews"}
 POSITIVE = "1"  # the class whose F1 MRPC and QQP report (paraphrase, duplicate)
+BOOTSTRAP_CELLS = 2_000_000  # predictions resampled at once (bounds the memory of QQP's 40,000 examples)
 
 PUBLISHED_SOURCE = (
     'Turc et al. 2019, "Well-Read Students Learn Better: On the Importance of Pre-training Compact '
@@ -168,7 +169,13 @@ def paired_bootstrap_score(
     runs = [np.stack([as_arrays(true, predicted, labels)[1] for predicted in arm]) for arm in (arm_a, arm_b)]
 
     def gains(block: np.ndarray) -> np.ndarray:
-        """(R, examples) resampled indices -> (R,) gains of a's mean score over its seeds."""
+        """(R, examples) resampled indices -> (R,) gains of a's mean score over its seeds, a few
+        resamples at a time (each holds seeds x examples values)."""
+        rows = max(1, BOOTSTRAP_CELLS // (max(len(arm) for arm in runs) * truth.size))
+        starts = range(0, len(block), rows)
+        return np.concatenate([rows_gains(block[first : first + rows]) for first in starts])
+
+    def rows_gains(block: np.ndarray) -> np.ndarray:
         a, b = (first_file_score(task, truth[block], arm[:, block], labels).mean(0) for arm in runs)
         return a - b
 

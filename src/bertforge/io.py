@@ -153,7 +153,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
-            flush_to_disk(path.parent)  # the rename itself
+            flush_folder(path.parent)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -288,12 +288,19 @@ def flush_to_disk(path: Path) -> None:
         os.close(fd)
 
 
+def flush_folder(folder: Path) -> None:
+    """fsync a folder after a rename in it, where its file system allows (some network and FUSE mounts
+    refuse; a folder may be writable but not readable): the rename is done either way."""
+    with contextlib.suppress(OSError):
+        flush_to_disk(folder)
+
+
 def replace_folder(new: Path, path: Path) -> None:
     """Rename the folder `new` to `path`, replacing the folder there: the old one is renamed aside
     first, so that `path` is never missing a complete copy for long."""
     old = move_aside(path) if path.exists() else None  # put back by `remove_leftovers` if killed next
     os.replace(new, path)
-    flush_to_disk(path.parent)  # the rename itself
+    flush_folder(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
