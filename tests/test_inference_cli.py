@@ -232,7 +232,7 @@ def test_showcase_prints_predictions_and_nsp(capsys, run, wiki_valid_slice, monk
     assert capsys.readouterr().out == out  # seeded
     batches = []
     monkeypatch.setattr(
-        "bertforge.infer.pad_batch", lambda rows, pad: batches.append(len(rows)) or pad_batch(rows, pad)
+        "bertforge.batches.pad_batch", lambda rows, pad: batches.append(len(rows)) or pad_batch(rows, pad)
     )
     argv = ["showcase", "--model", str(run), "--corpus", str(wiki_valid_slice), "--sentences", "3"]
     assert main([*argv, "--batch-size", "1"]) == 0

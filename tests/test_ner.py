@@ -245,6 +245,23 @@ def test_long_texts_are_tagged_in_windows_put_back_together(tagger_run):
     assert all(text[e["start"] : e["end"]] == e["text"] for e in whole["entities"] + windowed["entities"])
 
 
+def test_texts_tagged_together_in_batches_of_like_length_are_tagged_as_each_alone(tagger_run):
+    """Long texts (two windows each at 16 tokens) among short ones, in batches of 2: every word keeps
+    its own tag and score, in input order."""
+    model, tokenizer, labels, _ = open_tagger(tagger_run[0])
+    long = "Germany said on Thursday that Peter Blackburn of the European Union met in Brussels ."
+    texts = ["Peter met Anna .", long, "Paris .", long.replace("Germany", "France"), "EU ."]
+    together = tag(model, tokenizer, labels, texts, max_length=16, batch_size=2)
+    for text, tagged in zip(texts, together, strict=True):
+        alone = tag(model, tokenizer, labels, [text], max_length=16)[0]
+        assert [(w["word"], w["tag"]) for w in tagged["words"]] == [
+            (w["word"], w["tag"]) for w in alone["words"]
+        ]
+        assert [w["score"] for w in tagged["words"]] == pytest.approx(
+            [w["score"] for w in alone["words"]], abs=1e-6
+        )
+
+
 def test_a_tagger_reads_the_length_it_was_fine_tuned_at_by_default(tagger_run, tmp_path, monkeypatch):
     import bertforge.tagger
 

@@ -270,6 +270,35 @@ def test_classify_prints_the_score(regressor, capsys):
     assert set(record) == {"text", "score"} and record["score"] == pytest.approx(expected[0]["score"])
 
 
+def test_classify_batches_texts_of_like_length_and_answers_in_input_order(regressor, stsb, monkeypatch):
+    """Pairs of alternating short and long texts, in batches of 2 and windows of 2 batches: each
+    batch holds texts of like length (little padding), and every score is the pair's own, as
+    classified alone."""
+    import bertforge.classifier
+
+    monkeypatch.setattr(bertforge.classifier, "SORTED_BATCHES", 2)
+    rows = [line.split("\t") for line in stsb[1].read_text(encoding="utf-8").splitlines()[1:13]]
+    texts = [row[-3] if i % 2 else row[-3][:12] for i, row in enumerate(rows)]
+    pairs = [row[-2] if i % 2 else row[-2][:12] for i, row in enumerate(rows)]
+    model, tokenizer, labels, _ = open_classifier(regressor)
+    each = zip(texts, pairs, strict=True)
+    alone = [classify(model, tokenizer, labels, [a], [b])[0]["score"] for a, b in each]
+    padding, forward = [], model.forward
+
+    def counting(input_ids, **inputs):
+        padding.append(int((inputs["attention_mask"] == 0).sum()))
+        return forward(input_ids, **inputs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    scores = [r["score"] for r in classify(model, tokenizer, labels, texts, pairs, batch_size=2)]
+    assert scores == pytest.approx(alone, abs=2e-6) and np.diff(np.sort(alone)).min() > 5e-6
+    in_input_order = sum(
+        abs(len(a[0]) - len(b[0]))
+        for a, b in zip(*[tokenizer.encode_pairs(texts[i::2], pairs[i::2]) for i in (0, 1)], strict=True)
+    )
+    assert len(padding) == 6 and sum(padding) < in_input_order / 3
+
+
 def test_export_is_a_hugging_face_regression_model(regressor, tmp_path, capsys):
     out = tmp_path / "hf"
     assert export_model(regressor, out)["architecture"] == "BertForSequenceClassification"

@@ -15,7 +15,7 @@ padding carries no attention mask (attention may then use its flash kernel), and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +53,18 @@ def pad_batch(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
         "token_type_ids": torch.from_numpy(token_type_ids),
         "attention_mask": torch.from_numpy(attention_mask),
     }
+
+
+def length_sorted_batches(
+    examples: Sequence[dict], batch_size: int, pad_id: int
+) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+    """For inference: (row indices, `pad_batch` of those rows) over `examples` sorted by length, so
+    that each batch pads as little as it can; callers put each batch's outputs back in input order
+    by its row indices."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        yield rows, pad_batch([examples[r] for r in rows], pad_id)
 
 
 class Batches(Dataset):

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from bertforge.batches import pad_batch
+from bertforge.batches import length_sorted_batches
 from bertforge.errors import BertforgeError
 from bertforge.folders import HEADS
 from bertforge.model import reading_length
@@ -415,14 +415,12 @@ def _inference(model: torch.nn.Module) -> Iterator[torch.device]:
 def _batches(
     examples: list[dict], batch_size: int, pad_id: int, device: torch.device
 ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
-    """(row indices, the padded batch on `device`: `pad_batch`'s input_ids, token_type_ids and
-    attention_mask, each (B, T)) over `examples` sorted by length."""
+    """`length_sorted_batches` on `device`: (row indices, input_ids, token_type_ids and
+    attention_mask, each (B, T))."""
     if batch_size < 1:
         raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        yield rows, to_device(pad_batch([examples[r] for r in rows], pad_id), device)
+    for rows, batch in length_sorted_batches(examples, batch_size, pad_id):
+        yield rows, to_device(batch, device)
 
 
 def _no_positions(device: torch.device) -> torch.Tensor:

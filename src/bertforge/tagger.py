@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bertforge.alignment import encode_words, regroup, text_words
-from bertforge.batches import pad_batch
+from bertforge.batches import length_sorted_batches
 from bertforge.checkpoint import CONFIG, LABELS
 from bertforge.config import ModelConfig
 from bertforge.entities import entity_spans, is_tag
@@ -91,21 +91,20 @@ def tag(
     max_length = max_length or reading_length(model)
     parsed = [text_words(tokenizer, text) for text in texts]
     examples = [example for pieces, _ in parsed for example in encode_words(tokenizer, pieces, max_length)]
-    predicted: list[tuple[int, float]] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = pad_batch(chunk, tokenizer.pad_id)
+    per_window: list[list[tuple[int, float]]] = [[] for _ in examples]  # (tag id, probability) per word
+    for rows, batch in length_sorted_batches(examples, batch_size, tokenizer.pad_id):
         logits = model(
             batch["input_ids"].to(device),
             token_type_ids=batch["token_type_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device),
         )  # (B, T, K)
         best = torch.softmax(logits.float(), dim=-1).max(-1)  # (B, T)
-        for row, example in enumerate(chunk):
-            firsts = example["firsts"]
-            predicted += zip(
-                best.indices[row, firsts].tolist(), best.values[row, firsts].tolist(), strict=True
+        for at, row in enumerate(rows):
+            firsts = examples[row]["firsts"]
+            per_window[row] = list(
+                zip(best.indices[at, firsts].tolist(), best.values[at, firsts].tolist(), strict=True)
             )
+    predicted = [word for window in per_window for word in window]
     by_text = regroup(predicted, [len(pieces) for pieces, _ in parsed])
     return [
         tagged_text(text, spans, [(labels[i], score) for i, score in words])
