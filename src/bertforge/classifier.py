@@ -42,7 +42,7 @@ from bertforge.tokenizer import BertTokenizer
 Classifier = BertForSequenceClassification | GPTForSequenceClassification
 ENCODER = {"mlm": "bert", "clm": "gpt"}  # objective -> the encoder's attribute and weight prefix
 # batches' worth of texts encoded and sorted by length at once: a long input's tokens are never all
-# held, and batches of similar lengths pad little (SST-2's dev set is classified 1.9x faster)
+# held, and batches of like lengths pad little (SST-2's dev set: 2.5x faster, docs/records/downstream.md)
 SORTED_BATCHES = 64
 
 
