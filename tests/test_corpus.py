@@ -92,6 +92,13 @@ def test_wikitext_reader_on_a_small_file(tmp_path):
         ('He said " Stop . Now . " She left .', ['He said " Stop .', 'Now . "', "She left ."]),
         ('He said " Stop . Now . "', ['He said " Stop .', 'Now . "']),
         ('He said "Stop. Now." She left.', ['He said "Stop.', 'Now."', "She left."]),
+        # a closing quote before a lower-case word: the sentence goes on (WikiText's spaced quotes)
+        ('He said " Stop now . " and left . Then .', ['He said " Stop now . " and left .', "Then ."]),
+        ('He said " Stop now . " 1999 came .', ['He said " Stop now . "', "1999 came ."]),
+        (
+            "Warner Bros. Pictures made it. See pp. 12 - 15 and var. Alba.",
+            ["Warner Bros. Pictures made it.", "See pp. 12 - 15 and var. Alba."],
+        ),
         ("", []),
     ],
 )

@@ -30,8 +30,9 @@ from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 4  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
-# 4: a quotation of several sentences ends with its closing quote, Ste. goes on;
+READER_VERSION = 5  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
+# 4: a quotation of several sentences ends with its closing quote, Ste. goes on; 5: a closing " before
+# a lower-case word goes on, as do Bros., pp. and var.;
 # cached tokenizers and shards key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
@@ -54,7 +55,8 @@ _LAST_WORD = re.compile(r"[^\s\"'“‘«(\[]+\Z")
 _ABBREVIATIONS = frozenset(
     {
         *("Mr", "Mrs", "Ms", "Dr", "St", "Ste", "Prof", "Sr", "Jr", "Mt", "Ft", "Gen", "Col", "Lt", "Capt"),
-        *("Sgt", "Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co", "Corp"),
+        *("Sgt", "Rev", "Gov", "Sen", "Rep", "No", "Nos", "Fig", "Vol", "Inc", "Ltd", "Co", "Corp", "Bros"),
+        *("pp", "var"),  # pages, variety
         *("Jan", "Feb", "Aug", "Sept", "Oct", "Nov", "Dec"),
         *("e.g", "i.e", "etc", "vs", "cf", "approx", "ca", "E.g", "I.e", "Etc", "Vs", "Cf"),
     }
@@ -185,10 +187,12 @@ def _cut(match: re.Match, quotes: _QuoteCount) -> int | None:
     """Where the sentence ending at `match` stops, or None when `match` is not a boundary."""
     if _is_abbreviation(quotes.text, match.start()):
         return None
-    if match["quote"]:
-        opening = not quotes.open_before(match.start("quote"))
-        return match.start("quote") if opening else match.end()
     follower = match["next"]
+    if match["quote"]:
+        if not quotes.open_before(match.start("quote")):  # an opening quote starts the next sentence
+            return match.start("quote")
+        # a closing one ends this sentence, unless a lower-case word goes on with it
+        return match.end() if not follower[-1].islower() else None
     if follower == '"' and quotes.open_before(match.end()):
         return None  # a closing quote followed by a lower-case word: the sentence goes on
     if follower in "\"'“‘«":
