@@ -520,7 +520,9 @@ def _stream(
     if on_progress is not None:
         on_progress(source.consumed - reported)
     if count == 0:
-        raise BertforgeError(f"{path} has no text (only blank lines or headings); check the file")
+        raise BertforgeError(
+            f"{path} has no text (only blank lines, headings, or empty or null text fields); check the file"
+        )
 
 
 def _wikitext_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
@@ -594,6 +596,8 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
         record = json.loads(line)
     except JSON_FAULTS as error:
         raise BertforgeError(f"{path}, line {number}: not valid JSON ({json_fault(error)}); {hint}") from None
+    if isinstance(record, dict) and column in record and record[column] is None:
+        return ""  # a record without text, as a null in a Parquet column
     if isinstance(record, dict) and column in record and not isinstance(record[column], str):
         kind = _JSON_KINDS.get(type(record[column]), "null")
         raise BertforgeError(f"{path}, line {number}: the {field} field is {kind}, not a string; {hint}")
