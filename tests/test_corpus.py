@@ -341,6 +341,21 @@ def test_parquet_reader_reads_one_document_per_row_in_batches(tmp_path):
     assert list(read_documents(path, "parquet", text_column="body")) == documents
 
 
+def test_a_text_breaks_into_lines_alike_in_a_text_file_json_lines_parquet_and_csv(tmp_path):
+    """A line ends at LF, CR or CRLF only: a form feed, NEL or U+2028 inside a line stays there."""
+    text = "One here\u2028two there\x0cthree \x85four.\r\nFive.\rSix"
+    plain = tmp_path / "a.txt"
+    plain.write_bytes(text.encode("utf-8"))
+    expected = [["One here\u2028two there\x0cthree \x85four.", "Five.", "Six"]]
+    assert list(read_documents(plain, "text")) == expected
+    assert list(read_documents(write(tmp_path / "a.jsonl", json.dumps({"text": text}) + "\n"))) == expected
+    table = tmp_path / "a.csv"
+    table.write_text('text\n"' + text + '"\n', encoding="utf-8", newline="")
+    assert list(read_documents(table, "csv")) == expected
+    path = write_parquet(tmp_path / "a.parquet", {"text": [text]})
+    assert list(read_documents(path)) == expected
+
+
 def test_parquet_text_as_a_category_or_a_string_view_column_is_read(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -32,7 +32,8 @@ CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "c
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
 READER_VERSION = 5  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
 # 4: a quotation of several sentences ends with its closing quote, Ste. goes on; 5: a closing " before
-# a lower-case word goes on, as do Bros., pp. and var.;
+# a lower-case word goes on, as do Bros., pp. and var., and a text field's lines end where a text
+# file's do (not at a form feed, NEL or U+2028);
 # cached tokenizers and shards key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
@@ -66,6 +67,7 @@ _WIKITEXT_ARTIFACTS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("<unk>",
 _DETECT_LINES = 100
 _READ_BLOCK = 1 << 16  # bytes read at a time
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_TEXT_LINE_END = re.compile(r"\r\n|\r|\n")  # in a field's text (str.splitlines: also \x0c, U+2028...)
 _PARQUET_BATCH_ROWS = 1024
 _GLOB_CHARACTERS = frozenset("*?[")
 
@@ -568,7 +570,7 @@ def _jsonl_documents(lines: _Lines, column: str) -> Iterator[list[str]]:
     for number, line in lines:
         if not line.strip():
             continue
-        document = _sentences_of_paragraphs(_jsonl_text(line, number, lines.path, column).splitlines())
+        document = _sentences_of_paragraphs(_lines_of(_jsonl_text(line, number, lines.path, column)))
         if document:
             yield document
 
@@ -620,7 +622,7 @@ def _jsonl_text(line: str, number: int, path: Path, column: str) -> str:
 def _parquet_documents(rows: _ParquetRows, _column: str) -> Iterator[list[str]]:
     """One document per row; a row's lines are paragraphs, as in a JSON line's text."""
     for _, text in rows:
-        document = _sentences_of_paragraphs(text.splitlines())
+        document = _sentences_of_paragraphs(_lines_of(text))
         if document:
             yield document
 
@@ -654,7 +656,7 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
                     f"{len(header)}; every row has one value per column" + (_QUOTED_TSV if quoted else "")
                 )
             texts = [row[position] for position in positions]
-            if document := _sentences_of_paragraphs(line for text in texts for line in text.splitlines()):
+            if document := _sentences_of_paragraphs(line for text in texts for line in _lines_of(text)):
                 yield document
     except csv.Error as error:
         raise BertforgeError(f"{lines.path} line {reader.line_num} is not valid {kind} ({error})") from None
@@ -697,6 +699,11 @@ def _conll_documents(lines: _Lines, _column: str) -> Iterator[list[str]]:
             document = []
     if document:
         yield document
+
+
+def _lines_of(text: str) -> list[str]:
+    """A text field's lines, each a paragraph, broken as a text file's are."""
+    return _TEXT_LINE_END.split(text)
 
 
 def _sentences_of_paragraphs(paragraphs: Iterable[str]) -> list[str]:
