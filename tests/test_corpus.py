@@ -95,6 +95,7 @@ def test_wikitext_reader_on_a_small_file(tmp_path):
         # a closing quote before a lower-case word: the sentence goes on (WikiText's spaced quotes)
         ('He said " Stop now . " and left . Then .', ['He said " Stop now . " and left .', "Then ."]),
         ('He said " Stop now . " 1999 came .', ['He said " Stop now . "', "1999 came ."]),
+        ('" Go . " he said . " Why ? " 我 .', ['" Go . " he said .', '" Why ? " 我 .']),  # as without quotes
         (
             "Warner Bros. Pictures made it. See pp. 12 - 15 and var. Alba.",
             ["Warner Bros. Pictures made it.", "See pp. 12 - 15 and var. Alba."],

@@ -260,6 +260,8 @@ def test_texts_tagged_together_in_batches_of_like_length_are_tagged_as_each_alon
         assert [w["score"] for w in tagged["words"]] == pytest.approx(
             [w["score"] for w in alone["words"]], abs=1e-6
         )
+    with pytest.raises(BertforgeError, match="batch_size must be at least 1"):
+        tag(model, tokenizer, labels, texts, batch_size=-1)
 
 
 def test_a_tagger_reads_the_length_it_was_fine_tuned_at_by_default(tagger_run, tmp_path, monkeypatch):

@@ -297,6 +297,8 @@ def test_classify_batches_texts_of_like_length_and_answers_in_input_order(regres
         for a, b in zip(*[tokenizer.encode_pairs(texts[i::2], pairs[i::2]) for i in (0, 1)], strict=True)
     )
     assert len(padding) == 6 and sum(padding) < in_input_order / 3
+    with pytest.raises(BertforgeError, match="batch_size must be at least 1"):
+        classify(model, tokenizer, labels, texts, pairs, batch_size=0)
 
 
 def test_export_is_a_hugging_face_regression_model(regressor, tmp_path, capsys):

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from bertforge.errors import BertforgeError
 from bertforge.losses import NO_LABEL
 
 
@@ -61,6 +62,8 @@ def length_sorted_batches(
     """For inference: (row indices, `pad_batch` of those rows) over `examples` sorted by length, so
     that each batch pads as little as it can; callers put each batch's outputs back in input order
     by its row indices."""
+    if batch_size < 1:
+        raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]

@@ -126,7 +126,8 @@ def _classified(model, tokenizer, labels, texts, pairs, max_length, batch_size) 
     """`classify`'s results, and how many texts were cut to `max_length`."""
     model.eval()
     device = next(model.parameters()).device
-    results, truncated, window = [], 0, batch_size * SORTED_BATCHES
+    results, truncated = [], 0
+    window = max(batch_size, 1) * SORTED_BATCHES  # a batch_size under 1: refused by length_sorted_batches
     for start in range(0, len(texts), window):
         chunk = texts[start : start + window], pairs[start : start + window]
         encoded, cuts = tokenizer.encode_pairs_and_cuts(*chunk, max_length)

@@ -193,13 +193,16 @@ def _cut(match: re.Match, quotes: _QuoteCount) -> int | None:
     if match["quote"]:
         if not quotes.open_before(match.start("quote")):  # an opening quote starts the next sentence
             return match.start("quote")
-        # a closing one ends this sentence, unless a lower-case word goes on with it
-        return match.end() if not follower[-1].islower() else None
+        return match.end() if _starts_sentence(follower) else None  # a closing one: as without it
     if follower == '"' and quotes.open_before(match.end()):
         return None  # a closing quote followed by a lower-case word: the sentence goes on
-    if follower in "\"'“‘«":
-        return match.end()
-    return match.end() if follower[-1].isupper() or follower[-1].isdigit() else None
+    return match.end() if _starts_sentence(follower) else None
+
+
+def _starts_sentence(follower: str) -> bool:
+    """Whether what follows a boundary may start a sentence: an opening quote, or a capital or a
+    digit (after an optional bracket)."""
+    return follower in "\"'“‘«" or follower[-1].isupper() or follower[-1].isdigit()
 
 
 def _is_abbreviation(text: str, position: int) -> bool:

@@ -417,8 +417,6 @@ def _batches(
 ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
     """`length_sorted_batches` on `device`: (row indices, input_ids, token_type_ids and
     attention_mask, each (B, T))."""
-    if batch_size < 1:
-        raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
     for rows, batch in length_sorted_batches(examples, batch_size, pad_id):
         yield rows, to_device(batch, device)
 
