@@ -244,4 +244,10 @@ def evaluate_model(
     metrics = pretraining_metrics(model, batches, tokenizer.vocab_size, precision, show_progress)
     if not trained_nsp:  # its NSP head kept its random weights
         metrics = {key: value for key, value in metrics.items() if not key.startswith("nsp_")}
+        if nsp:
+            warnings.warn(
+                f"{model_path} was pretrained without NSP (data.nsp = false), so its NSP head is untrained "
+                "and has no figures; --nsp gives its MLM figures on sentence pairs",
+                stacklevel=2,
+            )
     return {**metrics, "unigram_entropy": unigram_entropy(shards, tokenizer, config.model.objective)}
