@@ -320,6 +320,7 @@ def kinds(tiny_pretrained_run: Path, finetuned: Path, exported: Path, tmp_path: 
         "fine-tuning run": (finetuned, "holds a fine-tuning run (it has finetune.json)"),
         "its seed": (seeds / "seed_1", f"holds one seed of the fine-tuning run in {seeds}"),
         "an arm's seed": (compared / "scratch" / "seed_2", f"one seed of the fine-tuning run in {compared}"),
+        "an arm": (compared / "scratch", f"holds one arm of the fine-tuning run in {compared}"),
         "classifier": (finetuned / "final", "holds a fine-tuned classifier (it has labels.json)"),
         "GLUE benchmark": (glue, "holds a GLUE benchmark (it has glue_task.json)"),
         "Hugging Face": (exported, "holds a Hugging Face model (its config.json has a model_type)"),
@@ -344,10 +345,10 @@ def test_pretrain_resume_refuses_a_folder_of_another_kind_before_touching_it(
     again = tmp_path / "again"
     again.mkdir()
     found = kinds(tiny_pretrained_run, finetuned, exported, again)
-    for name in ("its seed", "an arm's seed"):  # finetune --resume points from a seed to its run
-        seed, words = found[name]
-        err = assert_clean_failure(capsys, ["finetune", "--out", str(seed), "--resume"], words)
-        run = seed.parent if name == "its seed" else seed.parent.parent
+    for name in ("its seed", "an arm's seed", "an arm"):  # finetune --resume points from a part to its run
+        part, words = found[name]
+        err = assert_clean_failure(capsys, ["finetune", "--out", str(part), "--resume"], words)
+        run = part.parent.parent if name == "an arm's seed" else part.parent
         assert err.rstrip().endswith(f"continue it with: bertforge finetune --out {run} --resume")
 
 

@@ -502,7 +502,8 @@ def test_plot_command_refuses_a_folder_without_held_out_metrics(tmp_path, capsys
     )
     (tmp_path / "finetuned" / "pretrained").mkdir()  # one arm of it, its seeds below
     argv = ["plot", str(tmp_path / "finetuned" / "pretrained"), "--out", str(tmp_path / "c.png")]
-    assert_clean_failure(capsys, argv, "is one arm of a fine-tuning run (it has finetune.json), whose seeds")
+    arm = f"is one arm of the fine-tuning run in {tmp_path / 'finetuned'}, whose seeds"
+    assert_clean_failure(capsys, argv, arm)
 
 
 def test_plot_labels_runs_by_folder_name_or_path_when_names_repeat(tmp_path):

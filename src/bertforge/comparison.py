@@ -47,12 +47,12 @@ from bertforge.finetune import (
     start,
     summarize_seeds,
 )
+from bertforge.folders import ARMS
 from bertforge.io import read_json, write_json
 from bertforge.metrics import pearson_rows
 from bertforge.stats import bootstrap_gains, bootstrap_verdict, paired_bootstrap, sign_test, summary
 from bertforge.tagged import TAGGING
 
-ARMS = ("pretrained", "scratch")
 COMPARISON = "comparison.json"
 SEEDS_FOR_A_CLAIM = 5
 BOOTSTRAP_RESAMPLES = 10_000

@@ -95,6 +95,7 @@ CLASSIFIER_HINT = "give a fine-tuned classifier or tagger folder, written by `be
 # The files that mark the run folders of `bertforge finetune` and `bertforge glue` (their modules'
 # TASK and SETTINGS), and a pretraining run's tokenizer folder.
 FINETUNE_TASK = "finetune.json"
+ARMS = ("pretrained", "scratch")  # --compare-scratch's folders in a fine-tuning run: RUN/ARM/seed_N
 GLUE_SETTINGS = "glue_task.json"
 RUN_TOKENIZER = "tokenizer"
 
@@ -215,8 +216,9 @@ def check_model_files(path: Path, hint: str) -> None:
 class FolderKind:
     """What a folder holds (see `folder_kind`)."""
 
-    name: str  # "pretraining run", "fine-tuning run", "fine-tuning seed", "GLUE benchmark", "checkpoint",
+    # "pretraining run", "fine-tuning run", "fine-tuning seed" or "arm", "GLUE benchmark", "checkpoint",
     # "classifier", "model folder" (what `pretrain --init` starts from)
+    name: str
     what: str  # for a message: "a fine-tuning run (it has finetune.json)"
     resume: str = ""  # the command that continues it; "" for a model folder, which nothing resumes
 
@@ -235,6 +237,9 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if (run := seeds_run(path)) is not None:
         resume = f"bertforge finetune --out {shlex.quote(str(run))} --resume"
         return FolderKind("fine-tuning seed", f"one seed of the fine-tuning run in {run}", resume)
+    if path.name in ARMS and (path.parent / FINETUNE_TASK).is_file():
+        resume = f"bertforge finetune --out {shlex.quote(str(path.parent))} --resume"
+        return FolderKind("fine-tuning arm", f"one arm of the fine-tuning run in {path.parent}", resume)
     if (path / STATE).is_file():
         run = path.parent.parent
         owner = folder_kind(run) if path.parent.name == "checkpoints" else None

@@ -255,14 +255,13 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
     if not Path(run_dir).is_dir():
         state = "is not a folder" if Path(run_dir).exists() else "does not exist"
         raise BertforgeError(f"{run_dir} {state}; give run folders written by bertforge pretrain")
-    for folder in (Path(run_dir), Path(run_dir).parent):  # the run, or one arm of it (pretrained/, scratch/)
-        kind = folder_kind(folder)
-        if kind is not None and kind.name in ("fine-tuning run", "fine-tuning seed", "GLUE benchmark"):
-            what = kind.what if folder == Path(run_dir) else f"one arm of {kind.what}"
-            raise BertforgeError(
-                f"{run_dir} is {what}, whose seeds draw their curves in their curves.png; `plot` compares "
-                "pretraining runs"
-            )
+    kind = folder_kind(run_dir)
+    fine_tuning = ("fine-tuning run", "fine-tuning seed", "fine-tuning arm", "GLUE benchmark")
+    if kind is not None and kind.name in fine_tuning:
+        raise BertforgeError(
+            f"{run_dir} is {kind.what}, whose seeds draw their curves in their curves.png; `plot` compares "
+            "pretraining runs"
+        )
     if not path.is_file():
         raise BertforgeError(
             f"{run_dir} has no metrics.jsonl; give run folders written by bertforge pretrain"
