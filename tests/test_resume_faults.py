@@ -310,6 +310,9 @@ def kinds(tiny_pretrained_run: Path, finetuned: Path, exported: Path, tmp_path: 
     glue = tmp_path / "glue"
     glue.mkdir()
     (glue / "glue_task.json").write_text("{}")
+    shutil.copytree(finetuned, glue / "RTE" / "scratch" / "seed_1")  # a task of it: a fine-tuning run
+    shutil.move(glue / "RTE" / "scratch" / "seed_1" / "finetune.json", glue / "RTE" / "finetune.json")
+    of_glue = f"of the GLUE benchmark in {glue}"
     seeds = tmp_path / "seeds"
     shutil.copytree(finetuned, seeds / "seed_1")
     shutil.move(seeds / "seed_1" / "finetune.json", seeds / "finetune.json")
@@ -321,6 +324,9 @@ def kinds(tiny_pretrained_run: Path, finetuned: Path, exported: Path, tmp_path: 
         "its seed": (seeds / "seed_1", f"holds one seed of the fine-tuning run in {seeds}"),
         "an arm's seed": (compared / "scratch" / "seed_2", f"one seed of the fine-tuning run in {compared}"),
         "an arm": (compared / "scratch", f"holds one arm of the fine-tuning run in {compared}"),
+        "a GLUE task": (glue / "RTE", f"holds the RTE task {of_glue}"),
+        "a GLUE task's arm": (glue / "RTE" / "scratch", f"holds one arm of the RTE task {of_glue}"),
+        "a GLUE task's seed": (glue / "RTE" / "scratch" / "seed_1", f"one seed of the RTE task {of_glue}"),
         "classifier": (finetuned / "final", "holds a fine-tuned classifier (it has labels.json)"),
         "GLUE benchmark": (glue, "holds a GLUE benchmark (it has glue_task.json)"),
         "Hugging Face": (exported, "holds a Hugging Face model (its config.json has a model_type)"),
@@ -350,6 +356,12 @@ def test_pretrain_resume_refuses_a_folder_of_another_kind_before_touching_it(
         err = assert_clean_failure(capsys, ["finetune", "--out", str(part), "--resume"], words)
         run = part.parent.parent if name == "an arm's seed" else part.parent
         assert err.rstrip().endswith(f"continue it with: bertforge finetune --out {run} --resume")
+    benchmark = again / "glue"
+    for name in ("a GLUE task", "a GLUE task's arm", "a GLUE task's seed"):  # the benchmark continues them
+        part, words = found[name]
+        for command in ("finetune", "glue"):
+            err = assert_clean_failure(capsys, [command, "--out", str(part), "--resume"], words)
+            assert err.rstrip().endswith(f"continue it with: bertforge glue --out {benchmark} --resume")
 
 
 def test_finetune_and_glue_resume_refuse_a_pretraining_run_and_leave_it_alone(

@@ -216,8 +216,8 @@ def check_model_files(path: Path, hint: str) -> None:
 class FolderKind:
     """What a folder holds (see `folder_kind`)."""
 
-    # "pretraining run", "fine-tuning run", "fine-tuning seed" or "arm", "GLUE benchmark", "checkpoint",
-    # "classifier", "model folder" (what `pretrain --init` starts from)
+    # "pretraining run", "fine-tuning run", "fine-tuning seed" or "arm", "GLUE benchmark" or "part",
+    # "checkpoint", "classifier", "model folder" (what `pretrain --init` starts from)
     name: str
     what: str  # for a message: "a fine-tuning run (it has finetune.json)"
     resume: str = ""  # the command that continues it; "" for a model folder, which nothing resumes
@@ -231,6 +231,8 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if (path / GLUE_SETTINGS).is_file():
         resume = f"bertforge glue --out {quoted} --resume"
         return FolderKind("GLUE benchmark", f"a GLUE benchmark (it has {GLUE_SETTINGS})", resume)
+    if (part := glue_part(path)) is not None:
+        return part
     if (path / FINETUNE_TASK).is_file():
         resume = f"bertforge finetune --out {quoted} --resume"
         return FolderKind("fine-tuning run", f"a fine-tuning run (it has {FINETUNE_TASK})", resume)
@@ -257,6 +259,21 @@ def folder_kind(path: str | Path) -> FolderKind | None:
         resume = f"bertforge pretrain --out {quoted} --resume"
         return FolderKind("pretraining run", "a pretraining run", resume)
     return None
+
+
+def glue_part(path: Path) -> FolderKind | None:
+    """A task of a GLUE benchmark (`OUT/SST-2`, a fine-tuning run of its own), or one of its arms or
+    seeds: it continues with the benchmark; None for any other folder."""
+    run = path if (path / FINETUNE_TASK).is_file() else seeds_run(path)
+    if run is None and path.name in ARMS and (path.parent / FINETUNE_TASK).is_file():
+        run = path.parent
+    if run is None or not (run.parent / GLUE_SETTINGS).is_file():
+        return None
+    part = f"the {run.name} task"
+    if run != path:
+        part = f"one {'arm' if path.name in ARMS else 'seed'} of {part}"
+    resume = f"bertforge glue --out {shlex.quote(str(run.parent))} --resume"
+    return FolderKind("GLUE part", f"{part} of the GLUE benchmark in {run.parent}", resume)
 
 
 def seeds_run(path: Path) -> Path | None:
@@ -633,6 +650,16 @@ def inside(src: Path, path: Path) -> Path:
     return path
 
 
+def refuse_glue_part(out: Path) -> None:
+    """Refuse to resume a task of a GLUE benchmark, or one of its arms or seeds, as a fine-tuning run of
+    its own: `glue` continues it, and scores it."""
+    kind = folder_kind(out)
+    if kind is not None and kind.name == "GLUE part":
+        raise BertforgeError(
+            f"{out} holds {kind.what}, not a fine-tuning run to resume; continue it with: {kind.resume}"
+        )
+
+
 def refuse_other_kind(out: Path, wanted: str, model_hint: str = "", resume: bool = True) -> None:
     """Refuse to resume (or with `resume` False, to start), in `out`, a run of the kind named `wanted`
     ("pretraining run", say) when the folder holds something else, naming what it holds and how that
@@ -640,6 +667,8 @@ def refuse_other_kind(out: Path, wanted: str, model_hint: str = "", resume: bool
     kind = folder_kind(out)
     if kind is None or kind.name == wanted:
         return
+    if kind.name == "GLUE part" and wanted == "fine-tuning run" and (Path(out) / FINETUNE_TASK).is_file():
+        return  # a GLUE task: `glue` resumes it as a fine-tuning run (`refuse_glue_part` stops users)
     if not resume:
         raise BertforgeError(f"{out} holds {kind.what}; choose a new `out` for the {wanted}")
     then = f"; continue it with: {kind.resume}" if kind.resume else ""

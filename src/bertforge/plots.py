@@ -256,8 +256,7 @@ def run_curves(run_dir: Path, label: str) -> RunCurves:
         state = "is not a folder" if Path(run_dir).exists() else "does not exist"
         raise BertforgeError(f"{run_dir} {state}; give run folders written by bertforge pretrain")
     kind = folder_kind(run_dir)
-    fine_tuning = ("fine-tuning run", "fine-tuning seed", "fine-tuning arm", "GLUE benchmark")
-    if kind is not None and kind.name in fine_tuning:
+    if kind is not None and kind.name.startswith(("fine-tuning", "GLUE")):
         raise BertforgeError(
             f"{run_dir} is {kind.what}, whose seeds draw their curves in their curves.png; `plot` compares "
             "pretraining runs"

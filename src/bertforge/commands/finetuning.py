@@ -359,8 +359,11 @@ def tagged_task(args) -> bool:
 
 def run_finetune(args) -> int:
     from bertforge.finetune import METRICS, finetune, result_kind
+    from bertforge.folders import refuse_glue_part
     from bertforge.progress import duration, metrics_text, plural
 
+    if args.resume:
+        refuse_glue_part(args.out)
     task, config = finetune_inputs(args)
     if (args.jobs or 1) > 1 and not task.seeds and not task.compare_scratch:
         warnings.warn(
