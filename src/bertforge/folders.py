@@ -231,17 +231,8 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     if (path / GLUE_SETTINGS).is_file():
         resume = f"bertforge glue --out {quoted} --resume"
         return FolderKind("GLUE benchmark", f"a GLUE benchmark (it has {GLUE_SETTINGS})", resume)
-    if (part := glue_part(path)) is not None:
-        return part
-    if (path / FINETUNE_TASK).is_file():
-        resume = f"bertforge finetune --out {quoted} --resume"
-        return FolderKind("fine-tuning run", f"a fine-tuning run (it has {FINETUNE_TASK})", resume)
-    if (run := seeds_run(path)) is not None:
-        resume = f"bertforge finetune --out {shlex.quote(str(run))} --resume"
-        return FolderKind("fine-tuning seed", f"one seed of the fine-tuning run in {run}", resume)
-    if path.name in ARMS and (path.parent / FINETUNE_TASK).is_file():
-        resume = f"bertforge finetune --out {shlex.quote(str(path.parent))} --resume"
-        return FolderKind("fine-tuning arm", f"one arm of the fine-tuning run in {path.parent}", resume)
+    if (run := fine_tuning_run(path)) is not None:
+        return fine_tuning_kind(path, run)
     if (path / STATE).is_file():
         run = path.parent.parent
         owner = folder_kind(run) if path.parent.name == "checkpoints" else None
@@ -261,19 +252,29 @@ def folder_kind(path: str | Path) -> FolderKind | None:
     return None
 
 
-def glue_part(path: Path) -> FolderKind | None:
-    """A task of a GLUE benchmark (`OUT/SST-2`, a fine-tuning run of its own), or one of its arms or
-    seeds: it continues with the benchmark; None for any other folder."""
-    run = path if (path / FINETUNE_TASK).is_file() else seeds_run(path)
-    if run is None and path.name in ARMS and (path.parent / FINETUNE_TASK).is_file():
-        run = path.parent
-    if run is None or not (run.parent / GLUE_SETTINGS).is_file():
-        return None
-    part = f"the {run.name} task"
-    if run != path:
-        part = f"one {'arm' if path.name in ARMS else 'seed'} of {part}"
-    resume = f"bertforge glue --out {shlex.quote(str(run.parent))} --resume"
-    return FolderKind("GLUE part", f"{part} of the GLUE benchmark in {run.parent}", resume)
+def fine_tuning_run(path: Path) -> Path | None:
+    """The fine-tuning run `path` is, or holds one arm or seed of: `RUN`, `RUN/seed_N` (`--seeds`),
+    `RUN/ARM` or `RUN/ARM/seed_N` (`--compare-scratch`); None for any other folder."""
+    if (path / FINETUNE_TASK).is_file():
+        return path
+    if (run := seeds_run(path)) is not None:
+        return run
+    return path.parent if path.name in ARMS and (path.parent / FINETUNE_TASK).is_file() else None
+
+
+def fine_tuning_kind(path: Path, run: Path) -> FolderKind:
+    """`path`, the fine-tuning run `run` or one of its arms or seeds; in a GLUE benchmark, whose tasks
+    are fine-tuning runs, a part of the benchmark, which continues it."""
+    part = "" if path == run else "arm" if path.name in ARMS else "seed"
+    if (run.parent / GLUE_SETTINGS).is_file():
+        task = f"the {run.name} task"
+        what = f"one {part} of {task}" if part else task
+        resume = f"bertforge glue --out {shlex.quote(str(run.parent))} --resume"
+        return FolderKind("GLUE part", f"{what} of the GLUE benchmark in {run.parent}", resume)
+    resume = f"bertforge finetune --out {shlex.quote(str(run))} --resume"
+    if not part:
+        return FolderKind("fine-tuning run", f"a fine-tuning run (it has {FINETUNE_TASK})", resume)
+    return FolderKind(f"fine-tuning {part}", f"one {part} of the fine-tuning run in {run}", resume)
 
 
 def seeds_run(path: Path) -> Path | None:
