@@ -230,6 +230,21 @@ def test_the_shared_glue_files_read_as_they_are():
     assert set(rte.labels) == {"entailment", "not_entailment"}
 
 
+@pytest.mark.parametrize("end", ["\r\n", "\r"])
+def test_a_glue_file_with_crlf_or_cr_line_ends_reads_as_distributed(tmp_path, end):
+    """MRPC's dev file saved with Windows' or old Macs' line ends: the same examples, no CR in them."""
+    original = SHARED_DATA / "glue" / "mrpc" / "dev.tsv"
+    path = tmp_path / "dev.tsv"
+    path.write_bytes(original.read_bytes().replace(b"\n", end.encode()))
+    expected, data = read_split(TASKS["MRPC"], original), read_split(TASKS["MRPC"], path)
+    assert (data.texts, data.pairs, data.labels, data.lines) == (
+        expected.texts,
+        expected.pairs,
+        expected.labels,
+        expected.lines,
+    )
+
+
 @pytest.mark.parametrize(
     "task, row, message",
     [

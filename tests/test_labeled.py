@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bertforge.errors import BertforgeError
-from bertforge.labeled import label_ids, label_names, read_labeled
+from bertforge.labeled import label_ids, label_names, read_labeled, read_lines
 
 
 def write(tmp_path, name: str, text: str | bytes):
@@ -205,3 +205,28 @@ def test_missing_file_and_folder(tmp_path):
 def test_same_column_twice(tmp_path):
     path = write(tmp_path, "data.csv", "text,label\nhello,a\n")
     refused(path, "must differ", label_column="text")
+
+
+@pytest.mark.parametrize("end", ["\r\n", "\r"])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("reviews.csv", 'text,label\n"Great, really",pos\nbad,neg\n'),
+        ("reviews.tsv", "text\tlabel\ngreat\tpos\nbad\tneg\n"),
+        ("reviews.jsonl", '{"text": "great", "label": "pos"}\n{"text": "bad", "label": "neg"}\n'),
+    ],
+)
+def test_crlf_and_cr_only_line_ends_read_as_lf(tmp_path, name, content, end):
+    """Windows' CRLF and old Macs' CR-only files read as the same file with LF, every format."""
+    expected = read_labeled(write(tmp_path, name, content), "text", "label")
+    data = read_labeled(write(tmp_path, f"other-{name}", content.replace("\n", end)), "text", "label")
+    assert (data.texts, data.labels, data.lines) == (expected.texts, expected.labels, expected.lines)
+    assert data.texts[-1] == "bad"  # no CR left on the last field
+
+
+@pytest.mark.parametrize("end", ["\r\n", "\r"])
+def test_a_file_of_lines_with_crlf_or_cr_ends_gives_its_lines(tmp_path, end):
+    path = write(tmp_path, "inputs.txt", end.join(["first text", "second text", "", ""]))
+    assert read_lines(path, "one text per line") == ["first text", "second text"]
+    latin = write(tmp_path, "latin.csv", "text,label\rhello,a\rcaf\xe9,b\r".encode("latin-1"))
+    refused(latin, "undecodable bytes on line 3")

@@ -318,3 +318,12 @@ def test_the_word_splitter_keeps_a_period_where_the_sentence_splitter_does(token
     words = [text[s:e] for s, e in text_words(tokenizer, text)[1]]
     assert (word in words) == one_sentence
     assert one_sentence == (word not in ("no.", "a.", "say."))
+
+
+def test_a_conll_file_with_cr_only_line_ends_reads_as_with_lf(tmp_path):
+    text = "-DOCSTART- -X- -X- O\n\nJohn NNP B-NP B-PER\nlives VBZ B-VP O\n\nParis NNP B-NP B-LOC\n"
+    expected = read_tagged(write(tmp_path / "lf.txt", text))
+    path = write(tmp_path / "cr.txt", text.replace("\n", "\r"))
+    assert is_tagged_file(path)
+    data = read_tagged(path)
+    assert (data.sentences, data.tags, data.lines) == (expected.sentences, expected.tags, expected.lines)

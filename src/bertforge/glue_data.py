@@ -254,8 +254,7 @@ def read_split(
     A task with `damaged_rows` leaves out rows with missing fields or an empty text, their line numbers
     put in `skipped` under the file's name; any other task's damaged row is refused."""
     skipped = {} if skipped is None else skipped
-    lines = read_text(Path(path)).split("\n")
-    rows = [line.rstrip("\r").split("\t") for line in lines]
+    rows = [line.split("\t") for line in read_text(Path(path)).split("\n")]
     layout, start = choose_layout(spec, path, rows[0])
     if layout is None:
         return None

@@ -116,11 +116,13 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
 
 
 LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
+LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
-    """The whole file as text, with a message naming the line of the first undecodable byte; an
-    empty file or a folder is refused, naming `what` a file should hold."""
+    """The whole file as text, its lines ending in LF whatever they ended in (CRLF, CR), with a
+    message naming the line of the first undecodable byte; an empty file or a folder is refused,
+    naming `what` a file should hold."""
     check_data_file(path, what)
     raw = path.read_bytes()
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # a spreadsheet's "Unicode text"
@@ -129,12 +131,13 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
     except UnicodeDecodeError as error:
         offset = error.start + len(codecs.BOM_UTF8) * raw.startswith(codecs.BOM_UTF8)  # in the file
-        line = raw[:offset].count(b"\n") + 1
+        line = len(LINE_END.findall(raw[:offset])) + 1
         raise BertforgeError(
             f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {offset}); "
             f"{to_utf8(path)}"
         ) from None
-    text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # CRLF and CR-only files: lines as in csv's reader
+    text = text.rstrip("\n")  # blank lines at the very end are not empty rows
     if not text.strip():  # white space past what check_data_file reads
         raise empty_file(path, what)
     return text
@@ -148,7 +151,7 @@ def empty_file(path: Path, what: str) -> BertforgeError:
 def read_lines(path: Path, what: str) -> list[str]:
     """The lines of a text file of one input per line (`read_text`'s checks): blank lines at its end
     are left out, one anywhere else is refused, naming it."""
-    lines = [line.rstrip("\r") for line in read_text(path, what).split("\n")]
+    lines = read_text(path, what).split("\n")
     while not lines[-1].strip():  # read_text refuses a file of blank lines
         lines.pop()
     for number, line in enumerate(lines, 1):
