@@ -1,11 +1,12 @@
 """Run the benchmark suite: print a table and write JSON (`make bench`, or `python -m benchmarks.run`).
 
-    python -m benchmarks.run                  # everything (about 20 minutes on 2 CPU cores)
+    python -m benchmarks.run                  # all but glue and ner (about 22 minutes on 2 CPU cores)
     python -m benchmarks.run --quick          # CI-sized: seconds per measurement, tiny model
     python -m benchmarks.run --only step --only e2e
     python -m benchmarks.run --only quality --minutes 10
     python -m benchmarks.run --only glue --glue-model runs/mini-30min   # target: at most 60 min on 2 cores
     python -m benchmarks.run --only ner    # CoNLL-2003, BERT-Mini, 3 epochs: target at most 10 min on 2 cores
+    python -m benchmarks.run --only infer  # classify against transformers' pipeline on SST-2 and RTE dev
 
 Every ratio is measured in this one run, on this machine, with one thread count.
 """
@@ -21,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import e2e, glue, ner, prep, quality, step
+from benchmarks import e2e, glue, infer, ner, prep, quality, step
 from benchmarks.common import Bench, keep_freed_memory, machine, matmul_rate
 from bertforge import flops
 from bertforge.cache import default_cache_dir
 from bertforge.glue_report import comparison_cells
 from bertforge.runtime import resolve_device
 
-MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue", "ner")
+MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue", "ner", "infer")
 ON_REQUEST = ("ner",)  # run only when --only names them
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--glue-data",
         type=Path,
         default=Path(glue.GLUE_DATA),
-        help="glue: the folder above GLUE's task folders (default $BERTFORGE_GLUE or ../shared/data)",
+        help="glue, infer: the folder above GLUE's task folders (default $BERTFORGE_GLUE or ../shared/data)",
     )
     parser.add_argument(
         "--ner-model", type=Path, help="ner: a pretrained model (default: BERT-Mini from random weights)"
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     if "ner" in only and (why := ner.refusal(args.ner_model, args.ner_data)):
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    if "infer" in only and (why := infer.refusal(args.glue_data)):
         print(f"error: {why}", file=sys.stderr)
         return 2
     device = resolve_device(args.device)
@@ -152,6 +156,8 @@ def run_all(args, only: list[str], precisions: list[str], bench: Bench, results:
         results["glue"] = glue.run(args.glue_model, args.glue_data, bench)
     if "ner" in only:
         results["ner"] = ner.run(args.ner_model, args.ner_data, bench)
+    if "infer" in only:
+        results["infer"] = infer.run(args.glue_data, bench)
 
 
 def dtype(precision: str) -> torch.dtype:
@@ -336,6 +342,8 @@ def report(results: dict) -> str:
         out += glue_lines(results["glue"])
     if "ner" in results:
         out += ner.lines(results["ner"])
+    if "infer" in results:
+        out += infer.lines(results["infer"], table)
     return "\n".join(out)
 
 

@@ -18,11 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
-    """The four default parts, then GLUE (both arms of each task) and NER (a tagger), in one process:
-    each start costs seconds."""
+    """The four default parts, then GLUE (both arms of each task), NER (a tagger) and inference, in one
+    process: each start costs seconds."""
     out = tmp_path / "latest.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out), "--dropout", "0"]
-    command += [f"--only={part}" for part in ("prep", "step", "e2e", "quality", "glue", "ner")]
+    command += [f"--only={part}" for part in ("prep", "step", "e2e", "quality", "glue", "ner", "infer")]
     command += ["--cache-dir", str(tmp_path / "cache"), "--threads", "1"]
     command += ["--batch-size", "2", "--seq-len", "64"]
     command += ["--precisions", "fp32"]  # the device check's smoke mode runs the bf16 step and pretraining
@@ -67,6 +67,13 @@ def test_the_quick_benchmark_suite_measures_every_part(tmp_path):
     assert ner["target_minutes"] == 10 and ner["target_met"] is None  # as GLUE's
     assert 0.0 <= ner["dev_f1"] <= 1.0
     assert "(6) ner" in done.stdout and "target <= 10 min" in done.stdout
+    assert [row["workload"] for row in results["infer"]] == ["SST-2 dev sentences", "RTE dev pairs"]
+    for row in results["infer"]:
+        assert row["texts"] == 64 and row["batch"] == 64 and row["max_length"] == 128
+        assert min(row[f"{who}_texts_per_s"] for who in ("bertforge", "hf", "hf_model")) > 0
+        assert row["speedup"] > 0 and row["speedup_over_model"] > 0
+        assert row["largest_probability_difference"] < 1e-5  # one model, read alike by all three
+    assert "(7) inference" in done.stdout and "HF pipeline texts/s" in done.stdout
 
 
 @pytest.mark.slow
@@ -154,3 +161,17 @@ def test_the_quality_benchmark_never_trains_in_fp16():
     ]
     assert fastest(rows, "mini", "bertforge", torch.device("cpu")) == "bf16"
     assert fastest(rows[:1], "mini", "bertforge", torch.device("cpu")) in ("bf16", "fp32")
+
+
+def test_the_inference_benchmark_without_glue_dev_files_is_refused(tmp_path):
+    from benchmarks import infer
+    from benchmarks.glue import GLUE_DATA
+
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-8")
+    assert "holds no SST-2 or RTE folder with a train.tsv and a dev.tsv; give --glue-data" in infer.refusal(
+        tmp_path
+    )
+    (tmp_path / "SST-2" / "Dev.tsv").write_text("sentence\tlabel\nbad\t0\n", encoding="utf-8")
+    assert "holds no RTE folder" in infer.refusal(tmp_path)
+    assert infer.refusal(Path(GLUE_DATA)) is None
