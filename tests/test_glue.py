@@ -230,7 +230,7 @@ def test_the_shared_glue_files_read_as_they_are():
     assert set(rte.labels) == {"entailment", "not_entailment"}
 
 
-@pytest.mark.parametrize("end", ["\r\n", "\r"])
+@pytest.mark.parametrize("end", ["\r\n", "\r", "\r\r\n"])
 def test_a_glue_file_with_crlf_or_cr_line_ends_reads_as_distributed(tmp_path, end):
     """MRPC's dev file saved with Windows' or old Macs' line ends: the same examples, no CR in them."""
     original = SHARED_DATA / "glue" / "mrpc" / "dev.tsv"

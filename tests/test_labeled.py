@@ -224,9 +224,15 @@ def test_crlf_and_cr_only_line_ends_read_as_lf(tmp_path, name, content, end):
     assert data.texts[-1] == "bad"  # no CR left on the last field
 
 
-@pytest.mark.parametrize("end", ["\r\n", "\r"])
+@pytest.mark.parametrize("end", ["\r\n", "\r", "\r\r\n"])
 def test_a_file_of_lines_with_crlf_or_cr_ends_gives_its_lines(tmp_path, end):
+    """CRLF, CR-only, and CRLF text saved again through Windows' text mode (CR CR LF)."""
     path = write(tmp_path, "inputs.txt", end.join(["first text", "second text", "", ""]))
     assert read_lines(path, "one text per line") == ["first text", "second text"]
-    latin = write(tmp_path, "latin.csv", "text,label\rhello,a\rcaf\xe9,b\r".encode("latin-1"))
+    latin = write(tmp_path, "latin.csv", f"text,label{end}hello,a{end}caf\xe9,b{end}".encode("latin-1"))
     refused(latin, "undecodable bytes on line 3")
+
+
+def test_a_lone_cr_inside_a_line_of_a_file_with_lf_ends_stays_in_its_line(tmp_path):
+    path = write(tmp_path, "inputs.txt", "first\rstill first\nsecond\n")
+    assert read_lines(path, "one text per line") == ["first\rstill first", "second"]

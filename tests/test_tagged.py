@@ -320,10 +320,13 @@ def test_the_word_splitter_keeps_a_period_where_the_sentence_splitter_does(token
     assert one_sentence == (word not in ("no.", "a.", "say."))
 
 
-def test_a_conll_file_with_cr_only_line_ends_reads_as_with_lf(tmp_path):
+@pytest.mark.parametrize("end", ["\r", "\r\r\n"])
+def test_a_conll_file_with_cr_only_or_cr_cr_lf_line_ends_reads_as_with_lf(tmp_path, end):
+    """An old Mac's line ends, and CRLF text saved again through Windows' text mode (CR CR LF)."""
     text = "-DOCSTART- -X- -X- O\n\nJohn NNP B-NP B-PER\nlives VBZ B-VP O\n\nParis NNP B-NP B-LOC\n"
     expected = read_tagged(write(tmp_path / "lf.txt", text))
-    path = write(tmp_path / "cr.txt", text.replace("\n", "\r"))
+    path = tmp_path / "other.txt"
+    path.write_bytes(text.replace("\n", end).encode())
     assert is_tagged_file(path)
     data = read_tagged(path)
     assert (data.sentences, data.tags, data.lines) == (expected.sentences, expected.tags, expected.lines)

@@ -116,13 +116,13 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
 
 
 LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
-LINE_END = re.compile(rb"\r\n|\r|\n")
+CR_BEFORE_LF = re.compile(r"\r+\n")
 
 
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
-    """The whole file as text, its lines ending in LF whatever they ended in (CRLF, CR), with a
-    message naming the line of the first undecodable byte; an empty file or a folder is refused,
-    naming `what` a file should hold."""
+    """The whole file as text, its lines ending in LF whether they ended in LF, CRLF or (a file
+    without LF) CR, with a message naming the line of the first undecodable byte; an empty file or a
+    folder is refused, naming `what` a file should hold."""
     check_data_file(path, what)
     raw = path.read_bytes()
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # a spreadsheet's "Unicode text"
@@ -131,13 +131,15 @@ def read_text(path: Path, what: str = "one labelled example per line") -> str:
         text = raw.decode("utf-8-sig")  # tolerate the byte-order mark spreadsheets write
     except UnicodeDecodeError as error:
         offset = error.start + len(codecs.BOM_UTF8) * raw.startswith(codecs.BOM_UTF8)  # in the file
-        line = len(LINE_END.findall(raw[:offset])) + 1
+        line = raw[:offset].count(b"\n" if b"\n" in raw else b"\r") + 1
         raise BertforgeError(
             f"{path} is not UTF-8 text: undecodable bytes on line {line} (byte offset {offset}); "
             f"{to_utf8(path)}"
         ) from None
-    text = text.replace("\r\n", "\n").replace("\r", "\n")  # CRLF and CR-only files: lines as in csv's reader
-    text = text.rstrip("\n")  # blank lines at the very end are not empty rows
+    # CRLF (and the \r\r\n of CRLF text saved again on Windows) end lines as LF; a lone CR ends them
+    # only in a file without LF (an old Mac's)
+    text = CR_BEFORE_LF.sub("\n", text) if "\n" in text else text.replace("\r", "\n")
+    text = text.rstrip("\r\n")  # blank lines at the very end are not empty rows
     if not text.strip():  # white space past what check_data_file reads
         raise empty_file(path, what)
     return text
