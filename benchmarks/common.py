@@ -120,7 +120,8 @@ def interleaved(
 ) -> Timing:
     """Seconds per step of each contender, round by round, alternating so drift hits all alike.
 
-    Each round runs `per_round` steps of every contender in turn (the order flips every round).
+    Each round runs `per_round` steps of every contender in turn, the order rotated by one every round
+    (for two, flipped), so that over a multiple of their number of rounds each goes first as often.
     """
     names = list(steps)
     timing = Timing({name: [] for name in names}, {}, {name: 0 for name in names})
@@ -133,7 +134,8 @@ def interleaved(
             steps[name]()
     synchronize(device)
     for round_index in range(rounds):
-        for name in names if round_index % 2 == 0 else reversed(names):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             held = reset_peak_memory(device)
             start = time.perf_counter()
             for _ in range(per_round):

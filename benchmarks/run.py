@@ -1,12 +1,12 @@
 """Run the benchmark suite: print a table and write JSON (`make bench`, or `python -m benchmarks.run`).
 
-    python -m benchmarks.run                  # all but glue and ner (about 22 minutes on 2 CPU cores)
+    python -m benchmarks.run                  # all but glue, ner and infer (about 20 minutes on 2 CPU cores)
     python -m benchmarks.run --quick          # CI-sized: seconds per measurement, tiny model
     python -m benchmarks.run --only step --only e2e
     python -m benchmarks.run --only quality --minutes 10
     python -m benchmarks.run --only glue --glue-model runs/mini-30min   # target: at most 60 min on 2 cores
     python -m benchmarks.run --only ner    # CoNLL-2003, BERT-Mini, 3 epochs: target at most 10 min on 2 cores
-    python -m benchmarks.run --only infer  # classify against transformers' pipeline on SST-2 and RTE dev
+    python -m benchmarks.run --only infer  # classify against transformers' pipeline, SST-2 and RTE dev
 
 Every ratio is measured in this one run, on this machine, with one thread count.
 """
@@ -30,7 +30,7 @@ from bertforge.glue_report import comparison_cells
 from bertforge.runtime import resolve_device
 
 MEASUREMENTS = ("prep", "step", "e2e", "quality", "glue", "ner", "infer")
-ON_REQUEST = ("ner",)  # run only when --only names them
+ON_REQUEST = ("ner", "infer")  # run only when --only names them
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
