@@ -53,6 +53,14 @@ max_train_examples = 128
 QUICK_RECIPES_SAID = "--quick: 1 epoch on 128 training examples a task, batch 32, 32 tokens, lr 1e-3"
 
 
+def folder_refusal(data: Path) -> str | None:
+    """Why `--glue-data` cannot be read as GLUE's folder (it is not a folder), or None."""
+    if not Path(data).is_dir():
+        where = "give the folder above GLUE's task folders, or set BERTFORGE_GLUE"
+        return f"--glue-data {data} is not a folder; {where}"
+    return None
+
+
 def refusal(model: Path | None, data: Path, quick: bool) -> str | None:
     """Why the glue entry cannot run with these arguments (checked before the suite starts), or None."""
     if model is None and not quick:
@@ -60,6 +68,8 @@ def refusal(model: Path | None, data: Path, quick: bool) -> str | None:
             "--only glue needs --glue-model RUN, a pretrained model folder (the target is about BERT-Mini "
             "pretrained with configs/mini-30min.toml); --quick pretrains a tiny one instead"
         )
+    if why := folder_refusal(data):
+        return why
     try:
         if model is not None:
             find_model_folder(model)

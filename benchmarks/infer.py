@@ -30,6 +30,7 @@ import torch
 
 from benchmarks.common import Bench, interleaved, median_ratio, model_config
 from benchmarks.data import wikitext
+from benchmarks.glue import folder_refusal
 from bertforge.cache import cached_tokenizer
 from bertforge.classifier import classify, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TokenizerConfig
@@ -56,9 +57,11 @@ def dev_files(data: Path) -> dict[str, Path]:
 
 def refusal(data: Path) -> str | None:
     """Why the infer entry cannot run with this GLUE folder (checked before the suite starts), or None."""
+    if why := folder_refusal(data):
+        return why
     try:
         missing = [task for task in WORKLOADS if task not in dev_files(data)]
-    except BertforgeError as error:  # not a folder, or a task in two folders
+    except BertforgeError as error:  # a task in two folders
         return str(error)
     if missing:
         return (

@@ -166,7 +166,7 @@ def test_the_quality_benchmark_never_trains_in_fp16():
 
 
 def test_the_inference_benchmark_without_glue_dev_files_is_refused(tmp_path):
-    from benchmarks import infer
+    from benchmarks import glue, infer
     from benchmarks.glue import GLUE_DATA
 
     (tmp_path / "SST-2").mkdir()
@@ -176,5 +176,7 @@ def test_the_inference_benchmark_without_glue_dev_files_is_refused(tmp_path):
     )
     (tmp_path / "SST-2" / "Dev.tsv").write_text("sentence\tlabel\nbad\t0\n", encoding="utf-8")
     assert "holds no RTE folder" in infer.refusal(tmp_path)
-    assert "is not a folder" in infer.refusal(tmp_path / "SST-2" / "Dev.tsv")
+    not_a_folder = tmp_path / "SST-2" / "Dev.tsv"
+    assert infer.refusal(not_a_folder) == glue.refusal(None, not_a_folder, quick=True)
+    assert infer.refusal(not_a_folder).startswith(f"--glue-data {not_a_folder} is not a folder; give")
     assert infer.refusal(Path(GLUE_DATA)) is None
