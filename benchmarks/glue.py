@@ -76,13 +76,17 @@ def refusal(model: Path | None, data: Path, quick: bool) -> str | None:
         found, _ = find_tasks([data], QUICK_TASKS if quick else TASKS)
     except BertforgeError as error:
         return str(error)
-    missing = [name for name in (QUICK_TASKS if quick else TASKS) if name not in found]
-    if missing:
-        return (
-            f"{data} holds no {', '.join(missing)} task folder with a train.tsv; give --glue-data or set "
-            "BERTFORGE_GLUE to the folder above GLUE's task folders"
-        )
-    return None
+    return missing_refusal(data, [name for name in (QUICK_TASKS if quick else TASKS) if name not in found])
+
+
+def missing_refusal(data: Path, missing: list[str], files: str = "a train.tsv") -> str | None:
+    """Why `--glue-data` cannot serve: it holds no folder (with `files`) of the `missing` tasks; or None."""
+    if not missing:
+        return None
+    return (
+        f"{data} holds no {', '.join(missing)} task folder with {files}; give --glue-data or set "
+        "BERTFORGE_GLUE to the folder above GLUE's task folders"
+    )
 
 
 def quick_model(bench: Bench) -> tuple[Path, float]:

@@ -30,7 +30,7 @@ import torch
 
 from benchmarks.common import Bench, interleaved, median_ratio, model_config
 from benchmarks.data import wikitext
-from benchmarks.glue import folder_refusal
+from benchmarks.glue import folder_refusal, missing_refusal
 from bertforge.cache import cached_tokenizer
 from bertforge.classifier import classify, save_classifier, sequence_classifier
 from bertforge.config import RunConfig, TokenizerConfig
@@ -63,12 +63,7 @@ def refusal(data: Path) -> str | None:
         missing = [task for task in WORKLOADS if task not in dev_files(data)]
     except BertforgeError as error:  # a task in two folders
         return str(error)
-    if missing:
-        return (
-            f"{data} holds no {' or '.join(missing)} folder with a train.tsv and a dev.tsv; give --glue-data "
-            "or set BERTFORGE_GLUE to the folder above GLUE's task folders"
-        )
-    return None
+    return missing_refusal(data, missing, "a train.tsv and a dev.tsv")
 
 
 def classifier_folders(bench: Bench) -> tuple[Path, Path]:

@@ -171,11 +171,12 @@ def test_the_inference_benchmark_without_glue_dev_files_is_refused(tmp_path):
 
     (tmp_path / "SST-2").mkdir()
     (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-8")
-    assert "holds no SST-2 or RTE folder with a train.tsv and a dev.tsv; give --glue-data" in infer.refusal(
-        tmp_path
+    assert (
+        "holds no SST-2, RTE task folder with a train.tsv and a dev.tsv; give --glue-data"
+        in infer.refusal(tmp_path)
     )
     (tmp_path / "SST-2" / "Dev.tsv").write_text("sentence\tlabel\nbad\t0\n", encoding="utf-8")
-    assert "holds no RTE folder" in infer.refusal(tmp_path)
+    assert "holds no RTE task folder" in infer.refusal(tmp_path)
     not_a_folder = tmp_path / "SST-2" / "Dev.tsv"
     assert infer.refusal(not_a_folder) == glue.refusal(None, not_a_folder, quick=True)
     assert infer.refusal(not_a_folder).startswith(f"--glue-data {not_a_folder} is not a folder; give")
