@@ -91,7 +91,7 @@ def run(model: Path | None, data: Path, bench: Bench) -> dict:
     config.runtime.device = str(bench.device)
     if bench.quick:
         config.runtime.precision = "fp32"
-    bench.log(f"ner: fine-tuning {model} on {data} for {epochs} epochs")
+    bench.log(f"ner: fine-tuning {model} on {data} for {epochs} epoch{'s' * (epochs > 1)}")
     start = time.perf_counter()
     summary = finetune(task, config, bench.workdir / "ner", show_progress=not bench.quick)
     minutes = (time.perf_counter() - start) / 60
