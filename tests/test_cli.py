@@ -122,6 +122,16 @@ def test_a_signal_while_the_program_imports_torch_is_one_line(monkeypatch, capsy
     assert scripts["bertforge"] == "bertforge.__main__:start"  # the installed program starts there too
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["pretrain", "--help"], ["pretrain", "--no-such-flag"]])
+def test_help_and_usage_errors_answer_without_importing_torch(argv):
+    """Torch takes seconds to import; only a command that runs needs it."""
+    lines = ["import sys", "from bertforge.cli import main", "try:", f"    main({argv!r})", "finally:"]
+    code = "\n".join([*lines, "    print('torch' in sys.modules)"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == (0 if "--help" in argv else 2), done.stderr
+    assert done.stdout.splitlines()[-1] == "False"
+
+
 def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])

@@ -28,7 +28,7 @@ from pathlib import Path
 # bertforge's one line about the lost process; a level the user set is kept.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from bertforge import __version__, distributed  # noqa: E402
+from bertforge import __version__  # noqa: E402
 from bertforge.commands import fetching, finetuning, glue, inference, pretraining, views  # noqa: E402
 from bertforge.errors import BertforgeError, Interrupted  # noqa: E402
 from bertforge.io import describe_os_error  # noqa: E402
@@ -173,7 +173,10 @@ def left_process_group() -> Iterator[None]:
     try:
         yield
     finally:
-        distributed.leave()
+        # Only a command that imported it can have joined a group; `--help` and a mistyped flag need no
+        # torch, whose import takes seconds
+        if distributed := sys.modules.get("bertforge.distributed"):
+            distributed.leave()
 
 
 @contextlib.contextmanager
