@@ -85,9 +85,10 @@ def classifier_folders(bench: Bench) -> tuple[Path, Path]:
 
 def workload(task: str, data: Path, quick: bool) -> tuple[list[str], list[str] | None]:
     """The dev texts (and second texts of pairs) of `task`."""
-    examples = read_split(TASKS[task], dev_files(data)[task])
+    path = dev_files(data)[task]
+    examples = read_split(TASKS[task], path)
     if examples is None:
-        raise BertforgeError(f"{dev_files(data)[task]} has no label column; give GLUE's dev.tsv")
+        raise BertforgeError(f"{path} has no label column; give GLUE's dev.tsv")
     count = QUICK_TEXTS if quick else len(examples)
     return examples.texts[:count], None if examples.pairs is None else examples.pairs[:count]
 
@@ -164,7 +165,9 @@ def measure(task: str, data: Path, labelling: dict, bench: Bench) -> dict:
     texts, pairs = workload(task, data, bench.quick)
     bench.log(f"infer: {len(texts)} {WORKLOADS[task]}")
     answers: dict[str, torch.Tensor] = {}
-    passes = {name: answering(answers, name, label, texts, pairs) for name, label in labelling.items()}
+    passes = {
+        name: answering(answers, name, contender, texts, pairs) for name, contender in labelling.items()
+    }
     seconds = interleaved(passes, 1, QUICK_ROUNDS if bench.quick else ROUNDS, 1, bench.device).seconds
     ours = seconds["bertforge"]
     return {
@@ -182,11 +185,11 @@ def measure(task: str, data: Path, labelling: dict, bench: Bench) -> dict:
     }
 
 
-def answering(answers: dict, name: str, label, texts: list[str], pairs: list[str] | None):
-    """One timed pass of contender `label` over the texts, keeping its answer as `answers[name]`."""
+def answering(answers: dict, name: str, contender, texts: list[str], pairs: list[str] | None):
+    """One timed pass of `contender` over the texts, keeping its answer as `answers[name]`."""
 
     def one_pass() -> None:
-        answers[name] = label(texts, pairs)
+        answers[name] = contender(texts, pairs)
 
     return one_pass
 
