@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import HF_TINY_SIZES, metrics_lines
 
+from bertforge import finetune as finetune_module
 from bertforge import reporting
 from bertforge.checkpoint import list_checkpoints, read_weights
 from bertforge.classifier import classify
@@ -33,6 +34,7 @@ from bertforge.finetune import (
     finetune,
     finetuning_config,
     length_grouped,
+    prepare,
     read_saved_task,
     scores,
 )
@@ -442,6 +444,29 @@ def test_best_epoch_predictions_are_saved_per_validation_example(tmp_path, tiny_
         sum(p == 1 and t == 0 for p, t in zip(saved["predicted"], saved["true"], strict=True))
         == (run["confusion"][0][1])
     )
+
+
+def test_evaluation_pads_as_little_as_length_sorted_batches_and_predicts_in_file_order(
+    tmp_path, tiny_pretrained_run, toy, monkeypatch
+):
+    """Each epoch's evaluation batches the validation set from its shortest example to its longest;
+    the predictions it saves are still the file's order: `classify`'s labels on the kept model."""
+    monkeypatch.setattr(finetune_module, "EVAL_BATCH_SIZE", 4)
+    task, config = toy_task(tiny_pretrained_run, toy, epochs=4), toy_config()
+    job = prepare(task, config, tmp_path / "job", resume=False, show_progress=False)
+    texts = [row["text"] for row in toy_rows(30, 1)]
+    lengths = [len(ids) for ids, _ in job.tokenizer.encode_pairs(texts, [None] * len(texts), 32)]
+    assert len(set(lengths)) > 3  # texts of several lengths: batching in file order pads more
+    shortest_first = sorted(lengths)
+    least = sum(max(shortest_first[i : i + 4]) * len(shortest_first[i : i + 4]) for i in range(0, 30, 4))
+    assert sum(batch["input_ids"].numel() for batch in job.valid_batches) == least
+
+    summary = finetune(task, config, tmp_path / "run", show_progress=False)
+    saved = json.loads((tmp_path / "run" / "valid_predictions.json").read_text())
+    model, tokenizer, labels, _ = open_classifier(tmp_path / "run" / "final")
+    expected = [labels.index(result["label"]) for result in classify(model, tokenizer, labels, texts)]
+    assert saved["predicted"] == expected and len(set(expected)) == 2
+    assert summary["runs"][0]["best_epoch"] == saved["epoch"]
 
 
 # ---------------------------------------------------------------------------------------------- comparison

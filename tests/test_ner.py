@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import HF_TINY_SIZES, SHARED_DATA, assert_clean_failure, metrics_lines, tiny_config
 from safetensors.torch import load_file, save_file
 
@@ -26,8 +27,10 @@ from bertforge.export import export_model
 from bertforge.finetune import FinetuneTask, build_classifier, finetune, finetuning_config
 from bertforge.folders import open_encoder, open_tagger
 from bertforge.gpt import GPTLMHeadModel
+from bertforge.losses import NO_LABEL
 from bertforge.model import BertForTokenClassification
 from bertforge.tagger import TOKEN_TASK, tag, token_classifier
+from bertforge.tagging import score_tagging
 from bertforge.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -151,6 +154,41 @@ def test_fine_tuning_on_conll_raises_entity_f1(tagger_run):
     predictions = json.loads((out / "valid_predictions.json").read_text())
     assert len(predictions["true"]) == len(predictions["predicted"]) == 150
     assert [len(s) for s in predictions["true"]] == [len(s) for s in predictions["predicted"]]
+
+
+def test_windows_scored_in_length_order_give_each_sentence_its_own_predictions():
+    """Evaluation batches windows from the shortest to the longest; `score_tagging` puts them back in
+    file order before joining a long sentence's windows, so any batching order gives the same scores."""
+    g = torch.Generator().manual_seed(0)
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    sizes = [7, 4, 9, 5, 8, 3]  # positions of each window, [CLS] and [SEP] included
+    sentences = [[0], [1, 2], [3], [4, 5]]  # the windows of each sentence: a long one is cut in two
+    logits = [torch.randn(n, len(names), generator=g) for n in sizes]
+    labels = []
+    for n in sizes:
+        row = torch.full((n,), NO_LABEL)
+        row[1 : n - 1 : 2] = torch.randint(0, len(names), ((n - 1) // 2,), generator=g)  # words' first pieces
+        labels.append(row)
+    words = [logit.argmax(-1)[row != NO_LABEL].tolist() for logit, row in zip(logits, labels, strict=True)]
+    expected = [[tag for w in windows for tag in words[w]] for windows in sentences]
+    truth = [[int(t) for w in windows for t in labels[w][labels[w] != NO_LABEL]] for windows in sentences]
+
+    def batched(order: list[int]):
+        """(logits (B, T, K), labels (B, T)) of two windows at a time, padded as evaluation pads."""
+        for at in range(0, len(order), 2):
+            rows = order[at : at + 2]
+            width = max(sizes[r] for r in rows)
+            yield (
+                torch.stack([F.pad(logits[r], (0, 0, 0, width - sizes[r])) for r in rows]),
+                torch.stack([F.pad(labels[r], (0, width - sizes[r]), value=NO_LABEL) for r in rows]),
+            )
+
+    in_file_order = score_tagging(batched(list(range(6))), list(range(6)), truth, names)
+    by_length = sorted(range(6), key=sizes.__getitem__)
+    in_length_order = score_tagging(batched(by_length), by_length, truth, names)
+    assert in_file_order[2] == in_length_order[2] == expected
+    assert in_length_order[0] == pytest.approx(in_file_order[0]) and in_length_order[1] == in_file_order[1]
+    assert 0 < in_file_order[0]["accuracy"] < 1  # some words right, some wrong: the order shows
 
 
 @pytest.mark.slow

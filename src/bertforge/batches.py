@@ -56,15 +56,31 @@ def pad_batch(examples: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     }
 
 
+def length_order(examples: Sequence[dict]) -> list[int]:
+    """The indices of `examples` from the fewest tokens to the most (ties in input order): batches
+    cut from this order pad as little as they can."""
+    return sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+
+
+def in_input_order(values: Sequence, order: Sequence[int]) -> list:
+    """`values` given for the examples `order` lists (`length_order`), put back in input order."""
+    if len(values) != len(order):
+        raise ValueError(f"{len(values)} values for {len(order)} examples")
+    restored: list = [None] * len(order)
+    for value, index in zip(values, order, strict=True):
+        restored[index] = value
+    return restored
+
+
 def length_sorted_batches(
     examples: Sequence[dict], batch_size: int, pad_id: int
 ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
-    """For inference: (row indices, `pad_batch` of those rows) over `examples` sorted by length, so
+    """For inference: (row indices, `pad_batch` of those rows) over `examples` in `length_order`, so
     that each batch pads as little as it can; callers put each batch's outputs back in input order
     by its row indices."""
     if batch_size < 1:
         raise BertforgeError(f"batch_size must be at least 1, got {batch_size}")
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    order = length_order(examples)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         yield rows, pad_batch([examples[r] for r in rows], pad_id)

@@ -14,13 +14,14 @@ what differs:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from bertforge.alignment import encode_words, regroup, sentence_pieces
+from bertforge.batches import in_input_order
 from bertforge.entities import entity_scores
 from bertforge.losses import NO_LABEL, Summary
 from bertforge.tagged import TaggedExamples, read_tagged, tag_ids, tag_names
@@ -91,18 +92,23 @@ def summarize_tagging(totals: dict[str, float]) -> Summary:
 
 @torch.inference_mode()
 def score_tagging(
-    outputs: Iterable[tuple[torch.Tensor, torch.Tensor]], truth: list[list[int]], names: list[str]
+    outputs: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    order: Sequence[int],
+    truth: list[list[int]],
+    names: list[str],
 ) -> tuple[dict[str, float], dict, list[list[int]]]:
-    """From a model's (logits (B, T, K), labels (B, T)) over a set's batches in order: the loss,
-    entity precision, recall and F1 and word accuracy; the scores per entity type; and each
-    sentence's predicted tag ids (read at its words' first pieces, the labelled positions)."""
-    loss_sum, count, predicted = 0.0, 0, []
+    """From a model's (logits (B, T, K), labels (B, T)) over a set's windows, batched in `order`
+    (the file index of each window as the rows come): the loss, entity precision, recall and F1 and
+    word accuracy; the scores per entity type; and each sentence's predicted tag ids (read at its
+    words' first pieces, the labelled positions)."""
+    loss_sum, count, windows = 0.0, 0, []
     for logits, labels in outputs:
         labelled = labels != NO_LABEL
         loss_sum += float(F.cross_entropy(logits[labelled], labels[labelled], reduction="sum"))
         count += int(labelled.sum())
-        predicted.append(logits.argmax(-1)[labelled])  # row by row: the windows' words in order
-    flat = torch.cat(predicted).tolist() if predicted else []
+        predicted, labelled = logits.argmax(-1).cpu(), labelled.cpu()  # one copy, not one per row
+        windows += [row[at].tolist() for row, at in zip(predicted, labelled, strict=True)]
+    flat = [tag for window in in_input_order(windows, order) for tag in window]
     sentences = regroup(flat, [len(tags) for tags in truth])
     scores = entity_scores(
         [[names[i] for i in tags] for tags in truth], [[names[i] for i in tags] for tags in sentences]
