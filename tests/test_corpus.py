@@ -150,6 +150,34 @@ def test_a_crlf_split_across_read_blocks_ends_one_line(tmp_path):
     assert [line for _, line in _Lines(path)] == [first, long, "last"]
 
 
+def test_crs_before_an_lf_end_one_line_as_in_labelled_files(tmp_path):
+    """CRLF text saved again through Windows' text mode ends its lines in CR CR LF: one line end, not
+    a blank line after every line (a blank line ends a document), in a text file and in a field."""
+    text = "First doc.\n\nSecond doc, line one\nline two.\n"
+    expected = [["First doc."], ["Second doc, line one", "line two."]]
+    twice = tmp_path / "twice.txt"
+    twice.write_bytes(text.replace("\n", "\r\r\n").encode())
+    assert list(read_documents(twice)) == expected
+    field = json.dumps({"text": text.replace("\n", "\r\r\n")}) + "\n"
+    assert list(read_documents(write(tmp_path / "twice.jsonl", field))) == [
+        ["First doc.", "Second doc, line one", "line two."]
+    ]
+
+
+def test_crs_that_end_a_read_block_wait_for_the_next_byte(tmp_path):
+    from bertforge.corpus import _READ_BLOCK
+
+    path = tmp_path / "blocks.txt"
+    first = "a" * (_READ_BLOCK - 2)  # its CR CR ends the first block, its LF starts the second
+    path.write_bytes(f"{first}\r\r\nsecond\r\n".encode())
+    assert [line for _, line in _Lines(path)] == [first, "second"]
+    crs = 2 * _READ_BLOCK + 3  # a run of CRs over whole blocks: one line end before an LF, else one each
+    path.write_bytes(first.encode() + b"\r" * (crs + 1) + b"\nlast\r\r")
+    assert [line for _, line in _Lines(path)] == [first, "last", ""]
+    path.write_bytes(first.encode() + b"\r" * (crs + 1) + b"last")
+    assert [line for _, line in _Lines(path)] == [first, *[""] * crs, "last"]
+
+
 def test_text_without_capitals_or_full_stops_keeps_a_sentence_a_line(tmp_path):
     """Google's input format (a sentence a line, a blank line between documents) in lower case and
     without punctuation, as many corpora come: each line stays a sentence, as in a JSON line."""

@@ -30,10 +30,10 @@ from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
 # auto: `detect_format`; tsv, csv and conll read the text of labelled files
 CorpusFormat = Literal["auto", "wikitext", "text", "jsonl", "parquet", "tsv", "csv", "conll"]
 FORMATS: tuple[CorpusFormat, ...] = get_args(CorpusFormat)
-READER_VERSION = 5  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
+READER_VERSION = 6  # 2: a line break ends a sentence, 3: so does a CR alone, and Jan. or Corp. do not;
 # 4: a quotation of several sentences ends with its closing quote, Ste. goes on; 5: a closing " before
 # a lower-case word goes on, as do Bros., pp. and var., and a text field's lines end where a text
-# file's do (not at a form feed, NEL or U+2028);
+# file's do (not at a form feed, NEL or U+2028); 6: CRs before an LF end one line, as in labelled files;
 # cached tokenizers and shards key on it
 # the formats whose text sits in a named field (data.text_column)
 COLUMN_FORMATS = ("jsonl", "parquet", "tsv", "csv")
@@ -66,8 +66,10 @@ _WIKITEXT_HEADING = re.compile(r"(=(?: =)*) (.*) \1")  # on a stripped line: lev
 _WIKITEXT_ARTIFACTS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), ("<unk>", "[UNK]"))
 _DETECT_LINES = 100
 _READ_BLOCK = 1 << 16  # bytes read at a time
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-_TEXT_LINE_END = re.compile(r"\r\n|\r|\n")  # in a field's text (str.splitlines: also \x0c, U+2028...)
+# CR CR LF: CRLF text saved again through Windows' text mode. The lookbehind tries \r+\n at the first CR
+# of a run alone, or a long run of CRs without an LF would take time quadratic in its length.
+_LINE_END = re.compile(rb"(?<!\r)\r+\n|\r|\n")
+_TEXT_LINE_END = re.compile(r"(?<!\r)\r+\n|\r|\n")  # in a field's text (str.splitlines: also \x0c, U+2028...)
 _PARQUET_BATCH_ROWS = 1024
 _GLOB_CHARACTERS = frozenset("*?[")
 
@@ -223,14 +225,11 @@ def takes_its_period(word: str) -> bool:
 
 
 def _byte_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a byte stream read in blocks, each with its end: LF, CRLF or CR alone (classic Mac OS).
-    Each byte is looked at once, however long its line."""
+    """The lines of a byte stream read in blocks, each with its end: LF, CRLF, CRs before an LF (CRLF
+    text saved again through Windows' text mode: CR CR LF) or CR alone (classic Mac OS). Each byte is
+    looked at once, however long its line."""
     pieces: list[bytes] = []  # the line under way
-    held = b""  # a CR that ended the last block: a line's end, or the first half of a CRLF
-    for block in blocks:
-        block, held = held + block, b""
-        if block.endswith(b"\r"):
-            block, held = block[:-1], b"\r"
+    for block in _whole_line_ends(blocks):
         start = 0
         for end in _LINE_END.finditer(block):
             pieces.append(block[start : end.end()])
@@ -238,9 +237,21 @@ def _byte_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
             pieces.clear()
             start = end.end()
         pieces.append(block[start:])
-    line = b"".join(pieces) + held
-    if line:
+    if line := b"".join(pieces):
         yield line
+
+
+def _whole_line_ends(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The blocks, cut again so that none ends inside a line end: the CRs that end a block wait for
+    the next byte that is not a CR, which tells whether they end one line (before an LF) or each one."""
+    held: list[bytes] = []
+    for block in blocks:
+        content = block.rstrip(b"\r")
+        if content:
+            yield b"".join(held) + content
+            held.clear()
+        held.append(block[len(content) :])
+    yield b"".join(held)
 
 
 class _Lines:

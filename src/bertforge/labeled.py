@@ -116,7 +116,7 @@ def check_data_file(path: Path, what: str = "one labelled example per line") -> 
 
 
 LONGEST_FIELD = 2**31 - 1  # csv's largest field limit on every platform
-CR_BEFORE_LF = re.compile(r"\r+\n")
+CR_BEFORE_LF = re.compile(r"(?<!\r)\r+\n")  # from a run's first CR alone: linear in a run's length
 
 
 def read_text(path: Path, what: str = "one labelled example per line") -> str:
