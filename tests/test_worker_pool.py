@@ -299,7 +299,11 @@ def test_workers_whose_parent_is_killed_stop_their_jobs_with_a_checkpoint_and_st
         parent.wait()
     started = sorted(p.name for p in tmp_path.glob("started_*"))
     checkpoints = [name.replace("started", "checkpoint") for name in started]
-    wait_for(lambda: sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints, None, 15)
+
+    def saved() -> bool:
+        return sorted(p.name for p in tmp_path.glob("checkpoint_*")) == checkpoints
+
+    wait_for(saved, None, 30)  # well before a minute of training would end: a loaded machine may be late
     time.sleep(2 * ORPHAN_POLL_S)
     assert sorted(p.name for p in tmp_path.glob("started_*")) == started  # no queued job was started
 

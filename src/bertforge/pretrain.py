@@ -674,8 +674,9 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, f
         raise BertforgeError(
             f"the run in {out} read its text with version {saved.get('text_reader', 1)} of the text reader, "
             f"and this is version {READER_VERSION}, which may split sentences elsewhere (at every line "
-            "break, a CR alone included, not after a.m., Corp. or pp., and a quotation at its closing quote "
-            "unless a lower-case word follows), so its sentence pairs may change; pass "
+            "break, a CR alone included but CRs before an LF as one, not after a.m., Corp. or pp., and a "
+            "quotation at its closing quote unless a lower-case word follows), so its sentence pairs may "
+            "change; pass "
             "`allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
 
