@@ -1076,8 +1076,9 @@ class EpochEvaluator:
             return metrics, {}, in_input_order(predictions, job.valid_order)
         if job.kind == TAGGING:
             outputs = outputs_and_labels(model, job.valid_batches, precision)
-            scored = score_tagging(outputs, job.valid_order, job.valid_labels, job.labels)
-            metrics, per_type, predictions = scored
+            metrics, per_type, predictions = score_tagging(
+                outputs, job.valid_order, job.valid_labels, job.labels
+            )
             return metrics, {"per_type": per_type}, predictions
         count = len(job.labels)
         metrics, confusion, predictions = evaluate_classifier(model, job.valid_batches, count, precision)

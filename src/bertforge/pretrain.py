@@ -676,8 +676,7 @@ def refuse_changed_corpus(out: Path, hashes: dict[str, str], data: DataConfig, f
             f"and this is version {READER_VERSION}, which may split sentences elsewhere (at every line "
             "break, a CR alone included but CRs before an LF as one, not after a.m., Corp. or pp., and a "
             "quotation at its closing quote unless a lower-case word follows), so its sentence pairs may "
-            "change; pass "
-            "`allow_changed_data=True` to go on with the text read anew, or start a new run"
+            "change; pass `allow_changed_data=True` to go on with the text read anew, or start a new run"
         )
 
 
