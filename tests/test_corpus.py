@@ -472,6 +472,23 @@ def test_a_labelled_table_gives_its_text_column_a_document_a_row(tmp_path):
         list(read_documents(short, text_column="sentence1,sentence2"))
 
 
+def test_a_table_row_cut_by_a_cr_alone_names_the_cr(tmp_path):
+    """Labelled files keep a CR inside a field; a corpus ends a line there, so the refusal names it."""
+    for row, cut_line in (("A fine\rfilm.\t1\n", 2), ("A fine\tfi\rlm.\n", 2)):
+        path = tmp_path / "cr.tsv"
+        path.write_bytes(f"sentence\tlabel\n{row}Awful.\t0\n".encode())
+        with pytest.raises(
+            BertforgeError, match=rf"line {cut_line} ends in a CR alone where line 1 ends in LF"
+        ):
+            list(read_documents(path, text_column="sentence"))
+    mac = tmp_path / "mac.tsv"  # every line ends in a CR: a short row there is just short
+    mac.write_bytes(b"sentence\tlabel\rA fine film.\r")
+    with pytest.raises(
+        BertforgeError, match=r"line 2 has 1 fields where line 1 has 2; every row has one value per column$"
+    ):
+        list(read_documents(mac, text_column="sentence"))
+
+
 def test_a_conll_file_gives_its_words_a_sentence_a_block_and_a_document_a_docstart(tmp_path):
     lines = [
         "-DOCSTART- -X- O O",

@@ -266,29 +266,44 @@ class _Lines:
         self.bytes_read = self.consumed = 0
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
+        for number, raw in enumerate(self._raw_lines(), 1):
+            if number == 1 and (kind := _binary_kind(raw)):
+                raise BertforgeError(f"{self.path} is {kind}")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise BertforgeError(
+                    f"{self.path} is not UTF-8 text: undecodable bytes on line {number} "
+                    f"(byte offset {self.bytes_read - len(raw) + error.start}); {to_utf8(self.path)}"
+                ) from None
+            if "\x00" in line:  # the normalizer would drop them and glue words together
+                raise BertforgeError(
+                    f"{self.path} holds NUL bytes on line {number}: a binary file or an archive (a "
+                    ".tar.gz: extract it), not text; give text files"
+                )
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            yield number, line.rstrip("\r\n")
+
+    def line_ends(self, numbers: set[int]) -> dict[int, bytes]:
+        """The line ends (LF, CRLF, CR...) of the given lines, read anew: for an error's advice."""
+        ends = {}
+        for number, raw in enumerate(_Lines(self.path)._raw_lines(), 1):
+            if number in numbers:
+                ends[number] = raw[len(raw.rstrip(b"\r\n")) :]
+            if number >= max(numbers):
+                break
+        return ends
+
+    def _raw_lines(self) -> Iterator[bytes]:
+        """The file's lines as bytes, each with its end; `bytes_read` and `consumed` include it."""
         compressed = is_gzip(self.path)
         with self.path.open("rb") as handle:
             blocks = self._gunzip(handle) if compressed else iter(lambda: handle.read(_READ_BLOCK), b"")
-            for number, raw in enumerate(_byte_lines(blocks), 1):
-                if number == 1 and (kind := _binary_kind(raw)):
-                    raise BertforgeError(f"{self.path} is {kind}")
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise BertforgeError(
-                        f"{self.path} is not UTF-8 text: undecodable bytes on line {number} "
-                        f"(byte offset {self.bytes_read + error.start}); {to_utf8(self.path)}"
-                    ) from None
-                if "\x00" in line:  # the normalizer would drop them and glue words together
-                    raise BertforgeError(
-                        f"{self.path} holds NUL bytes on line {number}: a binary file or an archive (a "
-                        ".tar.gz: extract it), not text; give text files"
-                    )
+            for raw in _byte_lines(blocks):
                 self.bytes_read += len(raw)
                 self.consumed = handle.tell() if compressed else self.bytes_read
-                if number == 1:
-                    line = line.removeprefix("\ufeff")
-                yield number, line.rstrip("\r\n")
+                yield raw
 
     def _gunzip(self, handle) -> Iterator[bytes]:
         try:
@@ -667,13 +682,27 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
                 quoted = any(value.startswith('"') for value in row) and quoting == csv.QUOTE_NONE
                 raise BertforgeError(
                     f"{lines.path} line {line} has {len(row)} fields where line 1 has "
-                    f"{len(header)}; every row has one value per column" + (_QUOTED_TSV if quoted else "")
+                    f"{len(header)}; every row has one value per column"
+                    + (_QUOTED_TSV if quoted else _lone_cr_note(lines, line))
                 )
             texts = [row[position] for position in positions]
             if document := _sentences_of_paragraphs(line for text in texts for line in _lines_of(text)):
                 yield document
     except csv.Error as error:
         raise BertforgeError(f"{lines.path} line {reader.line_num} is not valid {kind} ({error})") from None
+
+
+def _lone_cr_note(lines: _Lines, line: int) -> str:
+    """For a short row: that a CR alone ended it in a file of LF line ends (a CR inside a field, which
+    labelled files keep in the line and a corpus reads as a line end, as in classic Mac OS text)."""
+    ends = lines.line_ends({1, line - 1, line})
+    cut = [number for number in (line - 1, line) if number > 1 and ends.get(number) == b"\r"]
+    if not cut or not ends[1].endswith(b"\n"):
+        return ""
+    return (
+        f"; line {cut[0]} ends in a CR alone where line 1 ends in LF: a corpus ends a line at every CR, "
+        "so a CR inside a field cuts its row; remove the CRs (`tr -d '\\r' < FILE > NEW`)"
+    )
 
 
 _HEADER_EVIDENCE_ROWS = 100  # rows read ahead to tell a header row from data (`labeled.is_header_row`)
