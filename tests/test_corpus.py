@@ -474,19 +474,30 @@ def test_a_labelled_table_gives_its_text_column_a_document_a_row(tmp_path):
 
 def test_a_table_row_cut_by_a_cr_alone_names_the_cr(tmp_path):
     """Labelled files keep a CR inside a field; a corpus ends a line there, so the refusal names it."""
-    for row, cut_line in (("A fine\rfilm.\t1\n", 2), ("A fine\tfi\rlm.\n", 2)):
+    for row in ("A fine\rfilm.\t1\n", "A fine\tfi\rlm.\n"):  # the short piece first, or second
         path = tmp_path / "cr.tsv"
         path.write_bytes(f"sentence\tlabel\n{row}Awful.\t0\n".encode())
+        fix = f"`tr '\\r' ' ' < {path} > {tmp_path / 'cr.spaced.tsv'}`"
         with pytest.raises(
-            BertforgeError, match=rf"line {cut_line} ends in a CR alone where line 1 ends in LF"
-        ):
+            BertforgeError, match="line 2 ends in a CR alone where line 1 ends in a line feed"
+        ) as error:
             list(read_documents(path, text_column="sentence"))
-    mac = tmp_path / "mac.tsv"  # every line ends in a CR: a short row there is just short
-    mac.write_bytes(b"sentence\tlabel\rA fine film.\r")
-    with pytest.raises(
-        BertforgeError, match=r"line 2 has 1 fields where line 1 has 2; every row has one value per column$"
+        assert str(error.value).endswith(fix)
+    packed = tmp_path / "cr.tsv.gz"  # tr on the compressed bytes would damage it
+    packed.write_bytes(gzip.compress(b"sentence\tlabel\r\nA fine\rfilm.\t1\r\n"))
+    with pytest.raises(BertforgeError) as error:
+        list(read_documents(packed, text_column="sentence"))
+    assert str(error.value).endswith(f"`gunzip -c {packed} | tr '\\r' ' ' > {tmp_path / 'cr.spaced.tsv'}`")
+    for name, text in (
+        ("mac.tsv", b"sentence\tlabel\rA fine film.\r"),
+        ("blank.tsv", b"s\tl\nGood.\t1\n\rShort\n"),
     ):
-        list(read_documents(mac, text_column="sentence"))
+        path = tmp_path / name  # every line ends in a CR, or the CR ends a line without text: just short
+        path.write_bytes(text)
+        with pytest.raises(
+            BertforgeError, match=r"fields where line 1 has 2; every row has one value per column$"
+        ):
+            list(read_documents(path, text_column=text.split(b"\t")[0].decode()))
 
 
 def test_a_conll_file_gives_its_words_a_sentence_a_block_and_a_document_a_docstart(tmp_path):

@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -285,15 +286,15 @@ class _Lines:
                 line = line.removeprefix("\ufeff")
             yield number, line.rstrip("\r\n")
 
-    def line_ends(self, numbers: set[int]) -> dict[int, bytes]:
-        """The line ends (LF, CRLF, CR...) of the given lines, read anew: for an error's advice."""
-        ends = {}
+    def raw_lines(self, numbers: set[int]) -> dict[int, bytes]:
+        """The given lines as bytes with their ends, read anew: for an error's advice."""
+        found = {}
         for number, raw in enumerate(_Lines(self.path)._raw_lines(), 1):
             if number in numbers:
-                ends[number] = raw[len(raw.rstrip(b"\r\n")) :]
+                found[number] = raw
             if number >= max(numbers):
                 break
-        return ends
+        return found
 
     def _raw_lines(self) -> Iterator[bytes]:
         """The file's lines as bytes, each with its end; `bytes_read` and `consumed` include it."""
@@ -693,16 +694,32 @@ def _table_documents(lines: _Lines, column: str, delimiter: str) -> Iterator[lis
 
 
 def _lone_cr_note(lines: _Lines, line: int) -> str:
-    """For a short row: that a CR alone ended it in a file of LF line ends (a CR inside a field, which
-    labelled files keep in the line and a corpus reads as a line end, as in classic Mac OS text)."""
-    ends = lines.line_ends({1, line - 1, line})
-    cut = [number for number in (line - 1, line) if number > 1 and ends.get(number) == b"\r"]
-    if not cut or not ends[1].endswith(b"\n"):
+    """For a short row: that a CR alone ended it, or the line before it, in a file whose line 1 ends in
+    a line feed (a CR inside a field, which labelled files keep in the line and a corpus reads as a line
+    end, as in classic Mac OS text)."""
+    raw = lines.raw_lines({1, line - 1, line})
+    cut = [number for number in (line - 1, line) if number > 1 and _ends_in_text_and_cr(raw[number])]
+    if not cut or not raw[1].endswith(b"\n"):
         return ""
     return (
-        f"; line {cut[0]} ends in a CR alone where line 1 ends in LF: a corpus ends a line at every CR, "
-        "so a CR inside a field cuts its row; remove the CRs (`tr -d '\\r' < FILE > NEW`)"
+        f"; line {cut[0]} ends in a CR alone where line 1 ends in a line feed: the corpus reader ends a "
+        "line at every CR, so a CR inside a field cuts its row; turn the CRs into spaces, e.g. "
+        f"`{_crs_to_spaces_command(lines.path)}`"
     )
+
+
+def _ends_in_text_and_cr(raw: bytes) -> bool:
+    """Whether a line holds text and ends in a CR alone (not a line of CRs, nor CRLF)."""
+    return raw.endswith(b"\r") and bool(raw.strip(b"\r"))
+
+
+def _crs_to_spaces_command(path: Path) -> str:
+    """A shell line that writes `path` with its CRs as spaces beside it (a gzip file unpacked first)."""
+    source = path.with_suffix("") if path.suffix.lower() == ".gz" else path
+    target = shlex.quote(str(source.with_name(f"{source.stem}.spaced{source.suffix}")))
+    if source is path:
+        return f"tr '\\r' ' ' < {shlex.quote(str(path))} > {target}"
+    return f"gunzip -c {shlex.quote(str(path))} | tr '\\r' ' ' > {target}"
 
 
 _HEADER_EVIDENCE_ROWS = 100  # rows read ahead to tell a header row from data (`labeled.is_header_row`)
