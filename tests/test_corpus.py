@@ -278,7 +278,7 @@ def test_undecodable_bytes_name_the_line_and_offset(tmp_path):
     path.write_bytes(b"fine line\nanother\ncaf\xe9 au lait\n")
     message = error_message(path, "text")
     assert "line 3" in message and "byte offset 21" in message and "UTF-8" in message
-    assert f"`iconv -f latin1 -t utf-8 {path} > {tmp_path / 'latin1.utf8.txt'}`" in message
+    assert f"`iconv -f latin1 -t utf-8 < {path} > {tmp_path / 'latin1.utf8.txt'}`" in message
 
 
 def test_bad_jsonl_lines_name_the_line(tmp_path):
@@ -341,6 +341,9 @@ def test_corrupt_or_fake_gzip_and_undecodable_gzipped_text(tmp_path):
     assert "line 2" in error_message(latin1) and "UTF-8" in error_message(latin1)
     unpack = f"`gunzip -c {latin1} | iconv -f latin1 -t utf-8 > {tmp_path / 'latin1.utf8.txt'}`"
     assert unpack in error_message(latin1)  # iconv on the compressed bytes would not convert it
+    table = tmp_path / "train.tsv.gz"  # the copy keeps the ending that names its format
+    table.write_bytes(gzip.compress(b"sentence\tlabel\ncaf\xe9\t1\n"))
+    assert f"> {tmp_path / 'train.utf8.tsv'}`" in error_message(table)
     empty = tmp_path / "empty.txt.gz"
     empty.write_bytes(gzip.compress(b""))
     assert "no text" in error_message(empty)

@@ -152,7 +152,7 @@ def test_bad_rows_get_one_clear_message(tmp_path, name, content, message):
 def test_undecodable_bytes_name_the_line(tmp_path):
     path = write(tmp_path, "latin1.csv", "text,label\nhello,a\ncaf\xe9,b\n".encode("latin-1"))
     refused(path, "not UTF-8 text: undecodable bytes on line 3")
-    refused(path, f"`iconv -f latin1 -t utf-8 {path} > {tmp_path / 'latin1.utf8.csv'}`")  # this file's own
+    refused(path, f"`iconv -f latin1 -t utf-8 < {path} > {tmp_path / 'latin1.utf8.csv'}`")  # this file's own
 
 
 def test_undecodable_bytes_after_a_byte_order_mark_name_their_own_line_and_offset(tmp_path):
@@ -164,7 +164,7 @@ def test_undecodable_bytes_after_a_byte_order_mark_name_their_own_line_and_offse
 
 def test_a_utf16_file_is_named_with_the_command_that_converts_it(tmp_path):
     path = write(tmp_path, "unicode.tsv", "text\tlabel\nhello\t1\n".encode("utf-16"))
-    refused(path, f"is UTF-16 text, not UTF-8; convert it to UTF-8, e.g. `iconv -f utf-16 -t utf-8 {path}")
+    refused(path, f"is UTF-16 text, not UTF-8; convert it to UTF-8, e.g. `iconv -f utf-16 -t utf-8 < {path}")
 
 
 def test_a_text_longer_than_csvs_default_field_limit_is_read(tmp_path):

@@ -17,13 +17,12 @@ import itertools
 import json
 import os
 import re
-import shlex
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, get_args
 
-from bertforge.errors import BertforgeError, to_utf8
+from bertforge.errors import BertforgeError, rewrite_command, to_utf8
 from bertforge.io import JSON_FAULTS, json_fault
 from bertforge.labeled import LONGEST_FIELD, NOT_REGULAR, is_header_row
 from bertforge.tagged import CONLL_SUFFIXES, DOCSTART, SNIFF_LINES, looks_tagged
@@ -704,22 +703,16 @@ def _lone_cr_note(lines: _Lines, line: int) -> str:
     return (
         f"; line {cut[0]} ends in a CR alone where line 1 ends in a line feed: the corpus reader ends a "
         "line at every CR, so a CR inside a field cuts its row; turn the CRs into spaces, e.g. "
-        f"`{_crs_to_spaces_command(lines.path)}`"
+        f"`{rewrite_command(lines.path, _CRS_TO_SPACES, 'spaced')}`"
     )
+
+
+_CRS_TO_SPACES = "tr '\\r' ' '"  # spaces, not deleted: `tr -d` would glue a field's words together
 
 
 def _ends_in_text_and_cr(raw: bytes) -> bool:
     """Whether a line holds text and ends in a CR alone (not a line of CRs, nor CRLF)."""
     return raw.endswith(b"\r") and bool(raw.strip(b"\r"))
-
-
-def _crs_to_spaces_command(path: Path) -> str:
-    """A shell line that writes `path` with its CRs as spaces beside it (a gzip file unpacked first)."""
-    source = path.with_suffix("") if path.suffix.lower() == ".gz" else path
-    target = shlex.quote(str(source.with_name(f"{source.stem}.spaced{source.suffix}")))
-    if source is path:
-        return f"tr '\\r' ' ' < {shlex.quote(str(path))} > {target}"
-    return f"gunzip -c {shlex.quote(str(path))} | tr '\\r' ' ' > {target}"
 
 
 _HEADER_EVIDENCE_ROWS = 100  # rows read ahead to tell a header row from data (`labeled.is_header_row`)

@@ -18,16 +18,19 @@ class BertforgeError(Exception):
 
 
 def to_utf8(path: Path, encoding: str = "latin1") -> str:
-    """The advice for a file that is not UTF-8: a command that converts it from `encoding` (a gzip
-    file unpacked first), written beside it."""
-    if path.suffix.lower() == ".gz":
-        converted = path.with_suffix("").with_suffix(".utf8.txt")
-        unpack = f"gunzip -c {shlex.quote(str(path))}"
-        command = f"{unpack} | iconv -f {encoding} -t utf-8 > {shlex.quote(str(converted))}"
-    else:
-        converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
-        command = f"iconv -f {encoding} -t utf-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))}"
-    return f"convert it to UTF-8, e.g. `{command}`"
+    """The advice for a file that is not UTF-8: a command that converts it from `encoding`."""
+    return f"convert it to UTF-8, e.g. `{rewrite_command(path, f'iconv -f {encoding} -t utf-8', 'utf8')}`"
+
+
+def rewrite_command(path: Path, filter_command: str, tag: str) -> str:
+    """A shell line that writes `path` through `filter_command` beside it as NAME.TAG.SUFFIX; a gzip file
+    is unpacked first, and its copy keeps the ending inside (`train.tsv.gz`: `train.TAG.tsv`)."""
+    packed = path.suffix.lower() == ".gz"
+    source = path.with_suffix("") if packed else path
+    target = shlex.quote(str(source.with_name(f"{source.stem}.{tag}{source.suffix or '.txt'}")))
+    if packed:
+        return f"gunzip -c {shlex.quote(str(path))} | {filter_command} > {target}"
+    return f"{filter_command} < {shlex.quote(str(path))} > {target}"
 
 
 class Interrupted(KeyboardInterrupt):
