@@ -228,7 +228,7 @@ def error_message(path, format="auto") -> str:
         (
             "u16.txt",
             "hello world\n".encode("utf-16"),
-            "is UTF-16 text, not UTF-8 text; convert it: `iconv -f utf-16",
+            "is UTF-16 text, not UTF-8 text; convert it to UTF-8, e.g. `iconv -f utf-16 -t utf-8 < ",
         ),
         ("table.dat", b"PAR1\x15\x04 rest", "is a Parquet file, not UTF-8 text; give it the .parquet ending"),
         ("img.txt", b"\x89PNG\r\n\x1a\n data", "is a PNG image, not UTF-8 text; leave it out of the corpus"),
@@ -341,6 +341,11 @@ def test_corrupt_or_fake_gzip_and_undecodable_gzipped_text(tmp_path):
     assert "line 2" in error_message(latin1) and "UTF-8" in error_message(latin1)
     unpack = f"`gunzip -c {latin1} | iconv -f latin1 -t utf-8 > {tmp_path / 'latin1.utf8.txt'}`"
     assert unpack in error_message(latin1)  # iconv on the compressed bytes would not convert it
+    wide = tmp_path / "u16.txt.gz"  # a UTF-16 file's advice unpacks it first too
+    wide.write_bytes(gzip.compress("hello\n".encode("utf-16")))
+    assert f"`gunzip -c {wide} | iconv -f utf-16 -t utf-8 > {tmp_path / 'u16.utf8.txt'}`" in error_message(
+        wide
+    )
     table = tmp_path / "train.tsv.gz"  # the copy keeps the ending that names its format
     table.write_bytes(gzip.compress(b"sentence\tlabel\ncaf\xe9\t1\n"))
     assert f"> {tmp_path / 'train.utf8.tsv'}`" in error_message(table)

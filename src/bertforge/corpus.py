@@ -10,6 +10,7 @@ on the fly, and Parquet files in batches of rows, so memory does not grow with t
 
 from __future__ import annotations
 
+import codecs
 import csv
 import glob
 import gzip
@@ -267,7 +268,7 @@ class _Lines:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         for number, raw in enumerate(self._raw_lines(), 1):
-            if number == 1 and (kind := _binary_kind(raw)):
+            if number == 1 and (kind := _binary_kind(raw, self.path)):
                 raise BertforgeError(f"{self.path} is {kind}")
             try:
                 line = raw.decode("utf-8")
@@ -287,11 +288,11 @@ class _Lines:
 
     def raw_lines(self, numbers: set[int]) -> dict[int, bytes]:
         """The given lines as bytes with their ends, read anew: for an error's advice."""
-        found = {}
+        found, last = {}, max(numbers)
         for number, raw in enumerate(_Lines(self.path)._raw_lines(), 1):
             if number in numbers:
                 found[number] = raw
-            if number >= max(numbers):
+            if number >= last:
                 break
         return found
 
@@ -319,8 +320,6 @@ class _Lines:
 
 # The first bytes of files that are not UTF-8 text: what each is, and what to do with it.
 _BINARY_STARTS = {
-    b"\xff\xfe": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
-    b"\xfe\xff": ("UTF-16 text", "convert it: `iconv -f utf-16 -t utf-8 FILE > FILE.utf8.txt`"),
     b"PAR1": ("a Parquet file", "give it the .parquet ending, or --format parquet"),
     **{
         b"BZh%d1AY&SY" % level: (
@@ -339,8 +338,11 @@ _BINARY_STARTS = {
 }
 
 
-def _binary_kind(first_line: bytes) -> str | None:
-    """ "KIND, not UTF-8 text; FIX" for a file that starts as one of `_BINARY_STARTS`."""
+def _binary_kind(first_line: bytes, path: Path) -> str | None:
+    """ "KIND, not UTF-8 text; FIX" for a file that starts with a UTF-16 byte-order mark or as one of
+    `_BINARY_STARTS`."""
+    if first_line.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return f"UTF-16 text, not UTF-8 text; {to_utf8(path, 'utf-16')}"
     for start, (kind, fix) in _BINARY_STARTS.items():
         if first_line.startswith(start):
             return f"{kind}, not UTF-8 text; {fix}"
