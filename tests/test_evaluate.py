@@ -206,14 +206,15 @@ def test_a_tie_for_the_top_logit_counts_as_its_share_of_a_hit():
     assert float(clm["clm_correct"]) == pytest.approx(expected_top1(scores, ids[:, 1:].flatten()), abs=1e-3)
 
 
-def test_evaluate_warns_when_most_next_sentence_pairs_are_random(tmp_path, tiny_pretrained_run, capsys):
-    """A table of single sentences (SST-2's rows): each row is a document, each pair's B is random, and
-    the NSP accuracy measures only how often the model answers "random"."""
+def test_evaluate_warns_when_no_document_offers_a_next_sentence(tmp_path, tiny_pretrained_run, capsys):
+    """A table of single sentences (SST-2's rows): a row is a document, nearly always of one sentence,
+    so nearly all its sequences are MLM windows and few are next-sentence pairs to score."""
     from bertforge.cli import main
 
     rows = (SHARED_DATA / "sst-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[:300]
     corpus = tmp_path / "rows.tsv"
     corpus.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(corpus), "--nsp", "--quiet"]
-    with pytest.warns(UserWarning, match=r"of the next-sentence pairs of .*rows.tsv have a random second"):
-        assert main([*argv, "--text-column", "sentence"]) == 0
+    argv = ["evaluate", "--model", str(tiny_pretrained_run), "--corpus", str(corpus), "--nsp", "--json"]
+    with pytest.warns(UserWarning, match=r"\d% of the sequences of .*rows.tsv are next-sentence pairs"):
+        assert main([*argv, "--quiet", "--text-column", "sentence"]) == 0
+    assert json.loads(capsys.readouterr().out)["mlm_loss"] > 0

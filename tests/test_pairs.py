@@ -33,7 +33,11 @@ class FakeShards:
 
 def make_shards(num_docs=2000, max_sentences=30, min_len=3, max_len=40, seed=0) -> FakeShards:
     rng = np.random.default_rng(seed)
-    sentences_per_doc = rng.integers(1, max_sentences + 1, num_docs)
+    return shards_of(rng.integers(1, max_sentences + 1, num_docs), min_len, max_len, rng)
+
+
+def shards_of(sentences_per_doc, min_len, max_len, rng) -> FakeShards:
+    sentences_per_doc = np.asarray(sentences_per_doc)
     sentence_lengths = rng.integers(min_len, max_len + 1, sentences_per_doc.sum())
     sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
     document_offsets = np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64)
@@ -47,8 +51,14 @@ def shards() -> FakeShards:
 
 
 @pytest.fixture(scope="module")
-def pairs(shards) -> np.ndarray:
+def table(shards) -> np.ndarray:
+    """A whole NSP epoch: the pairs, and MLM-only windows for the one-sentence documents."""
     return build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=0)
+
+
+@pytest.fixture(scope="module")
+def pairs(table) -> np.ndarray:
+    return table[table[:, 4] != NO_NSP]
 
 
 def document_of(shards: FakeShards, positions: np.ndarray) -> np.ndarray:
@@ -80,8 +90,9 @@ def test_nsp_label_balance(shards, pairs):
     one_sentence_docs = np.diff(shards.document_offsets) == 1
     lone_rows = rows[sizes == 1]
     assert (lone_rows[:, 4] == RANDOM_NEXT).all()
-    # Forced-random rows never outnumber the one-sentence documents' chances of drawing IsNext.
-    assert len(lone_rows) <= len(rows) // 2 + one_sentence_docs.sum() + 3 * np.sqrt(len(rows))
+    # Every chunk that drew IsNext got its continuation: one-sentence documents start no chunk.
+    assert not one_sentence_docs[document_of(shards, rows[:, 0])].any()
+    assert len(lone_rows) <= len(rows) // 2 + 3 * np.sqrt(len(rows))
     # The same (seed, epoch) stream: truncation and shuffling keep each row's label.
     assert (np.sort(rows[:, 4]) == np.sort(pairs[:, 4])).all()
 
@@ -201,15 +212,17 @@ def test_pair_dataset_layout(shards, pairs):
         assert item["nsp_label"] == label and isinstance(item["nsp_label"], int)
 
 
-def test_deterministic_per_epoch_and_different_across_epochs(shards, pairs):
+def test_deterministic_per_epoch_and_different_across_epochs(shards, table):
     again = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=0)
-    assert np.array_equal(pairs, again)
+    assert np.array_equal(table, again)
     next_epoch = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=1)
     other_seed = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=8, epoch=0)
     for other in (next_epoch, other_seed):
-        assert other.shape != pairs.shape or not np.array_equal(np.sort(other, 0), np.sort(pairs, 0))
-    # Rows are shuffled, not in corpus order.
-    assert not (np.diff(pairs[:, 0]) >= 0).all()
+        assert other.shape != table.shape or not np.array_equal(np.sort(other, 0), np.sort(table, 0))
+    # Rows are shuffled, not in corpus order, windows among the pairs.
+    assert not (np.diff(table[:, 0]) >= 0).all()
+    windows = np.flatnonzero(table[:, 4] == NO_NSP)
+    assert windows.size > 0 and windows[0] < len(table) - windows.size
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -273,6 +286,67 @@ def test_mlm_only_windows_across_documents_are_the_stream_cut_in_pieces(docs, se
         assert (within[:, 1] - within[:, 0]).mean() < 0.5 * (rows[:, 1] - rows[:, 0]).mean()
 
 
+def mixed_corpus() -> FakeShards:
+    """Articles, then a table's rows (one sentence each), then more articles, then a lone row."""
+    rng = np.random.default_rng(4)
+    articles = rng.integers(2, 30, 200)
+    return shards_of([*articles[:100], *[1] * 600, *articles[100:], 1], 3, 25, rng)
+
+
+def lone_token_mask(shards: FakeShards) -> np.ndarray:
+    """(T,) True for each token of a one-sentence document."""
+    doc_starts = shards.sentence_offsets[shards.document_offsets]  # (D+1,)
+    return np.repeat(np.diff(shards.document_offsets) == 1, np.diff(doc_starts))
+
+
+@pytest.mark.parametrize("cross_documents", [True, False])
+def test_one_sentence_documents_train_mlm_alone_beside_the_pairs(cross_documents):
+    shards = mixed_corpus()
+    table = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=0, cross_documents=cross_documents)
+    windows, pairs = table[table[:, 4] == NO_NSP], table[table[:, 4] != NO_NSP]
+    # The windows hold each token of the one-sentence documents once, and no other token.
+    covered = np.zeros(len(shards.tokens), dtype=np.int64)
+    for start, end in windows[:, :2]:
+        covered[start:end] += 1
+    assert (covered == lone_token_mask(shards)).all()
+    # The pairs start in the articles only, and keep Google's fair coin (the rows alone would have
+    # given two thirds of all pairs a random B).
+    assert not lone_token_mask(shards)[pairs[:, 0]].any()
+    assert abs((pairs[:, 4] == IS_NEXT).mean() - 0.5) <= 0.03
+    assert lone_token_mask(shards)[pairs[pairs[:, 4] == RANDOM_NEXT, 2]].any()  # B from any document
+    dataset = PairDataset(shards, table, cls_id=CLS, sep_id=SEP)
+    doc_ends = shards.sentence_offsets[shards.document_offsets[1:]]
+    lengths = []
+    for index in np.flatnonzero(table[:, 4] == NO_NSP):
+        start, end = table[index, :2]
+        ids = dataset[index]["input_ids"]
+        assert ids[0] == CLS and ids[-1] == SEP and len(ids) <= MAX_LEN
+        text = ids[1:-1]
+        assert (text[text != SEP] == shards.tokens[start:end]).all()  # fake tokens are never SEP
+        inner_ends = doc_ends[(doc_ends > start) & (doc_ends < end)]
+        assert np.count_nonzero(text == SEP) == inner_ends.size  # a [SEP] at each document end inside
+        if not cross_documents:
+            assert inner_ends.size == 0
+        lengths.append(len(ids))
+    if cross_documents:  # the table's rows packed: all but the run's first and last windows are full
+        assert sorted(lengths)[3] >= MAX_LEN - 2
+    else:  # a row a window
+        assert len(lengths) == 601
+
+
+def test_a_corpus_of_one_sentence_documents_gives_no_pairs_and_full_windows():
+    shards = make_shards(num_docs=3000, max_sentences=1, seed=1)
+    table = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=0)
+    assert (table[:, 4] == NO_NSP).all()
+    ordered = table[np.argsort(table[:, 0])]
+    assert ordered[0, 0] == 0 and ordered[-1, 1] == len(shards.tokens)
+    assert (ordered[1:, 0] == ordered[:-1, 1]).all()  # the windows tile the corpus
+    dataset = PairDataset(shards, table, cls_id=CLS, sep_id=SEP)
+    # Full but for the first and last window, less a [SEP] on an edge (as the stream's windows).
+    full = [len(dataset[i]["input_ids"]) >= MAX_LEN - 2 for i in range(len(dataset))]
+    assert sum(full) >= len(full) - 2
+
+
 def test_empty_sentences_and_documents_are_skipped():
     base = make_shards(num_docs=50, seed=1)
     # Insert empty sentences (repeated offsets) and an empty document.
@@ -286,7 +360,8 @@ def test_empty_sentences_and_documents_are_skipped():
         rows = build_pairs(shards, 32, SHORT, nsp=nsp, seed=0, epoch=0)
         assert (rows[:, 1] > rows[:, 0]).all()
         if nsp:
-            assert (rows[:, 3] > rows[:, 2]).all()
+            pairs = rows[rows[:, 4] != NO_NSP]
+            assert len(pairs) and (pairs[:, 3] > pairs[:, 2]).all()
 
 
 def test_single_document_and_empty_corpus_raise():

@@ -485,12 +485,24 @@ def test_a_corpus_of_one_sentence_documents_is_warned_about(tmp_path, wiki_slice
     tokenizer = load_tokenizer(small_tokenizer_dir)
     config = tiny_config(wiki_slice)
     text = wiki_slice.read_text(encoding="utf-8")
-    sentences = [part.strip() + " ." for part in text.split(" . ") if len(part.split()) > 5][:600]
+    parts = [
+        part
+        for part in text.split(" . ")
+        if len(part.split()) > 5 and not {"...", "!", "?"} & set(part.split())
+    ]
+    sentences = [" ".join(part.split()) + " ." for part in parts][:600]  # one sentence, one line each
     one_line_documents = tmp_path / "blank-after-each.txt"  # `sed G`: a blank line after every sentence
     one_line_documents.write_text("\n\n".join(sentences) + "\n", encoding="utf-8")
     shards = cached_shards(one_line_documents, tokenizer, "text", tmp_path / "cache", False)
-    with pytest.warns(UserWarning, match=r"of the next-sentence pairs have a random second segment"):
+    with pytest.warns(UserWarning, match=r"^0% of the sequences are next-sentence pairs: .* MLM alone"):
         check_training_data(shards, config)
+    beside_articles = tmp_path / "articles-then-rows.txt"  # the rows train MLM alone, the articles NSP
+    articles = ["\n".join(sentences[i : i + 10]) for i in range(0, 400, 10)]  # a sentence a line
+    beside_articles.write_text("\n\n".join(articles + sentences[400:]) + "\n", encoding="utf-8")
+    mixed = cached_shards(beside_articles, tokenizer, "text", tmp_path / "cache", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_training_data(mixed, config)
     config.data.nsp, config.data.max_seq_length = False, 128  # MLM alone across documents: whole windows
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -29,7 +29,7 @@ from bertforge.gpt import GPTLMHeadModel, next_token_sums, summarize_clm
 from bertforge.losses import pretraining_sums, real_token_logits, summarize_pretraining
 from bertforge.masking import pretraining_collator
 from bertforge.packing import end_positions, packed_batches
-from bertforge.pairs import MOSTLY_RANDOM, PairDataset, build_pairs, random_share
+from bertforge.pairs import FEW_PAIRS, PairDataset, build_pairs, nsp_share
 from bertforge.precision import native_bf16
 from bertforge.progress import passing_bar, progress_bar
 from bertforge.runtime import autocast, eval_mode, resolve_device, to_device, to_host
@@ -64,11 +64,11 @@ def evaluation_batches(
     pairs = build_pairs(shards, length, EVAL_SHORT_SEQ_PROB, nsp, EVAL_SEED, 0, cross_documents=True)
     if data.eval_max_pairs:
         pairs = pairs[: data.eval_max_pairs]
-    if nsp and (share := random_share(pairs)) > MOSTLY_RANDOM:
+    if nsp and (share := nsp_share(pairs)) < FEW_PAIRS:
         warnings.warn(
-            f"{share:.0%} of the next-sentence pairs of {text} have a random second segment, where about "
-            "half is usual: most of its documents are one sentence (each line or row of a table is one), "
-            "so its NSP accuracy says little; evaluate NSP on text of longer documents",
+            f"{share:.0%} of the sequences of {text} are next-sentence pairs: nearly every document of it "
+            "has one sentence (each line or row of a table is one), which is scored on MLM alone, so its "
+            "NSP figures rest on few pairs, or none; evaluate NSP on text of longer documents",
             stacklevel=3,
         )
     examples = PairDataset(shards, pairs, tokenizer.cls_id, tokenizer.sep_id)

@@ -13,10 +13,13 @@ length (usually `max_seq_length - 3`, with probability `short_seq_prob` a shorte
 drawn once per document as Google does); A is a random prefix of the chunk's sentences; half the
 time B is a span from a *different* document and the unused sentences are put back, otherwise B
 is the rest of the chunk; then the longer side is trimmed one token at a time from a random end.
-Two departures, both deliberate: the random document is always another document (Google gives up
-after ten tries); and a one-sentence chunk that draws "IsNext" takes a neighbouring sentence so that
-B really is the continuation half the time (Google makes such chunks always random, which skews the
-labels). The labels are Google's and Hugging Face's: 0 = B is the true continuation, 1 = B is random.
+Three departures, all deliberate: the random document is always another document (Google gives up
+after ten tries); a one-sentence chunk that draws "IsNext" takes a neighbouring sentence so that B
+really is the continuation half the time (Google makes such chunks always random, which skews the
+labels); and a document of one sentence, which has no continuation to offer, trains MLM alone, in
+windows as below (runs of such documents, a table's rows for instance, packed together), where Google
+pairs it with a random B every time. The labels are Google's and Hugging Face's: 0 = B is the true
+continuation, 1 = B is random.
 
 Without NSP (RoBERTa-style MLM only) the label is -1 and A is a window of `max_seq_length - 2`
 tokens whose boundaries shift every epoch. By default the windows are cut from the corpus read as
@@ -40,8 +43,8 @@ from bertforge.errors import BertforgeError
 
 IS_NEXT = 0  # Hugging Face `next_sentence_label`: 0 = B continues A
 RANDOM_NEXT = 1  # 1 = B was drawn from another document
-MOSTLY_RANDOM = 0.6  # a `random_share` past which a text's documents are mostly one sentence
 NO_NSP = -1  # MLM-only sequence: no next-sentence label
+FEW_PAIRS = 0.1  # an `nsp_share` below which nearly every document of a text is one sentence
 
 _EMPTY_CORPUS = (
     "the corpus is empty: no document has any tokens; check the input files (and data.format) "
@@ -66,13 +69,16 @@ def build_pairs(
     """The shuffled pair table of one epoch: (N, 5) int64 rows `(a_start, a_end, b_start, b_end, label)`.
 
     Deterministic in `(seed, epoch)`; a different epoch gives different targets, splits, random
-    partners, truncations and window boundaries. `cross_documents` only concerns MLM-only windows.
+    partners, truncations and window boundaries. `cross_documents` only concerns MLM-only windows
+    (with NSP, those of the one-sentence documents).
     """
     rng = np.random.default_rng([seed, epoch])
     assert max_seq_length >= (5 if nsp else 3), "config.validate checks data.max_seq_length"
     if nsp:
         rows = np.ascontiguousarray(_nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)[:, :5])
         _truncate_pairs(rows, max_seq_length - 3, rng)
+        lone = _lone_sentence_windows(shards, max_seq_length - 2, rng, cross_documents)
+        rows = np.concatenate([rows, lone]) if len(lone) else rows
     elif cross_documents:
         rows = _stream_windows(shards, max_seq_length - 2, rng)
     else:
@@ -80,9 +86,9 @@ def build_pairs(
     return rows[rng.permutation(len(rows))]
 
 
-def random_share(pairs: np.ndarray) -> float:
-    """The share of a pair table's rows whose B is another document's (Google's: about half)."""
-    return float((pairs[:, 4] == RANDOM_NEXT).mean())
+def nsp_share(pairs: np.ndarray) -> float:
+    """The share of a pair table's rows that carry a next-sentence label (the rest are MLM windows)."""
+    return float((pairs[:, 4] != NO_NSP).mean()) if len(pairs) else 0.0
 
 
 def _sentence_table(shards: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -115,7 +121,8 @@ def _nsp_chunks(
 ) -> np.ndarray:
     """Google's chunking, untruncated: (N, 7) int64 rows `(a_start, a_end, b_start, b_end, nsp_label,
     target, sentences)`, a pair table's five columns and then how the chunk was drawn (`build_pairs`
-    keeps the five). All documents advance in lockstep, one vectorized chunk per document a round."""
+    keeps the five). All documents of two sentences or more advance in lockstep, one vectorized chunk
+    per document a round; a random B may come from any other document."""
     starts, ends, doc_first, doc_stop = _sentence_table(shards)  # (S,) tokens, (D,) sentences
     num_docs = doc_first.size
     if num_docs < 2:
@@ -127,7 +134,7 @@ def _nsp_chunks(
     target = np.where(short, rng.integers(2, max_num_tokens + 1, size=num_docs), max_num_tokens)  # (D,)
 
     cursor = doc_first.copy()  # (D,) next sentence of each document
-    active = np.arange(num_docs)  # documents with sentences left
+    active = np.flatnonzero(doc_sentences > 1)  # documents with sentences left
     last_sentence = starts.size - 1
     pieces: list[np.ndarray] = []
     while active.size:
@@ -138,8 +145,7 @@ def _nsp_chunks(
         wants_next = rng.random(k) >= 0.5  # (k,) the fair coin: B is the true continuation
         # Google gives a one-sentence chunk a random B whatever the coin says, which leaves IsNext
         # near 46% on WikiText. Give it its continuation instead: the document's next sentence,
-        # or, at the document's end, the sentence before it as A. Only one-sentence documents
-        # have neither.
+        # or, at the document's end, the sentence before it as A (these documents have two or more).
         lone = wants_next & (j == s)  # (k,)
         forward = lone & (s + 1 < stop)  # (k,)
         backward = lone & ~forward & (s > doc_first[active])  # (k,)
@@ -167,7 +173,7 @@ def _nsp_chunks(
         # Random B leaves the chunk's unused sentences for the next chunk ("put them back").
         cursor[active] = np.where(random_next, s + a, j + 1)
         active = active[cursor[active] < stop]
-    return np.concatenate(pieces).astype(np.int64)  # (N, 7)
+    return np.concatenate(pieces or [np.empty((0, 7))]).astype(np.int64)  # (N, 7)
 
 
 def _truncation_cuts(
@@ -211,15 +217,52 @@ def _mlm_windows(shards: Any, window: int, rng: np.random.Generator) -> np.ndarr
     """
     starts, ends, doc_first, doc_stop = _sentence_table(shards)
     doc_start = starts[doc_first]  # (D,)
-    doc_end = ends[doc_stop - 1]  # (D,)
-    length = doc_end - doc_start  # (D,)
-    first = np.where(length <= window, length, rng.integers(1, window + 1, size=length.size))  # (D,)
-    count = 1 + -(-(length - first) // window)  # (D,) 1 + ceil(rest / window)
-    doc = np.repeat(np.arange(length.size), count)  # (N,)
-    piece = np.arange(doc.size) - np.repeat(np.cumsum(count) - count, count)  # (N,) index in document
-    a_start = doc_start[doc] + np.where(piece == 0, 0, first[doc] + (piece - 1) * window)  # (N,)
-    a_end = np.minimum(doc_start[doc] + first[doc] + piece * window, doc_end[doc])  # (N,)
-    return _window_rows(a_start, a_end)
+    owner, low, high = _pieces(ends[doc_stop - 1] - doc_start, window, rng)  # (N,) each
+    return _window_rows(doc_start[owner] + low, doc_start[owner] + high)
+
+
+def _pieces(length: np.ndarray, window: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Spans of `length` (L,) cut into consecutive pieces of `window`, a span longer than one window
+    with a random first piece of 1..window: each piece's span (N,) and its start and end in it (N,)."""
+    first = np.where(length <= window, length, rng.integers(1, window + 1, size=length.size))  # (L,)
+    count = 1 + -(-(length - first) // window)  # (L,) 1 + ceil(rest / window)
+    owner = np.repeat(np.arange(length.size), count)  # (N,)
+    piece = np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)  # (N,) index in span
+    low = np.where(piece == 0, 0, first[owner] + (piece - 1) * window)  # (N,)
+    high = np.minimum(first[owner] + piece * window, length[owner])  # (N,)
+    return owner, low, high
+
+
+def _lone_sentence_windows(
+    shards: Any, window: int, rng: np.random.Generator, cross_documents: bool
+) -> np.ndarray:
+    """MLM-only rows for the documents of one sentence, which NSP cannot pair with a continuation.
+
+    Across documents, each run of consecutive one-sentence documents is a stream with a `[SEP]`
+    between them, cut into windows of `window` positions as `_stream_windows` cuts the whole corpus;
+    otherwise each such document is cut on its own. No draw is made when there is no such document.
+    """
+    starts, ends, doc_first, doc_stop = _sentence_table(shards)
+    lone = np.flatnonzero(doc_stop - doc_first == 1)  # (K,) document indices
+    if lone.size == 0:
+        return np.empty((0, 5), dtype=np.int64)
+    token_start, length = starts[doc_first[lone]], ends[doc_first[lone]] - starts[doc_first[lone]]  # (K,)
+    new_run = np.diff(lone, prepend=-2) != 1 if cross_documents else np.ones(lone.size, dtype=bool)  # (K,)
+    separator = np.append(~new_run[1:], False)  # (K,) a [SEP] after the document, inside its run
+    position = np.concatenate([[0], np.cumsum(length + separator)])  # (K+1,) stream position of each
+    run_first = np.flatnonzero(new_run)  # (R,)
+    run_stop = np.append(run_first[1:], lone.size)  # (R,)
+    owner, low, high = _pieces(position[run_stop] - position[run_first], window, rng)  # (N,)
+    low, high = low + position[run_first][owner], high + position[run_first][owner]  # stream positions
+
+    def token_at(stream: np.ndarray, side: str) -> np.ndarray:
+        """The token index a window edge stands at; an end at a document's start is the previous one's end."""
+        k = np.searchsorted(position[:-1], stream, side=side) - 1  # (N,)
+        return token_start[k] + np.minimum(stream - position[k], length[k])
+
+    a_start, a_end = token_at(low, "right"), token_at(high, "left")  # (N,)
+    keep = a_end > a_start  # a one-position window on a separator holds no token
+    return _window_rows(a_start[keep], a_end[keep])
 
 
 def document_ends(shards: Any) -> np.ndarray:

@@ -97,7 +97,7 @@ from bertforge.masking import PretrainingCollator, pretraining_collator, subsamp
 from bertforge.model import BertForPreTraining
 from bertforge.optimizer import Schedule
 from bertforge.packing import fewest_windows, packed_batches
-from bertforge.pairs import MOSTLY_RANDOM, PairDataset, build_pairs, document_ends, random_share
+from bertforge.pairs import FEW_PAIRS, NO_NSP, PairDataset, build_pairs, document_ends, nsp_share
 from bertforge.plots import plot_pretraining
 from bertforge.precision import agree_on_precision, resolve_precision
 from bertforge.runtime import apply_threads, resolve_device, size_embeddings
@@ -452,7 +452,8 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
     refuse_less_than_a_batch(len(pairs), config)
     if not distributed.launched().is_main or len(pairs) < JUDGED_PAIRS:  # too few to tell chance apart
         return
-    real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + (3 if nsp else 2)).mean()
+    specials = np.where(pairs[:, 4] == NO_NSP, 2, 3)  # (N,) [CLS] and one [SEP] or two
+    real = (pairs[:, 1] - pairs[:, 0] + pairs[:, 3] - pairs[:, 2] + specials).mean()
     if real < SHORT_FILL * data.max_seq_length:
         fix = short_sequences_fix(data)
         warnings.warn(
@@ -462,14 +463,12 @@ def check_training_data(shards: TokenShards | ShardSet, config: RunConfig) -> No
             "data.max_seq_length",
             stacklevel=2,
         )
-    share = random_share(pairs) if nsp else 0.0
-    if share > MOSTLY_RANDOM:
+    if nsp and (share := nsp_share(pairs)) < FEW_PAIRS:
         warnings.warn(
-            f"{share:.0%} of the next-sentence pairs have a random second segment, where about half "
-            "is usual: many documents of the corpus have one sentence, and each gets a random partner, "
-            "so NSP learns to answer 'random'. In plain text a blank line ends a document: if there is "
-            "one after every line, remove them; a table's rows are one document each. Or set "
-            "data.nsp = false",
+            f"{share:.0%} of the sequences are next-sentence pairs: nearly every document of the corpus "
+            "has one sentence, which has no next one to pair with, so it trains MLM alone. In plain text "
+            "a blank line ends a document: if there is one after every line, remove them; a table's rows "
+            "are one document each. Or set data.nsp = false",
             stacklevel=2,
         )
 
