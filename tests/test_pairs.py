@@ -309,11 +309,12 @@ def test_one_sentence_documents_train_mlm_alone_beside_the_pairs(cross_documents
     for start, end in windows[:, :2]:
         covered[start:end] += 1
     assert (covered == lone_token_mask(shards)).all()
-    # The pairs start in the articles only, and keep Google's fair coin (the rows alone would have
-    # given two thirds of all pairs a random B).
+    # The pairs are the articles' only, A and a random B alike (drawn from every document, B would
+    # nearly always be a row, which NSP tells from an article's sentence), with Google's fair coin
+    # (the rows as pairs would have given two thirds of all pairs a random B).
     assert not lone_token_mask(shards)[pairs[:, 0]].any()
+    assert not lone_token_mask(shards)[pairs[:, 2]].any()
     assert abs((pairs[:, 4] == IS_NEXT).mean() - 0.5) <= 0.03
-    assert lone_token_mask(shards)[pairs[pairs[:, 4] == RANDOM_NEXT, 2]].any()  # B from any document
     dataset = PairDataset(shards, table, cls_id=CLS, sep_id=SEP)
     doc_ends = shards.sentence_offsets[shards.document_offsets[1:]]
     lengths = []
@@ -332,6 +333,16 @@ def test_one_sentence_documents_train_mlm_alone_beside_the_pairs(cross_documents
         assert sorted(lengths)[3] >= MAX_LEN - 2
     else:  # a row a window
         assert len(lengths) == 601
+
+
+def test_one_article_among_rows_takes_its_random_sentences_from_the_rows():
+    rng = np.random.default_rng(5)
+    shards = shards_of([40, *[1] * 300], 3, 25, rng)
+    pairs = build_pairs(shards, MAX_LEN, SHORT, nsp=True, seed=7, epoch=0)
+    pairs = pairs[pairs[:, 4] != NO_NSP]
+    random_b = pairs[pairs[:, 4] == RANDOM_NEXT, 2]
+    assert random_b.size and lone_token_mask(shards)[random_b].all()
+    assert not lone_token_mask(shards)[pairs[:, 0]].any()
 
 
 def test_a_corpus_of_one_sentence_documents_gives_no_pairs_and_full_windows():

@@ -122,7 +122,9 @@ def _nsp_chunks(
     """Google's chunking, untruncated: (N, 7) int64 rows `(a_start, a_end, b_start, b_end, nsp_label,
     target, sentences)`, a pair table's five columns and then how the chunk was drawn (`build_pairs`
     keeps the five). All documents of two sentences or more advance in lockstep, one vectorized chunk
-    per document a round; a random B may come from any other document."""
+    per document a round, and a random B comes from another of them: drawn from every document, as
+    Google draws, a corpus of many one-sentence documents (a table's rows beside articles) would give
+    nearly every random B from those, and NSP would learn to tell the kinds of text apart."""
     starts, ends, doc_first, doc_stop = _sentence_table(shards)  # (S,) tokens, (D,) sentences
     num_docs = doc_first.size
     if num_docs < 2:
@@ -135,6 +137,7 @@ def _nsp_chunks(
 
     cursor = doc_first.copy()  # (D,) next sentence of each document
     active = np.flatnonzero(doc_sentences > 1)  # documents with sentences left
+    partners = active if active.size > 1 else np.arange(num_docs)  # (P,) where a random B comes from
     last_sentence = starts.size - 1
     pieces: list[np.ndarray] = []
     while active.size:
@@ -158,8 +161,8 @@ def _nsp_chunks(
 
         # A random B: a random document other than this one (shift the draw past it), a random
         # first sentence, whole sentences until the remaining target is reached or the document ends.
-        other = rng.integers(0, num_docs - 1, size=k)  # (k,)
-        other += other >= active
+        other = rng.integers(0, partners.size - 1, size=k)  # (k,) an index into partners
+        other = partners[other + (other >= np.searchsorted(partners, active))]  # skips this document
         r_first = doc_first[other] + rng.integers(0, doc_sentences[other])  # (k,)
         b_target = t - (a_end - a_start)  # (k,) may be <= 0: B still takes one sentence
         r_last = np.clip(np.searchsorted(ends, starts[r_first] + b_target), r_first, doc_stop[other] - 1)
