@@ -77,8 +77,9 @@ def build_pairs(
     if nsp:
         rows = np.ascontiguousarray(_nsp_chunks(shards, max_seq_length - 3, short_seq_prob, rng)[:, :5])
         _truncate_pairs(rows, max_seq_length - 3, rng)
-        lone = _lone_sentence_windows(shards, max_seq_length - 2, rng, cross_documents)
-        rows = np.concatenate([rows, lone]) if len(lone) else rows
+        rows = np.concatenate(
+            [rows, _lone_sentence_windows(shards, max_seq_length - 2, rng, cross_documents)]
+        )
     elif cross_documents:
         rows = _stream_windows(shards, max_seq_length - 2, rng)
     else:
@@ -249,7 +250,8 @@ def _lone_sentence_windows(
     lone = np.flatnonzero(doc_stop - doc_first == 1)  # (K,) document indices
     if lone.size == 0:
         return np.empty((0, 5), dtype=np.int64)
-    token_start, length = starts[doc_first[lone]], ends[doc_first[lone]] - starts[doc_first[lone]]  # (K,)
+    sentence = doc_first[lone]  # (K,) each document's one sentence
+    token_start, length = starts[sentence], ends[sentence] - starts[sentence]  # (K,)
     new_run = np.diff(lone, prepend=-2) != 1 if cross_documents else np.ones(lone.size, dtype=bool)  # (K,)
     separator = np.append(~new_run[1:], False)  # (K,) a [SEP] after the document, inside its run
     position = np.concatenate([[0], np.cumsum(length + separator)])  # (K+1,) stream position of each
